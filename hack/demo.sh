@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's main job: set up fluxnetes in .venv and replay the bundled real HPC trace
+# (KTH-SP2, Parallel Workloads Archive) through fluxnetes' queue and graph matcher, comparing
+# FCFS, EASY and conservative backfilling. No cluster needed. Extra arguments go to
+# `fluxnetes simulate` (e.g. `bash hack/demo.sh --policy easy --plots out/`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
+ensure_venv
+if [ "$#" -eq 0 ]; then
+  set -- --compare fcfs,easy,conservative --plots out/plots --csv out/jobs.csv
+fi
+exec .venv/bin/fluxnetes simulate "$@"

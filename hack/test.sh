@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs and run it. This is the README's test command and
+# what .ci/run calls. Extra arguments go to pytest (e.g. `bash hack/test.sh -k planner`).
+#   - a virtualenv in .venv with fluxnetes and its dev dependencies
+#   - PostgreSQL from Debian packages, started on 127.0.0.1 in a temporary data directory
+#   - the local Kubernetes control plane's binaries, built from Go modules (cached outside the repo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
+
+ensure_venv
+ensure_postgres_installed
+if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
+  bash hack/build-k8s.sh || echo "test.sh: the Kubernetes binaries could not be built; k8s tests will skip" >&2
+fi
+
+pg_start
+trap pg_stop EXIT
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "test.sh: no test ran" >&2; exit 1; fi
+exit "$rc"

@@ -1,0 +1,3 @@
+from fluxnetes.cli.main import app
+
+app()
