@@ -17,13 +17,16 @@ need=()
 for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok; do
   [ -x "$BIN/$b" ] || need+=("$b")
 done
+# kwok v0.8 has no built-in stages: fluxnetes.devcluster reads them from $HOME_DIR/stages
+[ -f "$HOME_DIR/stages/node/fast/node-initialize.yaml" ] || need+=("kwok-stages")
 if [ ${#need[@]} -eq 0 ]; then
   echo "build-k8s: all binaries present in $BIN"; exit 0
 fi
-echo "build-k8s: building ${need[*]} into $BIN (kubernetes v$K8S, kwok $KWOK)"
-start=$(date +%s)
 
 fail() { echo "build-k8s: FAILED: $*" >&2; echo "build-k8s: retry with: bash hack/build-k8s.sh (cache in $HOME_DIR; delete $SRC to start over)" >&2; exit 1; }
+command -v go >/dev/null || fail "the Go toolchain (>= 1.26) is not on PATH"
+echo "build-k8s: building ${need[*]} into $BIN (kubernetes v$K8S, kwok $KWOK; ~7 min and ~2 GB RAM on 2 cores when cold)"
+start=$(date +%s)
 
 cd "$SRC"
 if [ ! -f go.mod ]; then go mod init local.test/fluxnetes-k8s-bins >/dev/null 2>&1 || fail "go mod init"; fi
@@ -61,9 +64,9 @@ if [ ! -x "$BIN/kwok" ]; then
   GOBIN="$BIN" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK" || fail "go install kwok@$KWOK"
 fi
 # kwok v0.8 needs explicit stages: keep the module's stage files next to the binaries.
-if [ ! -d "$HOME_DIR/stages" ]; then
+if [ ! -f "$HOME_DIR/stages/node/fast/node-initialize.yaml" ]; then
   KW=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK/kustomize/stage
-  [ -d "$KW" ] || (cd "$SRC" && go mod download "sigs.k8s.io/kwok@$KWOK")
+  [ -d "$KW" ] || (cd "$SRC" && go mod download "sigs.k8s.io/kwok@$KWOK") || fail "go mod download sigs.k8s.io/kwok@$KWOK"
   mkdir -p "$HOME_DIR/stages"; cp -r "$KW"/. "$HOME_DIR/stages/"; chmod -R u+w "$HOME_DIR/stages"
 fi
 "$BIN/kube-apiserver" --version; "$BIN/etcd" --version | head -1; "$BIN/kwok" --version 2>/dev/null | head -1 || true

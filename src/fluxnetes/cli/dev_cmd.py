@@ -1,0 +1,171 @@
+"""`fluxnetes dev`: build and run a local Kubernetes control plane with fake (kwok) nodes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+DirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--dir",
+        help="Cluster directory (state, kubeconfig, PKI, logs). "
+        "Default: $FLUXNETES_DEV_DIR or ~/.cache/fluxnetes/dev.",
+    ),
+]
+
+
+def _err(message: str, code: int = 1) -> typer.Exit:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def build() -> None:
+    """Build kube-apiserver, controller-manager, scheduler, kubectl, etcd and kwok from Go modules.
+
+    Runs hack/build-k8s.sh (skips what is already built; the cache is $FLUXNETES_K8S_HOME,
+    default ~/.cache/fluxnetes/k8s).
+    """
+    from fluxnetes.devcluster.paths import k8s_home, repo_build_script, toolchain
+
+    tools = toolchain()
+    missing = tools.missing()
+    if not missing:
+        typer.echo(f"all binaries present in {tools.bin_dir}")
+        return
+    script = repo_build_script()
+    if script is None:
+        raise _err(
+            "hack/build-k8s.sh not found (fluxnetes is not running from a source checkout); "
+            f"missing: {', '.join(missing)}. Run the script from a fluxnetes checkout, or set "
+            "FLUXNETES_K8S_HOME to a directory with bin/ and stages/ built by it."
+        )
+    if shutil.which("go") is None:
+        raise _err(
+            "the Go toolchain (>= 1.26) is needed to build the binaries: `go` is not on PATH"
+        )
+    typer.echo(f"building into {k8s_home()} with {script} (about 7 min the first time)")
+    rc = subprocess.call(["bash", str(script)])
+    if rc != 0:
+        raise _err(f"{script} failed (exit {rc}); see its output above", rc)
+
+
+def up(
+    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of fake nodes.")] = 3,
+    cpu: Annotated[str, typer.Option(help="CPU of each node (quantity).")] = "32",
+    memory: Annotated[str, typer.Option(help="Memory of each node (quantity).")] = "256Gi",
+    gpus: Annotated[int, typer.Option(help="nvidia.com/gpu of each node.")] = 0,
+    pods: Annotated[int, typer.Option(help="Pod capacity of each node.")] = 110,
+    zones: Annotated[int, typer.Option(help="Zones (topology.kubernetes.io/zone).")] = 1,
+    racks: Annotated[int, typer.Option(help="Racks per zone (fluxnetes.io/rack).")] = 1,
+    directory: DirOption = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for everything.")] = 300.0,
+) -> None:
+    """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
+    create fake nodes; returns when they are Ready (the processes keep running)."""
+    from rich.console import Console
+
+    from fluxnetes.devcluster import Cluster, ClusterError, ClusterOptions, NodeShape, NodeSpecError
+
+    console = Console(stderr=True)
+    shape = NodeShape(
+        count=nodes, cpu=cpu, memory=memory, gpus=gpus, pods=pods, zones=zones, racks=racks
+    )
+    try:
+        shape.validate()
+    except NodeSpecError as exc:
+        raise _err(str(exc), 2) from None
+    start = time.monotonic()
+    try:
+        cluster = Cluster.up(
+            ClusterOptions(
+                nodes=shape,
+                dir=directory,
+                timeout=timeout,
+                log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False),
+            )
+        )
+    except ClusterError as exc:
+        raise _err(str(exc)) from None
+    elapsed = time.monotonic() - start
+    t = cluster.timings
+    typer.echo(
+        f"dev cluster up in {elapsed:.1f} s: {nodes} nodes Ready (control plane "
+        f"{t.get('control_plane', 0):.1f} s, node creation {t.get('create_nodes', 0):.1f} s, "
+        f"Ready after {t.get('nodes_ready', 0):.1f} s)"
+    )
+    typer.echo(f"  API server : {cluster.api_url}")
+    typer.echo(f"  kubeconfig : {cluster.kubeconfig}")
+    typer.echo(f"  logs       : {cluster.dir / 'logs'}")
+    typer.echo(f"  use it     : export KUBECONFIG={cluster.kubeconfig}")
+    typer.echo(f"  kubectl    : {cluster.tools.binary('kubectl')}")
+    typer.echo(f"  stop it    : fluxnetes dev cluster down --dir {cluster.dir}")
+
+
+def down(directory: DirOption = None) -> None:
+    """Stop every process of the dev cluster (by pid) and delete its etcd data."""
+    from fluxnetes.devcluster import Cluster, ClusterError
+    from fluxnetes.devcluster.cluster import dir_lock
+
+    try:
+        cluster = Cluster.attach(directory)
+    except ClusterError as exc:
+        typer.echo(f"nothing to stop: {exc}")
+        return
+    try:
+        with dir_lock(cluster.dir):
+            killed = cluster.down()
+    except ClusterError as exc:
+        raise _err(str(exc)) from None
+    note = f" (killed after timeout: {', '.join(killed)})" if killed else ""
+    typer.echo(f"dev cluster in {cluster.dir} stopped{note}")
+
+
+def status(directory: DirOption = None) -> None:
+    """Show the dev cluster's processes, API health and node readiness (exit 1 if unhealthy)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from fluxnetes.devcluster import Cluster, ClusterError
+
+    try:
+        cluster = Cluster.attach(directory)
+    except ClusterError as exc:
+        raise _err(str(exc), 3) from None
+    st = cluster.status()
+    console = Console()
+    table = Table(title=f"dev cluster {st.dir}")
+    for col in ("component", "pid", "state", "log"):
+        table.add_column(col)
+    for p in st.processes:
+        state = "[green]running[/]" if p.running else "[red]stopped[/]"
+        table.add_row(p.name, str(p.pid), state, p.log)
+    console.print(table)
+    console.print(f"API server {st.api_url}: {'ready' if st.api_ready else 'NOT ready'}")
+    console.print(f"nodes Ready: {st.nodes_ready}/{st.nodes_total}")
+    console.print(f"kubeconfig: {st.kubeconfig}", highlight=False)
+    if not st.healthy:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    dev = typer.Typer(
+        help="Local development: a Kubernetes control plane with fake nodes on 127.0.0.1.",
+        no_args_is_help=True,
+    )
+    cluster = typer.Typer(
+        help="Start, stop and inspect the local dev cluster.", no_args_is_help=True
+    )
+    dev.command("build")(build)
+    cluster.command("up")(up)
+    cluster.command("down")(down)
+    cluster.command("status")(status)
+    dev.add_typer(cluster, name="cluster")
+    app.add_typer(dev, name="dev")

@@ -1,0 +1,39 @@
+"""The local Kubernetes control plane for development and tests (`fluxnetes dev cluster`).
+
+Binaries come from hack/build-k8s.sh (cached in $FLUXNETES_K8S_HOME, default
+~/.cache/fluxnetes/k8s); every process listens on 127.0.0.1 only.
+"""
+
+from fluxnetes.devcluster.cluster import (
+    Cluster,
+    ClusterOptions,
+    ClusterStatus,
+    free_ports,
+    port_open,
+)
+from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
+from fluxnetes.devcluster.nodes import (
+    GPU_RESOURCE,
+    RACK_LABEL,
+    ZONE_LABEL,
+    NodeShape,
+    NodeSpecError,
+)
+from fluxnetes.devcluster.paths import k8s_home, toolchain
+
+__all__ = [
+    "GPU_RESOURCE",
+    "RACK_LABEL",
+    "ZONE_LABEL",
+    "BinariesMissing",
+    "Cluster",
+    "ClusterError",
+    "ClusterOptions",
+    "ClusterStatus",
+    "NodeShape",
+    "NodeSpecError",
+    "free_ports",
+    "k8s_home",
+    "port_open",
+    "toolchain",
+]

@@ -1,0 +1,89 @@
+"""Talking to the dev cluster's apiserver from Python: many requests at once (aiohttp) and
+simple GETs (urllib), never through an HTTP proxy from the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fluxnetes.devcluster.errors import ClusterError
+
+T = TypeVar("T")
+
+
+def run_async(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, even when the caller is inside a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(coro_fn())).result()
+
+
+def urlopen(url: str | urllib.request.Request, ctx: ssl.SSLContext | None, timeout: float) -> Any:
+    """urlopen that never goes through an HTTP(S)_PROXY from the environment: loopback only."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if ctx is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=ctx))
+    return urllib.request.build_opener(*handlers).open(url, timeout=timeout)
+
+
+def http_ok(url: str, ctx: ssl.SSLContext | None) -> bool:
+    try:
+        with urlopen(url, ctx, 2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    body: Any
+    what: str  # for error messages
+    content_type: str = "application/json"
+    ignore: frozenset[int] = frozenset()  # statuses that are fine (e.g. a failed patch test)
+
+
+RETRY = frozenset({429, 500, 502, 503, 504})
+
+
+async def send_all(
+    api_url: str, ctx: ssl.SSLContext, reqs: list[Request], concurrency: int
+) -> None:
+    """Send every request over a small pool of keep-alive connections, retrying overload."""
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+    conn = aiohttp.TCPConnector(ssl=ctx, limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn) as session:
+
+        async def one(req: Request) -> None:
+            text = ""
+            data = json.dumps(req.body)
+            headers = {"Content-Type": req.content_type, "Accept": "application/json"}
+            async with sem:
+                for attempt in range(8):
+                    async with session.request(
+                        req.method, api_url + req.path, data=data, headers=headers
+                    ) as resp:
+                        if resp.status < 300 or resp.status in req.ignore:
+                            return
+                        text = await resp.text()
+                        if resp.status == 409 and req.method == "POST":
+                            raise ClusterError(f"{req.what}: it already exists")
+                        if resp.status not in RETRY:
+                            raise ClusterError(f"{req.what}: HTTP {resp.status}: {text[:300]}")
+                    await asyncio.sleep(0.1 * 2**attempt)
+                raise ClusterError(f"{req.what}: the apiserver kept refusing ({text[:200]})")
+
+        await asyncio.gather(*(one(r) for r in reqs))

@@ -1,0 +1,573 @@
+"""A local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok, all on 127.0.0.1, with fake nodes.
+
+    cluster = Cluster.up(ClusterOptions(nodes=NodeShape(count=10, gpus=4)))
+    cluster.kubectl("get", "nodes")
+    cluster.down()
+
+Everything the cluster owns lives in one directory (state.json, kubeconfig, pki/, logs/);
+etcd's data lives on /dev/shm (or the temp dir). `Cluster.attach(dir)` finds a running
+cluster again from its state file, which is how `fluxnetes dev cluster down/status` work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fluxnetes.devcluster import components, procs
+from fluxnetes.devcluster.apicalls import Request, http_ok, run_async, send_all, urlopen
+from fluxnetes.devcluster.components import COMPONENTS, PORT_NAMES, SERVICE_IP, kubeconfig_doc
+from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
+from fluxnetes.devcluster.nodes import (
+    DEV_NODE_LABEL,
+    NOT_READY_TAINT,
+    NodeShape,
+    has_ready_condition,
+    is_ready,
+    not_ready_tainted,
+)
+from fluxnetes.devcluster.paths import Toolchain, default_cluster_dir, missing_message, toolchain
+from fluxnetes.devcluster.pki import ClusterPKI, write_cluster_pki
+
+STATE_FILE = "state.json"
+STATE_VERSION = 1
+
+
+@dataclass
+class ClusterOptions:
+    nodes: NodeShape = field(default_factory=NodeShape)
+    dir: Path | None = None  # default: $FLUXNETES_DEV_DIR or ~/.cache/fluxnetes/dev
+    k8s_home: Path | None = None  # default: $FLUXNETES_K8S_HOME or ~/.cache/fluxnetes/k8s
+    advertise_address: str | None = None  # default: first non-loopback IPv4 of `hostname -I`
+    timeout: float = 300.0  # seconds for the whole start, nodes Ready included
+    data_root: Path | None = None  # parent of etcd's data dir; default /dev/shm (else $TMPDIR)
+    die_with_parent: bool = False  # tests: processes end when the starting process dies
+    log: Callable[[str], None] | None = None  # progress messages (the CLI prints them)
+
+
+@dataclass
+class ClusterState:
+    """What state.json holds: enough to find, check and stop the cluster from another process."""
+
+    dir: str
+    kubeconfig: str
+    api_url: str
+    ports: dict[str, int]
+    advertise_address: str
+    data_dir: str
+    processes: list[procs.ProcessRecord] = field(default_factory=list)
+    nodes: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+    version: int = STATE_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterState:
+        raw = json.loads(text)
+        if raw.get("version") != STATE_VERSION:
+            raise ClusterError(f"state file version {raw.get('version')!r} is not {STATE_VERSION}")
+        raw["processes"] = [procs.ProcessRecord(**p) for p in raw.get("processes", [])]
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    name: str
+    pid: int
+    running: bool
+    log: str
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    dir: Path
+    api_url: str
+    kubeconfig: Path
+    processes: list[ProcessStatus]
+    api_ready: bool
+    nodes_total: int
+    nodes_ready: int
+
+    @property
+    def healthy(self) -> bool:
+        return self.api_ready and all(p.running for p in self.processes)
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free TCP ports on 127.0.0.1 (all held open at once while choosing)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts TCP connections on host:port."""
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def advertise_address() -> str:
+    """A non-loopback IPv4 of this machine. kube-apiserver rejects loopback for
+    --advertise-address; it only lands in the `kubernetes` Service endpoints and is never dialled.
+    """
+    env = os.environ.get("FLUXNETES_ADVERTISE_ADDRESS")
+    if env:
+        return env
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for word in out.split():
+        if "." in word and not word.startswith("127."):
+            return word
+    raise ClusterError(
+        "no non-loopback IPv4 address found with `hostname -I` (kube-apiserver needs one for "
+        "--advertise-address); set FLUXNETES_ADVERTISE_ADDRESS to any address of this machine"
+    )
+
+
+def _data_root() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+@contextlib.contextmanager
+def dir_lock(directory: Path) -> Iterator[None]:
+    """One `up`/`down` at a time per cluster directory."""
+    with (directory / ".lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ClusterError(
+                f"another `fluxnetes dev cluster` command is using {directory}"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class Cluster:
+    """A running dev cluster. Use `Cluster.up(options)` or `Cluster.attach(dir)`."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        tools: Toolchain,
+        popens: dict[int, subprocess.Popen[bytes]] | None = None,
+    ) -> None:
+        self.state = state
+        self.tools = tools
+        self._popens = popens or {}
+        self._ssl: ssl.SSLContext | None = None
+        # seconds spent in each phase of `up` (control_plane, create_nodes, nodes_ready)
+        self.timings: dict[str, float] = {}
+
+    # -- what users need ---------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return Path(self.state.dir)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return Path(self.state.kubeconfig)
+
+    @property
+    def api_url(self) -> str:
+        return self.state.api_url
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return dict(self.state.ports)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.pid for p in self.state.processes}
+
+    @property
+    def pki(self) -> ClusterPKI:
+        return ClusterPKI(self.dir / "pki")
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl against this cluster; raises ClusterError on failure if check."""
+        argv = [
+            str(self.tools.binary("kubectl")),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--cache-dir={self.dir / 'kubectl-cache'}",
+            *args,
+        ]
+        try:
+            res = subprocess.run(
+                argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ClusterError(f"kubectl {' '.join(args)} timed out after {timeout:.0f} s") from exc
+        if check and res.returncode != 0:
+            raise ClusterError(
+                f"kubectl {' '.join(args)} failed (exit {res.returncode}): {res.stderr.strip()}"
+            )
+        return res
+
+    def kubectl_json(self, *args: str, timeout: float = 120.0) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """TLS context trusting the cluster CA and presenting the admin client certificate."""
+        if self._ssl is None:
+            ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
+            ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
+            self._ssl = ctx
+        return self._ssl
+
+    def api_get(self, path: str, timeout: float = 10.0) -> Any:
+        """GET a JSON document from the apiserver as admin (e.g. '/api/v1/nodes')."""
+        req = urllib.request.Request(self.api_url + path, headers={"Accept": "application/json"})
+        with urlopen(req, self.ssl_context(), timeout) as resp:
+            return json.loads(resp.read())
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @classmethod
+    def up(cls, options: ClusterOptions | None = None) -> Cluster:
+        """Start every component, create the fake nodes and wait until they are Ready.
+
+        On any failure every process started so far is stopped and the error names the
+        component and shows the end of its log.
+        """
+        opts = options or ClusterOptions()
+        shape = opts.nodes.validate()
+        tools = toolchain(opts.k8s_home)
+        missing = tools.missing()
+        if missing:
+            raise BinariesMissing(missing_message(missing))
+        directory = (opts.dir or default_cluster_dir()).expanduser().resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        with dir_lock(directory):
+            previous = _load_state(directory)
+            if previous is not None:
+                running = [p for p in previous.processes if procs.is_running(p)]
+                if running:
+                    raise ClusterError(
+                        f"a dev cluster is already running in {directory} (pids "
+                        f"{', '.join(str(p.pid) for p in running)}); stop it with "
+                        f"`fluxnetes dev cluster down --dir {directory}` or use another --dir"
+                    )
+                _cleanup(directory, previous)
+            started = time.monotonic()
+            cluster = cls._start(directory, tools, opts)
+            cluster.timings["control_plane"] = time.monotonic() - started
+        try:
+            cluster.create_nodes(shape, timeout=opts.timeout, log=opts.log)
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    @classmethod
+    def _start(cls, directory: Path, tools: Toolchain, opts: ClusterOptions) -> Cluster:
+        say = opts.log or (lambda _msg: None)
+        deadline = time.monotonic() + opts.timeout
+        logs = directory / "logs"
+        run = directory / "run"
+        for d in (logs, run):
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+        ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
+        adv = opts.advertise_address or advertise_address()
+        pki = write_cluster_pki(directory / "pki", adv, SERVICE_IP)
+        api_url = f"https://127.0.0.1:{ports['apiserver']}"
+        kubeconfig = directory / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(kubeconfig_doc(api_url, pki), sort_keys=False))
+        kubeconfig.chmod(0o600)
+        root = str(opts.data_root) if opts.data_root else _data_root()
+        data_dir = tempfile.mkdtemp(prefix="fluxnetes-etcd-", dir=root)
+        state = ClusterState(
+            dir=str(directory),
+            kubeconfig=str(kubeconfig),
+            api_url=api_url,
+            ports=ports,
+            advertise_address=adv,
+            data_dir=data_dir,
+            nodes=asdict(opts.nodes),
+            started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        )
+        cluster = cls(state, tools)
+        try:
+            for name in COMPONENTS:
+                argv = components.argv(
+                    name,
+                    tools,
+                    ports=ports,
+                    kubeconfig=str(kubeconfig),
+                    data_dir=data_dir,
+                    advertise_address=adv,
+                    pki=pki,
+                    run=run,
+                )
+                say(f"starting {name}")
+                popen, rec = procs.spawn(
+                    name, argv, logs / f"{name}.log", cwd=run, die_with_parent=opts.die_with_parent
+                )
+                cluster._popens[rec.pid] = popen
+                state.processes.append(rec)
+                _save_state(state)  # saved after every spawn: `down` can always find them
+                cluster._wait_component(name, deadline)
+            say("waiting for the default service account")
+            cluster._wait_for(
+                "the `default` service account (kube-controller-manager)",
+                lambda: cluster._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+                deadline,
+            )
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    def _wait_component(self, name: str, deadline: float) -> None:
+        ports = self.state.ports
+        if name == "etcd":
+            url = f"http://127.0.0.1:{ports['etcd']}/health"
+            self._wait_for(name, lambda: http_ok(url, None), deadline)
+        elif name == "kube-apiserver":
+            self._wait_for(name, lambda: self._api_ok("/readyz"), deadline)
+        elif name in ("kube-controller-manager", "kube-scheduler"):
+            port = ports["controller_manager" if name == "kube-controller-manager" else "scheduler"]
+            insecure = ssl.create_default_context()
+            insecure.check_hostname = False
+            insecure.verify_mode = ssl.CERT_NONE  # their self-signed serving certs; health only
+            url = f"https://127.0.0.1:{port}/healthz"
+            self._wait_for(name, lambda: http_ok(url, insecure), deadline)
+        else:  # kwok serves nothing; a second alive is enough, nodes turning Ready proves it
+            self._wait_for(name, lambda: False, min(deadline, time.monotonic() + 1.0), quiet=True)
+
+    def _api_ok(self, path: str) -> bool:
+        return http_ok(self.api_url + path, self.ssl_context())
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.api_get(path)
+        except (urllib.error.URLError, OSError):
+            return False
+        return True
+
+    def _wait_for(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        deadline: float,
+        quiet: bool = False,
+        interval: float = 0.2,
+    ) -> None:
+        """Poll `check` until true; fail early, with its log, if a component died meanwhile."""
+        while True:
+            for rec in self.state.processes:
+                if not procs.is_running(rec):
+                    raise ClusterError(
+                        f"{rec.name} exited while waiting for {what}; end of {rec.log}:\n"
+                        f"{procs.log_tail(rec.log)}"
+                    )
+            if check():
+                return
+            if time.monotonic() > deadline:
+                if quiet:
+                    return
+                logs = "".join(
+                    f"\n--- {r.name} ({r.log}):\n{procs.log_tail(r.log, 8)}"
+                    for r in self.state.processes[-1:]
+                )
+                raise ClusterError(f"timed out waiting for {what}{logs}")
+            time.sleep(interval)
+
+    def create_nodes(
+        self,
+        shape: NodeShape,
+        timeout: float = 300.0,
+        log: Callable[[str], None] | None = None,
+        concurrency: int = 32,
+    ) -> list[str]:
+        """Create `shape.count` kwok nodes (concurrent API calls) and wait until all are Ready."""
+        shape.validate()
+        say = log or (lambda _msg: None)
+        deadline = time.monotonic() + timeout
+        bodies = shape.manifests()
+        if bodies:
+            say(f"creating {len(bodies)} nodes")
+            started = time.monotonic()
+            reqs = [
+                Request("POST", "/api/v1/nodes", b, f"creating node {b['metadata']['name']}")
+                for b in bodies
+            ]
+            self._send(reqs, concurrency)
+            self.timings["create_nodes"] = time.monotonic() - started
+        names = {b["metadata"]["name"] for b in bodies}
+        say(f"waiting for {len(names)} nodes to be Ready")
+        started = time.monotonic()
+        self._wait_for(
+            f"{len(names)} nodes to be Ready",
+            lambda: self._nodes_ready(names, concurrency),
+            deadline,
+            interval=0.2 if len(names) <= 100 else 1.0,  # big node lists are costly to poll
+        )
+        self.timings["nodes_ready"] = time.monotonic() - started
+        return sorted(names)
+
+    def _send(self, reqs: list[Request], concurrency: int) -> None:
+        run_async(lambda: send_all(self.api_url, self.ssl_context(), reqs, concurrency))
+
+    def _nodes_ready(self, names: set[str], concurrency: int) -> bool:
+        """True when every node in `names` is Ready and untainted.
+
+        kwok marks a node Ready; kube-controller-manager then lifts the not-ready taint that
+        admission put on the new node, but only ~20 nodes/s on a busy 2-core machine. Lifting
+        it here for the nodes that are Ready does the same thing concurrently (a JSON patch
+        with a `test` op, so a concurrent change by the controller is never overwritten).
+        """
+        try:
+            items = self.api_get(
+                f"/api/v1/nodes?labelSelector={DEV_NODE_LABEL}%3Dtrue&resourceVersion=0", 60
+            )["items"]
+        except (urllib.error.URLError, OSError):
+            return False
+        mine = [n for n in items if n["metadata"]["name"] in names]
+        stuck = [n for n in mine if has_ready_condition(n) and not_ready_tainted(n)]
+        if stuck:
+            self._send([_untaint_request(n) for n in stuck], concurrency)
+        return len(mine) == len(names) and all(is_ready(n) for n in mine)
+
+    @classmethod
+    def attach(cls, directory: Path | None = None, k8s_home: Path | None = None) -> Cluster:
+        """The cluster recorded in `directory` (it may be partly or wholly stopped)."""
+        d = (directory or default_cluster_dir()).expanduser().resolve()
+        state = _load_state(d)
+        if state is None:
+            raise ClusterError(f"no dev cluster in {d} (start one with `fluxnetes dev cluster up`)")
+        return cls(state, toolchain(k8s_home))
+
+    def status(self) -> ClusterStatus:
+        processes = [
+            ProcessStatus(p.name, p.pid, procs.is_running(p), p.log) for p in self.state.processes
+        ]
+        api_ready = self._api_ok("/readyz")
+        total = ready = 0
+        if api_ready:
+            with contextlib.suppress(urllib.error.URLError, OSError, KeyError):
+                items = self.api_get("/api/v1/nodes", 30)["items"]
+                total = len(items)
+                ready = sum(1 for n in items if is_ready(n))
+        return ClusterStatus(
+            self.dir, self.api_url, self.kubeconfig, processes, api_ready, total, ready
+        )
+
+    def down(self) -> list[str]:
+        """Stop every process by its pid (reverse start order), delete etcd's data and the
+        state file. Returns the names of processes that needed SIGKILL."""
+        # clients first, then the apiserver, etcd last: an apiserver whose etcd is gone
+        # retries its shutdown writes until killed
+        by_name = {p.name: p for p in self.state.processes}
+        order: list[list[procs.ProcessRecord]] = [
+            [p for p in self.state.processes if p.name not in ("kube-apiserver", "etcd")],
+            [by_name[n] for n in ("kube-apiserver",) if n in by_name],
+            [by_name[n] for n in ("etcd",) if n in by_name],
+        ]
+        killed = [name for batch in order for name in procs.stop(batch)]
+        for popen in self._popens.values():
+            with contextlib.suppress(Exception):
+                popen.wait(timeout=1)
+        _cleanup(self.dir, self.state)
+        return killed
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def _untaint_request(node: dict[str, Any]) -> Request:
+    taints = node["spec"]["taints"]
+    kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+    patch = [
+        {"op": "test", "path": "/spec/taints", "value": taints},
+        {"op": "replace", "path": "/spec/taints", "value": kept},
+    ]
+    name = node["metadata"]["name"]
+    return Request(
+        "PATCH",
+        f"/api/v1/nodes/{name}",
+        patch,
+        f"lifting the not-ready taint of node {name}",
+        content_type="application/json-patch+json",
+        ignore=frozenset({404, 409, 422}),  # gone, or changed meanwhile: the next poll decides
+    )
+
+
+_KWOK_CONFIG = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  nodePlayStageParallelism: 16
+  podPlayStageParallelism: 16
+  nodeLeaseParallelism: 16
+"""
+
+
+def _load_state(directory: Path) -> ClusterState | None:
+    path = directory / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return ClusterState.from_json(path.read_text())
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ClusterError(
+            f"unreadable state file {path}: {exc}; delete it if no cluster runs"
+        ) from exc
+
+
+def _save_state(state: ClusterState) -> None:
+    path = Path(state.dir) / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(state.to_json())
+    tmp.replace(path)
+
+
+def _cleanup(directory: Path, state: ClusterState) -> None:
+    """Forget a stopped cluster: etcd data, state file and the now useless kubeconfig."""
+    if state.data_dir and Path(state.data_dir).name.startswith("fluxnetes-etcd-"):
+        shutil.rmtree(state.data_dir, ignore_errors=True)
+    for name in (STATE_FILE, "kubeconfig"):
+        with contextlib.suppress(FileNotFoundError):
+            (directory / name).unlink()

@@ -1,0 +1,163 @@
+"""How each control-plane component is started: command lines, kwok's configuration, the
+admin kubeconfig."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from fluxnetes.devcluster.paths import Toolchain
+from fluxnetes.devcluster.pki import ClusterPKI
+
+SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+POD_CIDR = "10.128.0.0/16"  # kwok's fake pod IPs; never dialled
+PORT_NAMES = ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler")
+# start order; stopped in reverse
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def argv(
+    name: str,
+    tools: Toolchain,
+    *,
+    ports: dict[str, int],
+    kubeconfig: str,
+    data_dir: str,
+    advertise_address: str,
+    pki: ClusterPKI,
+    run: Path,
+) -> list[str]:
+    """Command line of one component; every listener and every client URL is on 127.0.0.1."""
+    p = ports
+    kc = kubeconfig
+    exe = str(tools.binary(name))
+    etcd_url = f"http://127.0.0.1:{p['etcd']}"
+    peer_url = f"http://127.0.0.1:{p['etcd_peer']}"
+    if name == "etcd":
+        return [
+            exe,
+            "--name=dev",
+            f"--data-dir={data_dir}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=dev={peer_url}",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ]
+    if name == "kube-apiserver":
+        return [
+            exe,
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['apiserver']}",
+            f"--advertise-address={advertise_address}",
+            f"--cert-dir={run / 'apiserver'}",
+            f"--tls-cert-file={pki.apiserver_crt}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.ca_crt}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--profiling=false",
+        ]
+    common = [
+        f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        "--profiling=false",
+        # the default client rate limit (20 qps) makes untainting 1,000 new nodes take minutes
+        "--kube-api-qps=500",
+        "--kube-api-burst=1000",
+    ]
+    if name == "kube-controller-manager":
+        return [
+            exe,
+            *common,
+            f"--secure-port={p['controller_manager']}",
+            f"--cert-dir={run / 'controller-manager'}",
+            f"--root-ca-file={pki.ca_crt}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--cluster-signing-cert-file={pki.ca_crt}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+        ]
+    if name == "kube-scheduler":
+        return [
+            exe,
+            *common,
+            f"--secure-port={p['scheduler']}",
+            f"--cert-dir={run / 'scheduler'}",
+        ]
+    if name == "kwok":
+        config = run / "kwok.yaml"
+        config.write_text(KWOK_CONFIG)
+        stages = [f"--config={s}" for s in [config, *tools.stage_files]]
+        return [
+            exe,
+            f"--kubeconfig={kc}",
+            *stages,
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--node-ip=127.0.0.1",
+            f"--cidr={POD_CIDR}",
+            "--node-lease-duration-seconds=40",
+            "--v=WARN",  # INFO logs every lease renewal: ~25 KB/s with 1,000 nodes
+        ]
+    raise ValueError(f"unknown component {name}")
+
+
+# kwok plays node and pod stages 4 at a time by default: too slow to bring up 1,000 nodes or to
+# run thousands of pods through their phases
+
+
+# kwok plays node and pod stages 4 at a time by default: too slow to bring up 1,000 nodes or to
+# run thousands of pods through their phases
+KWOK_CONFIG = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  nodePlayStageParallelism: 16
+  podPlayStageParallelism: 16
+  nodeLeaseParallelism: 16
+"""
+
+
+def kubeconfig_doc(api_url: str, pki: ClusterPKI) -> dict[str, Any]:
+    def b64(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "fluxnetes-dev",
+                "cluster": {"server": api_url, "certificate-authority-data": b64(pki.ca_crt)},
+            }
+        ],
+        "users": [
+            {
+                "name": "fluxnetes-dev-admin",
+                "user": {
+                    "client-certificate-data": b64(pki.admin_crt),
+                    "client-key-data": b64(pki.admin_key),
+                },
+            }
+        ],
+        "contexts": [
+            {
+                "name": "fluxnetes-dev",
+                "context": {"cluster": "fluxnetes-dev", "user": "fluxnetes-dev-admin"},
+            }
+        ],
+        "current-context": "fluxnetes-dev",
+    }

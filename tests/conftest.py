@@ -1,0 +1,69 @@
+"""Shared pytest wiring: the `k8s` marker and the session-scoped `k8s_cluster` fixture.
+
+Tests that need the local control plane either request `k8s_cluster` (they are then marked
+`k8s` automatically) or carry `@pytest.mark.k8s`. When the binaries built by
+hack/build-k8s.sh are missing they are skipped with the reason, unless
+FLUXNETES_REQUIRE_K8S=1 (then they fail, so CI cannot pass without them silently).
+
+The cluster starts lazily, once per test session, on the first test that requests it, in a
+temporary directory (never the user's own `fluxnetes dev cluster`), and is stopped at the end.
+Shape: 4 nodes (16 cpu, 64Gi, 4 nvidia.com/gpu) in 2 zones with 1 rack each
+(nodes kwok-node-0..3; zone-0/rack-0 holds 0-1, zone-1/rack-1 holds 2-3).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from fluxnetes.devcluster.paths import missing_message, toolchain
+
+if TYPE_CHECKING:
+    from fluxnetes.devcluster import Cluster
+
+K8S_FIXTURE = "k8s_cluster"
+
+
+def k8s_missing_reason() -> str | None:
+    """Why `k8s` tests cannot run here, or None when the binaries are in place."""
+    missing = toolchain().missing()
+    return missing_message(missing) if missing else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    k8s_items = []
+    for item in items:
+        if K8S_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.k8s)
+        if item.get_closest_marker("k8s") is not None:
+            k8s_items.append(item)
+    reason = k8s_missing_reason() if k8s_items else None
+    if reason and os.environ.get("FLUXNETES_REQUIRE_K8S") != "1":
+        for item in k8s_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A running dev cluster (see the module docstring for its nodes), shared by the session."""
+    from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
+
+    reason = k8s_missing_reason()
+    if reason and os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
+        pytest.fail(reason)
+    if reason:
+        pytest.skip(reason)
+    cluster = Cluster.up(
+        ClusterOptions(
+            nodes=NodeShape(count=4, cpu="16", memory="64Gi", gpus=4, zones=2, racks=1),
+            dir=tmp_path_factory.mktemp("devcluster"),
+            die_with_parent=True,
+        )
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.down()
