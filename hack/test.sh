@@ -17,6 +17,10 @@ if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
     echo "test.sh: the Kubernetes binaries could not be built; k8s tests will skip" >&2; fi
 fi
 
+if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
+  bash hack/build-helm.sh || echo "test.sh: helm could not be built; chart tests will skip" >&2
+fi
+
 pg_start
 trap pg_stop EXIT
 set +e

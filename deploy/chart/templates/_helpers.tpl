@@ -1,0 +1,108 @@
+{{/* Names shared by every template. */}}
+{{- define "fluxnetes.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fluxnetes.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "fluxnetes.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "fluxnetes.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fluxnetes.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fluxnetes.webhookService" -}}
+{{- printf "%s-webhook" (include "fluxnetes.fullname" .) -}}
+{{- end -}}
+
+{{- define "fluxnetes.webhookSecret" -}}
+{{- printf "%s-webhook-cert" (include "fluxnetes.fullname" .) -}}
+{{- end -}}
+
+{{- define "fluxnetes.postgresName" -}}
+{{- printf "%s-postgresql" (include "fluxnetes.fullname" .) -}}
+{{- end -}}
+
+{{/* Secret holding the store URL (key `url`) read by the operator. */}}
+{{- define "fluxnetes.storeSecret" -}}
+{{- if .Values.store.existingSecret -}}
+{{- .Values.store.existingSecret -}}
+{{- else -}}
+{{- printf "%s-store" (include "fluxnetes.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fluxnetes.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The --policy flag: hybrid carries its reservation depth (hybrid:N). */}}
+{{- define "fluxnetes.queuePolicy" -}}
+{{- if eq .Values.scheduler.queuePolicy "hybrid" -}}
+{{- printf "hybrid:%d" (int .Values.scheduler.reservationDepth) -}}
+{{- else -}}
+{{- .Values.scheduler.queuePolicy -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Restricted pod security for every container of the chart. */}}
+{{- define "fluxnetes.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Fail early on values the operator would reject anyway. */}}
+{{- define "fluxnetes.validate" -}}
+{{- $queue := list "fcfs" "easy" "conservative" "hybrid" -}}
+{{- if not (has .Values.scheduler.queuePolicy $queue) -}}
+{{- fail (printf "scheduler.queuePolicy: must be one of %s, got %q" (join ", " $queue) .Values.scheduler.queuePolicy) -}}
+{{- end -}}
+{{- $match := list "first" "low" "high" "lonode" "hinode" "lonodex" "hinodex" "firstnodex" -}}
+{{- if not (has .Values.scheduler.matchPolicy $match) -}}
+{{- fail (printf "scheduler.matchPolicy: must be one of %s, got %q" (join ", " $match) .Values.scheduler.matchPolicy) -}}
+{{- end -}}
+{{- if lt (int .Values.scheduler.reservationDepth) 0 -}}
+{{- fail (printf "scheduler.reservationDepth: must be >= 0, got %v" .Values.scheduler.reservationDepth) -}}
+{{- end -}}
+{{- if not (has .Values.webhook.failurePolicy (list "Ignore" "Fail")) -}}
+{{- fail (printf "webhook.failurePolicy: must be Ignore or Fail, got %q" .Values.webhook.failurePolicy) -}}
+{{- end -}}
+{{- if and (not .Values.postgresql.enabled) (not .Values.store.url) (not .Values.store.existingSecret) -}}
+{{- fail "store: with postgresql.enabled=false, set store.url (postgresql+psycopg://user:pass@host:5432/db) or store.existingSecret" -}}
+{{- end -}}
+{{- if and .Values.postgresql.enabled (or .Values.store.url .Values.store.existingSecret) -}}
+{{- fail "store: store.url/store.existingSecret point at an external database; set postgresql.enabled=false with them" -}}
+{{- end -}}
+{{- if not (has .Values.scheduler.onNodeLost (list "fail" "requeue")) -}}
+{{- fail (printf "scheduler.onNodeLost: must be fail or requeue, got %q" .Values.scheduler.onNodeLost) -}}
+{{- end -}}
+{{- if contains "=" .Values.webhook.namespaceLabel -}}
+{{- fail (printf "webhook.namespaceLabel: a label key only (the value is always \"true\"), got %q" .Values.webhook.namespaceLabel) -}}
+{{- end -}}
+{{- if lt (int .Values.replicas) 1 -}}
+{{- fail (printf "replicas: must be >= 1, got %v" .Values.replicas) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,485 @@
+"""The Helm chart (deploy/chart) and dist/fluxnetes.yaml rendered from it.
+
+Rendering needs the helm binary built by hack/build-helm.sh; without it those tests skip and
+say so. The `k8s` tests apply the rendered manifests to the real kube-apiserver of the
+`k8s_cluster` fixture (server-side dry run, then for real) and check the chart's RBAC by
+impersonating its ServiceAccount.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "chart"
+DIST = ROOT / "dist" / "fluxnetes.yaml"
+HELM = Path(os.environ.get("FLUXNETES_K8S_HOME", Path.home() / ".cache/fluxnetes/k8s")) / "bin/helm"
+
+needs_helm = pytest.mark.skipif(
+    not HELM.exists(),
+    reason=f"helm is not built ({HELM} missing): run `bash hack/build-helm.sh` (builds it from Go modules)",
+)
+
+# What the operator needs (fluxnetes.k8s: operator.py, leader.py, controller.py), checked both on
+# the rendered roles and against the apiserver. (verb, resource[/name][#subresource], where):
+# where = None for all namespaces / cluster-scoped, "OWN" for the release namespace.
+ALLOWED = [
+    ("get", "pods", None),
+    ("list", "pods", None),
+    ("watch", "pods", None),
+    ("patch", "pods", None),
+    ("list", "nodes", None),
+    ("watch", "nodes", None),
+    ("create", "events", None),
+    ("watch", "priorityclasses.scheduling.k8s.io", None),
+    ("patch", "jobs.batch", None),
+    ("watch", "jobs.batch", None),
+    ("list", "replicasets.apps", None),
+    ("watch", "statefulsets.apps", None),
+    ("create", "fluxjobs.fluxnetes.io", None),
+    ("list", "fluxjobs.fluxnetes.io", None),
+    ("patch", "fluxjobs.fluxnetes.io#status", None),
+    ("get", "customresourcedefinitions.apiextensions.k8s.io/fluxjobs.fluxnetes.io", None),
+    ("update", "customresourcedefinitions.apiextensions.k8s.io/fluxjobs.fluxnetes.io", None),
+    ("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
+    ("update", "mutatingwebhookconfigurations.admissionregistration.k8s.io/fluxnetes.io", None),
+    ("get", "validatingwebhookconfigurations.admissionregistration.k8s.io/fluxnetes.io", None),
+    ("create", "leases.coordination.k8s.io", "OWN"),
+    ("update", "leases.coordination.k8s.io/fluxnetes-leader", "OWN"),
+    ("get", "secrets/fluxnetes-webhook-cert", "OWN"),
+    ("create", "secrets", "OWN"),
+    ("update", "secrets/fluxnetes-webhook-cert", "OWN"),
+]
+FORBIDDEN = [
+    ("delete", "pods", None),  # fluxnetes never deletes user pods
+    ("create", "pods", None),
+    ("update", "pods", None),
+    ("create", "pods#binding", None),  # placement is nodeSelector + ungate, not Binding
+    ("delete", "nodes", None),
+    ("patch", "nodes", None),
+    ("get", "secrets", "default"),  # secrets only in its own namespace ...
+    ("get", "secrets/other", "OWN"),  # ... and only its own Secret there
+    ("list", "secrets", None),
+    ("update", "leases.coordination.k8s.io/kube-scheduler", "OWN"),
+    ("create", "leases.coordination.k8s.io", "default"),
+    ("delete", "jobs.batch", None),
+    ("update", "deployments.apps", None),
+    ("delete", "fluxjobs.fluxnetes.io", None),
+    ("update", "customresourcedefinitions.apiextensions.k8s.io/other.example.com", None),
+    ("update", "mutatingwebhookconfigurations.admissionregistration.k8s.io/someone-else", None),
+    ("list", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
+    ("create", "namespaces", None),
+    ("get", "namespaces/kube-system", None),
+    ("create", "clusterroles.rbac.authorization.k8s.io", None),
+    ("escalate", "roles.rbac.authorization.k8s.io", "OWN"),
+]
+
+
+def helm_template(
+    *args: str, namespace: str = "fluxnetes-system", release: str = "fluxnetes"
+) -> str:
+    res = subprocess.run(
+        [str(HELM), "template", release, str(CHART), "--namespace", namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise AssertionError(f"helm template failed: {res.stderr}")
+    return res.stdout
+
+
+def helm_fails(*args: str) -> str:
+    res = subprocess.run(
+        [str(HELM), "template", "fluxnetes", str(CHART), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode != 0, f"helm template accepted {args}"
+    return res.stderr
+
+
+def docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [o for o in by_kind(objs, kind) if o["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"{kind} *{name_suffix}: {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def operator_args(objs: list[dict[str, Any]]) -> dict[str, str]:
+    container = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return dict(a.removeprefix("--").split("=", 1) for a in container["args"] if "=" in a)
+
+
+def assert_restricted(pod_spec: dict[str, Any]) -> None:
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    assert pod_spec["securityContext"]["runAsUser"] != 0
+    assert pod_spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for c in pod_spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True, c["name"]
+        assert sc["allowPrivilegeEscalation"] is False, c["name"]
+        assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
+        assert "add" not in sc["capabilities"], c["name"]
+
+
+# -- the CRD has one source ------------------------------------------------------------------
+
+
+def test_chart_crds_are_copies_of_deploy_crds() -> None:
+    src = sorted(p.name for p in (ROOT / "deploy" / "crds").glob("*.yaml"))
+    dst = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert src, "deploy/crds holds no CRD"
+    assert src == dst, (
+        "deploy/chart/crds differs from deploy/crds: run `bash hack/sync-chart-crds.sh`"
+    )
+    for name in src:
+        assert filecmp.cmp(ROOT / "deploy/crds" / name, CHART / "crds" / name, shallow=False), (
+            f"deploy/chart/crds/{name} is stale: run `bash hack/sync-chart-crds.sh`"
+        )
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+@needs_helm
+def test_default_render() -> None:
+    objs = docs(helm_template())
+    kinds = {o["kind"] for o in objs}
+    assert {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+        "StatefulSet",
+        "Secret",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    } <= kinds
+    assert "ServiceMonitor" not in kinds and "Namespace" not in kinds
+    dep = one(objs, "Deployment")
+    assert dep["metadata"]["namespace"] == "fluxnetes-system"
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"]
+    assert_restricted(pod)
+    assert_restricted(one(objs, "StatefulSet")["spec"]["template"]["spec"])
+    # the writable /tmp the read-only root filesystem needs
+    assert {"name": "tmp", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]
+    args = operator_args(objs)
+    assert args["policy"] == "easy" and args["match-policy"] == "lonode"
+    assert args["namespace-label"] == "fluxnetes.io/enabled=true"
+    assert args["service-name"] == "fluxnetes-webhook"
+    # the webhook must listen on the pod IP for the Service to reach it
+    assert args["webhook-host"] == "0.0.0.0"
+    assert args["namespace"] == "$(POD_NAMESPACE)" and args["store"] == "$(FLUXNETES_STORE_URL)"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["FLUXNETES_STORE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "fluxnetes-store"
+    store = one(objs, "Secret", "-store")
+    assert store["stringData"]["url"].startswith("postgresql+psycopg://fluxnetes:") and store[
+        "stringData"
+    ]["url"].endswith("@fluxnetes-postgresql.fluxnetes-system.svc:5432/fluxnetes")
+    webhook_svc = one(objs, "Service", "-webhook")
+    assert webhook_svc["spec"]["ports"][0]["port"] == 443
+    # helm installs the CRD from crds/ (rendered with --include-crds)
+    with_crds = docs(helm_template("--include-crds"))
+    crd = one(with_crds, "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "fluxjobs.fluxnetes.io"
+
+
+@needs_helm
+def test_operator_args_are_accepted_by_fluxnetes_run() -> None:
+    """Every flag the chart passes exists in `fluxnetes run` and parses (no cluster needed)."""
+    import typer
+
+    run_cmd = pytest.importorskip("fluxnetes.cli.run_cmd")
+    app = typer.Typer()
+    run_cmd.register(app)
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    group = typer.main.get_command(app)
+    run = group.commands["run"]  # type: ignore[attr-defined]
+    env = {"$(POD_NAMESPACE)": "fluxnetes-system", "$(FLUXNETES_STORE_URL)": "sqlite:///tmp/x.db"}
+    for values in ([], ["--set", "scheduler.queuePolicy=hybrid"]):
+        objs = docs(helm_template(*values))
+        container = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        args = []
+        for arg in container["args"]:
+            for var, value in env.items():
+                arg = arg.replace(var, value)
+            args.append(arg)
+        ctx = run.make_context("run", args)
+        assert ctx.params["webhook_host"] == "0.0.0.0"
+        assert ctx.params["namespace"] == "fluxnetes-system"
+
+
+@needs_helm
+def test_random_password_differs_between_installs_and_is_not_empty() -> None:
+    def password(text: str) -> str:
+        return one(docs(text), "Secret", "-postgresql")["stringData"]["password"]
+
+    a, b = password(helm_template()), password(helm_template())
+    assert len(a) == 32 and a != b
+
+
+@needs_helm
+def test_rbac_is_least_privilege() -> None:
+    objs = docs(helm_template())
+    cluster_rules = one(objs, "ClusterRole")["rules"]
+    ns_rules = one(objs, "Role")["rules"]
+    for rule in cluster_rules + ns_rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "*" not in rule["apiGroups"], rule
+        assert "resourceNames" not in rule or rule["resourceNames"], rule
+    # Secrets and Leases only through the namespaced Role
+    assert not any("secrets" in r["resources"] for r in cluster_rules)
+    assert not any("leases" in r["resources"] for r in cluster_rules)
+    assert any("secrets" in r["resources"] for r in ns_rules)
+    assert one(objs, "Role")["metadata"]["namespace"] == "fluxnetes-system"
+    pods = next(r for r in cluster_rules if r["resources"] == ["pods"])
+    assert "delete" not in pods["verbs"] and "create" not in pods["verbs"]
+
+
+@needs_helm
+def test_non_default_values() -> None:
+    objs = docs(
+        helm_template(
+            "--set",
+            "replicas=3",
+            "--set",
+            "scheduler.queuePolicy=conservative",
+            "--set",
+            "scheduler.matchPolicy=hinodex",
+            "--set",
+            "scheduler.reservationDepth=8",
+            "--set",
+            "webhook.namespaceLabel=example.com/hpc",
+            "--set",
+            "webhook.failurePolicy=Fail",
+            "--set",
+            "postgresql.enabled=false",
+            "--set",
+            "store.url=postgresql+psycopg://u:p@db.example.com:5432/fx",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "image.tag=9.9.9",
+            "--set",
+            "resources.requests.cpu=2",
+            "--set",
+            "extraArgs={--verbose}",
+            "--set",
+            "createNamespace=true",
+            namespace="hpc",
+            release="sched",
+        )
+    )
+    kinds = [o["kind"] for o in objs]
+    assert "StatefulSet" not in kinds and "NetworkPolicy" not in kinds
+    assert "ServiceMonitor" in kinds and "Namespace" in kinds
+    ns = one(objs, "Namespace")
+    assert ns["metadata"]["name"] == "hpc"
+    assert ns["metadata"]["labels"]["example.com/hpc"] == "false"
+    dep = one(objs, "Deployment")
+    assert dep["metadata"]["name"] == "sched-fluxnetes"
+    assert dep["spec"]["replicas"] == 3
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].endswith(":9.9.9")
+    assert container["resources"]["requests"]["cpu"] == 2
+    assert container["args"][-1] == "--verbose"
+    args = operator_args(objs)
+    assert args["policy"] == "conservative" and args["match-policy"] == "hinodex"
+    assert args["namespace-label"] == "example.com/hpc=true"
+    assert args["failure-policy"] == "Fail"
+    hybrid = docs(
+        helm_template(
+            "--set", "scheduler.queuePolicy=hybrid", "--set", "scheduler.reservationDepth=8"
+        )
+    )
+    assert operator_args(hybrid)["policy"] == "hybrid:8"
+    secrets = by_kind(objs, "Secret")
+    assert [s["metadata"]["name"] for s in secrets] == ["sched-fluxnetes-store"]
+    assert secrets[0]["stringData"]["url"] == "postgresql+psycopg://u:p@db.example.com:5432/fx"
+    # one replica: no PodDisruptionBudget (it could never be satisfied during a drain)
+    single = docs(helm_template("--set", "replicas=1"))
+    assert "PodDisruptionBudget" not in [o["kind"] for o in single]
+
+
+@needs_helm
+def test_existing_secret_for_the_store() -> None:
+    objs = docs(
+        helm_template("--set", "postgresql.enabled=false", "--set", "store.existingSecret=my-db")
+    )
+    assert by_kind(objs, "Secret") == []
+    env = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    ref = next(e for e in env if e["name"] == "FLUXNETES_STORE_URL")
+    assert ref["valueFrom"]["secretKeyRef"] == {"name": "my-db", "key": "url"}
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("--set", "scheduler.matchPolicy=best"), "scheduler.matchPolicy"),
+        (("--set", "scheduler.matchPolicy=locality"), "scheduler.matchPolicy"),
+        (("--set", "scheduler.queuePolicy=lifo"), "scheduler.queuePolicy"),
+        (("--set", "scheduler.reservationDepth=-1"), "scheduler.reservationDepth"),
+        (("--set", "webhook.failurePolicy=Maybe"), "webhook.failurePolicy"),
+        (("--set", "postgresql.enabled=false"), "store"),
+        (("--set", "store.url=postgresql+psycopg://x@y/z"), "store"),
+        (("--set", "replicas=0"), "replicas"),
+        (("--set", "scheduler.onNodeLost=ignore"), "scheduler.onNodeLost"),
+        (("--set", "webhook.namespaceLabel=a=b"), "webhook.namespaceLabel"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(args: tuple[str, ...], field: str) -> None:
+    assert f"{field}:" in helm_fails(*args)
+
+
+# -- dist/fluxnetes.yaml -----------------------------------------------------------------------
+
+_VOLATILE = [
+    # generated at render time: the PostgreSQL password (in two places) and the checksum of
+    # the store Secret that embeds it
+    (re.compile(r'(password: )"[A-Za-z0-9]+"'), r'\1"<password>"'),
+    (re.compile(r"(postgresql\+psycopg://fluxnetes:)[A-Za-z0-9]+@"), r"\1<password>@"),
+    (re.compile(r"(checksum/store: )\S+"), r"\1<checksum>"),
+]
+
+
+def _normalize(text: str) -> str:
+    for pattern, repl in _VOLATILE:
+        text = pattern.sub(repl, text)
+    return text
+
+
+@needs_helm
+def test_dist_is_up_to_date() -> None:
+    assert DIST.exists(), "dist/fluxnetes.yaml is missing: run `bash hack/render-dist.sh`"
+    committed = DIST.read_text()
+    # the file is a comment header, then exactly what `helm template` printed
+    body = committed[committed.index("---\n") :]
+    fresh = helm_template("--include-crds", "--set", "createNamespace=true")
+    assert _normalize(body) == _normalize(fresh), (
+        "dist/fluxnetes.yaml is stale: run `bash hack/render-dist.sh`"
+    )
+    objs = docs(committed)
+    assert one(objs, "Namespace")["metadata"]["name"] == "fluxnetes-system"
+    assert one(objs, "CustomResourceDefinition")["metadata"]["name"] == "fluxjobs.fluxnetes.io"
+
+
+def test_normalize_masks_only_volatile_fields() -> None:
+    a = 'password: "abc123"\nurl: "postgresql+psycopg://fluxnetes:abc123@h:5432/d"\nchecksum/store: 0f0f\nx: 1\n'
+    b = a.replace("abc123", "zzz999").replace("0f0f", "1a1a")
+    assert _normalize(a) == _normalize(b)
+    assert _normalize(a) != _normalize(a.replace("x: 1", "x: 2"))
+
+
+# -- against the real kube-apiserver ------------------------------------------------------------
+
+
+@pytest.fixture
+def installed(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str, str]]:
+    """Apply the chart (rendered into a fresh namespace) to the dev cluster; yield
+    (cluster, namespace, service account); delete what was created afterwards."""
+    if not HELM.exists():
+        pytest.skip(f"helm is not built ({HELM} missing): run `bash hack/build-helm.sh`")
+    try:
+        cluster = request.getfixturevalue("k8s_cluster")
+    except pytest.FixtureLookupError:
+        pytest.skip("no k8s_cluster fixture (tests/conftest.py) in this checkout")
+    ns = f"fx-chart-{uuid.uuid4().hex[:6]}"
+    release = ns
+    text = helm_template(
+        "--include-crds", "--set", "createNamespace=true", namespace=ns, release=release
+    )
+    objs = docs(text)
+    # a server-side dry run cannot create the namespace its objects go into: create that first
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        dry = cluster.kubectl(
+            "apply", "--dry-run=server", "--server-side", "--force-conflicts", "-f", "-", input=text
+        )
+        assert "serverside-applied (server dry run)" in dry.stdout
+        # the dry run created nothing
+        assert cluster.kubectl("get", "deploy,sts,role,secret", "-n", ns, "-o", "name").stdout == ""
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", "crd/fluxjobs.fluxnetes.io"
+        )
+        sa = one(objs, "ServiceAccount")["metadata"]["name"]
+        yield cluster, ns, sa
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for kind in ("ClusterRole", "ClusterRoleBinding"):
+            for o in by_kind(objs, kind):
+                cluster.kubectl("delete", kind.lower(), o["metadata"]["name"], check=False)
+
+
+def can_i(cluster: Any, ns: str, sa: str, verb: str, resource: str, where: str | None) -> bool:
+    scope = ["--all-namespaces"] if where is None else ["-n", ns if where == "OWN" else where]
+    if "#" in resource:  # kubectl takes a subresource as a flag (TYPE/NAME is a named object)
+        resource, sub = resource.split("#", 1)
+        scope.append(f"--subresource={sub}")
+    res = cluster.kubectl(
+        "auth",
+        "can-i",
+        verb,
+        resource,
+        f"--as=system:serviceaccount:{ns}:{sa}",
+        *scope,
+        check=False,
+    )
+    answer = res.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl auth can-i: {res.stdout} {res.stderr}"
+    return answer == "yes"
+
+
+@pytest.mark.k8s
+def test_rendered_manifests_apply_to_the_real_apiserver(installed: tuple[Any, str, str]) -> None:
+    cluster, ns, sa = installed
+    dep = cluster.kubectl_json("get", "deployment", "-n", ns)["items"]
+    assert len(dep) == 1 and dep[0]["spec"]["replicas"] == 2
+    sts = cluster.kubectl_json("get", "statefulset", "-n", ns)["items"]
+    assert len(sts) == 1
+    crd = cluster.kubectl_json("get", "crd", "fluxjobs.fluxnetes.io")
+    established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert established["Established"] == "True"
+    # the CRD serves FluxJobs
+    assert cluster.kubectl("get", "fluxjobs", "-n", ns).returncode == 0
+    assert cluster.kubectl_json("get", "serviceaccount", sa, "-n", ns)["metadata"]["name"] == sa
+
+
+@pytest.mark.k8s
+def test_service_account_can_do_its_job_and_nothing_more(installed: tuple[Any, str, str]) -> None:
+    cluster, ns, sa = installed
+    denied = [a for a in ALLOWED if not can_i(cluster, ns, sa, *a)]
+    assert denied == [], f"the operator's ServiceAccount lacks {denied}"
+    granted = [f for f in FORBIDDEN if can_i(cluster, ns, sa, *f)]
+    assert granted == [], f"the operator's ServiceAccount may {granted}"

@@ -1,0 +1,429 @@
+"""`fluxnetes ctl` / `kubectl fluxnetes`: the pure views, then every command against the real
+kube-apiserver with FluxJob objects created by the test."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fluxnetes.cli.ctl_cmd import ctl, explain_job, node_rows, queue_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+GI = 1024**3
+
+
+def ts(delta_s: int) -> str:
+    return (NOW + timedelta(seconds=delta_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def fluxjob(
+    name: str,
+    phase: str,
+    *,
+    size: int = 1,
+    cpu: int = 1000,
+    memory: int = GI,
+    gpus: int = 0,
+    priority: int = 0,
+    submit: int = 0,
+    nodes: list[str] | None = None,
+    expected: int | None = None,
+    start: int | None = None,
+    duration: int = 0,
+    reason: str = "",
+    ns: str = "default",
+    exclusive: bool = False,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "reason": reason, "submitTime": ts(submit)}
+    if nodes:
+        status["nodes"] = nodes
+        status["nodeList"] = ",".join(sorted(set(nodes)))
+    if expected is not None:
+        status["expectedStart"] = ts(expected)
+    if start is not None:
+        status["startTime"] = ts(start)
+    request = {"cpu": cpu, "memory": memory}
+    if gpus:
+        request["nvidia.com/gpu"] = gpus
+    return {
+        "apiVersion": "fluxnetes.io/v1alpha1",
+        "kind": "FluxJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "size": size,
+            "priority": priority,
+            "duration": duration,
+            "request": request,
+            "exclusive": exclusive,
+        },
+        "status": status,
+    }
+
+
+def node(
+    name: str, cpu: str = "16", memory: str = "64Gi", gpus: int = 4, ready: bool = True
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {}},
+        "spec": {},
+        "status": {
+            "allocatable": {
+                "cpu": cpu,
+                "memory": memory,
+                "nvidia.com/gpu": str(gpus),
+                "pods": "110",
+            },
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod(
+    name: str,
+    node_name: str,
+    cpu: str,
+    memory: str = "1Gi",
+    *,
+    fluxjob: str | None = None,
+    gpus: int = 0,
+) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": name, "namespace": "default"}
+    if fluxjob:
+        md["annotations"] = {"fluxnetes.io/fluxjob": fluxjob}
+        md["labels"] = {"fluxnetes.io/managed": "true"}
+    requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        requests["nvidia.com/gpu"] = str(gpus)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": md,
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"requests": requests}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+# -- pure views ----------------------------------------------------------------------------------
+
+
+def test_queue_lists_running_then_waiting_in_scheduling_order() -> None:
+    jobs = [
+        fluxjob("late", "Pending", submit=30),
+        fluxjob("done", "Completed", submit=-100),
+        fluxjob("urgent", "Pending", submit=50, priority=10),
+        fluxjob("early", "Reserved", submit=10, expected=600, reason="reserved: cores busy"),
+        fluxjob("run", "Running", submit=-10, start=-5, nodes=["n1", "n1", "n2"], size=3),
+    ]
+    rows = queue_rows(jobs, NOW)
+    assert [r["name"] for r in rows] == ["run", "urgent", "early", "late"]
+    assert [r["position"] for r in rows] == [1, 2, 3, 4]
+    early = rows[2]
+    assert early["state"] == "Reserved" and early["start"] == "in 10m"
+    assert early["reason"] == "reserved: cores busy"
+    assert rows[0]["nodes"] == "n1,n2" and rows[0]["start"] == "5s ago"
+    assert rows[0]["request"] == "1c,1Gi"
+    assert [r["name"] for r in queue_rows(jobs, NOW, include_finished=True)][-1] == "done"
+
+
+def test_nodes_view_counts_fluxnetes_and_foreign_use_and_checks_agreement() -> None:
+    nodes = [node("n1"), node("n2"), node("n3", ready=False)]
+    jobs = [fluxjob("a", "Running", size=2, cpu=2500, memory=2 * GI, gpus=1, nodes=["n1", "n2"])]
+    pods = [
+        pod("a-0", "n1", "2500m", "2Gi", fluxjob="default/a", gpus=1),
+        # n2: the FluxJob places a pod there but none is bound (yet): disagreement shown
+        pod("web", "n2", "500m", "512Mi"),
+        pod("web2", "n1", "1", "1Gi"),
+    ]
+    rows = {r["node"]: r for r in node_rows(nodes, pods, jobs)}
+    n1 = rows["n1"]
+    # 2500m is booked as 3 whole cores by the scheduler
+    assert (n1["cores"], n1["coresUsed"], n1["coresForeign"], n1["coresFree"]) == (16, 3, 1, 12)
+    assert n1["gpusUsed"] == 1 and n1["gpusFree"] == 3
+    assert n1["memoryFree"] == 64 * GI - 2 * GI - GI
+    assert n1["agrees"] == "yes" and n1["foreignPods"] == 1 and n1["fluxnetesPods"] == 1
+    assert rows["n2"]["agrees"].startswith(
+        "no: FluxJobs place 1 pod(s) here (3 cores, 1 gpus), 0 bound"
+    )
+    assert rows["n2"]["coresForeign"] == 1
+    assert rows["n3"]["status"] == "down" and rows["n3"]["agrees"] == "yes"
+
+
+def test_explain_names_the_short_resource_and_the_reservation_ahead() -> None:
+    nodes = [node("n1", gpus=2), node("n2", gpus=2)]
+    running = fluxjob("big", "Running", size=2, gpus=2, nodes=["n1", "n2"], start=-60, duration=600)
+    ahead = fluxjob("first", "Reserved", size=2, gpus=2, submit=1, expected=540)
+    me = fluxjob("me", "Pending", size=1, gpus=1, submit=5, reason="waiting: gpus busy")
+    pods = [
+        pod("big-0", "n1", "1", fluxjob="default/big"),
+        pod("big-1", "n2", "1", fluxjob="default/big"),
+    ]
+    info = explain_job(me, nodes, pods, [running, ahead, me], NOW)
+    assert info["state"] == "Pending" and info["reason"] == "waiting: gpus busy"
+    assert (
+        "room for 0 of 1 pod(s) now" in info["short"]
+        and "short of gpus on 2 node(s)" in info["short"]
+    )
+    assert info["waitsBehind"] == ["default/first"]
+    assert info["ahead"][0]["expectedStart"] == ts(540)
+    assert info["runningEnds"] == [{"job": "default/big", "expectedEnd": ts(540)}]
+
+
+def test_explain_unsatisfiable_and_waiting_for_turn() -> None:
+    nodes = [node("n1", gpus=2)]
+    huge = fluxjob("huge", "Pending", size=1, gpus=1000)
+    assert "too small" in explain_job(huge, nodes, [], [huge], NOW)["short"]
+    small = fluxjob("small", "Pending", size=1, gpus=1)
+    assert explain_job(small, nodes, [], [small], NOW)["short"].startswith("nothing now")
+    running = fluxjob("r", "Running", size=1, nodes=["n1"], start=-1)
+    assert "short" not in explain_job(running, nodes, [], [running], NOW)
+
+
+# -- against the real kube-apiserver ---------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster_with_jobs(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
+    try:
+        cluster = request.getfixturevalue("k8s_cluster")
+    except pytest.FixtureLookupError:
+        pytest.skip("no k8s_cluster fixture (tests/conftest.py) in this checkout")
+    crd = (ROOT / "deploy/crds/fluxjobs.fluxnetes.io.yaml").read_text()
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd)
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/fluxjobs.fluxnetes.io"
+    )
+    ns = f"fx-ctl-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    node_names = sorted(
+        n["metadata"]["name"] for n in cluster.kubectl_json("get", "nodes")["items"]
+    )
+    now = datetime.now(UTC)
+
+    def t(delta: int) -> str:
+        return (now + timedelta(seconds=delta)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    specs = [
+        (
+            "running",
+            2,
+            {
+                "phase": "Running",
+                "nodes": node_names[:2],
+                "nodeList": ",".join(node_names[:2]),
+                "startTime": t(-30),
+                "submitTime": t(-60),
+                "jobid": 1,
+                "reason": "scheduled",
+            },
+        ),
+        (
+            "blocked",
+            4,
+            {
+                "phase": "Reserved",
+                "submitTime": t(-50),
+                "jobid": 2,
+                "expectedStart": t(3600),
+                "reason": "reserved: not enough free nodes",
+            },
+        ),
+        ("small", 1, {"phase": "Pending", "submitTime": t(-40), "jobid": 3, "reason": "waiting"}),
+    ]
+    try:
+        for name, size, status in specs:
+            obj = {
+                "apiVersion": "fluxnetes.io/v1alpha1",
+                "kind": "FluxJob",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "size": size,
+                    "duration": 3600,
+                    "request": {"cpu": 4000, "memory": 8 * GI},
+                },
+            }
+            if name == "blocked":
+                obj["spec"]["workload"] = {"apiVersion": "batch/v1", "kind": "Job", "name": name}
+            else:
+                obj["spec"]["group"] = name
+            cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(obj))
+            cluster.kubectl(
+                "patch",
+                "fluxjob",
+                name,
+                "-n",
+                ns,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps({"status": status}),
+            )
+        # the running job's pods, bound where its status says, plus one foreign pod
+        for i, n in enumerate(node_names[:2]):
+            p = pod(f"running-{i}", n, "4", "8Gi", fluxjob=f"{ns}/running")
+            p["metadata"]["namespace"] = ns
+            p["spec"]["containers"][0]["image"] = "busybox"
+            del p["status"]
+            cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(p))
+        foreign = pod("foreign", node_names[0], "1", "1Gi")
+        foreign["metadata"]["namespace"] = ns
+        foreign["spec"]["containers"][0]["image"] = "busybox"
+        del foreign["status"]
+        cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(foreign))
+        # what `cancel` deletes: the wrapped Job of "blocked", the labelled pod of "small"
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "blocked", "namespace": ns},
+            "spec": {
+                "suspend": True,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "c", "image": "busybox"}],
+                    }
+                },
+            },
+        }
+        cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
+        member = pod("small-pod", node_names[0], "1")
+        member["metadata"].update(
+            namespace=ns, labels={"fluxnetes.io/group": "small", "fluxnetes.io/group-size": "1"}
+        )
+        member["spec"]["containers"][0]["image"] = "busybox"
+        del member["status"], member["spec"]["nodeName"]
+        member["spec"]["schedulingGates"] = [{"name": "fluxnetes.io/gate"}]
+        cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(member))
+        yield cluster, ns
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def run(cluster: Any, *args: str) -> Any:
+    result = CliRunner().invoke(ctl, [*args, "--kubeconfig", str(cluster.kubeconfig)])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.mark.k8s
+def test_ctl_commands_against_the_apiserver(cluster_with_jobs: tuple[Any, str]) -> None:
+    cluster, ns = cluster_with_jobs
+    rows = json.loads(run(cluster, "queue", "-n", ns, "-o", "json").stdout)
+    assert [(r["name"], r["state"]) for r in rows] == [
+        ("running", "Running"),
+        ("blocked", "Reserved"),
+        ("small", "Pending"),
+    ]
+    assert rows[1]["start"].startswith("in ") and rows[1]["reason"].startswith("reserved")
+    table = run(cluster, "queue", "-n", ns).stdout
+    assert "blocked" in table and "Reserved" in table and "1 running, 2 waiting" in table
+    assert (
+        yaml.safe_load(run(cluster, "queue", "-n", ns, "-o", "yaml").stdout)[2]["name"] == "small"
+    )
+
+    nodes = {r["node"]: r for r in json.loads(run(cluster, "nodes", "-o", "json").stdout)}
+    ours = [r for r in nodes.values() if r["fluxnetesPods"]]
+    assert len(ours) >= 2
+    names = sorted(nodes)
+    first = nodes[names[0]]
+    assert first["coresUsed"] >= 4 and first["foreignPods"] >= 1 and first["coresForeign"] >= 1
+    assert nodes[names[0]]["agrees"] == "yes" and nodes[names[1]]["agrees"] == "yes"
+
+    info = json.loads(run(cluster, "explain", f"{ns}/small", "-o", "json").stdout)
+    assert info["state"] == "Pending" and info["waitsBehind"] == [f"{ns}/blocked"]
+    assert "short" in info
+    assert "waits behind reservation" in run(cluster, "explain", "small", "-n", ns).stdout
+
+    jgf = json.loads(run(cluster, "graph").stdout)
+    node_vertices = [v for v in jgf["graph"]["nodes"] if v["metadata"]["type"] == "node"]
+    assert sorted(v["metadata"]["name"] for v in node_vertices) == names
+
+    out = run(cluster, "cancel", "small", "-n", ns).stdout
+    assert "deleted 1 pod(s) of group small" in out
+    assert being_deleted(cluster, "pod", "small-pod", ns)
+    assert "deleted Job" in run(cluster, "cancel", f"{ns}/blocked").stdout
+    assert being_deleted(cluster, "job", "blocked", ns)
+
+
+def being_deleted(cluster: Any, kind: str, name: str, ns: str) -> bool:
+    res = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    return res.returncode != 0 or "deletionTimestamp" in json.loads(res.stdout)["metadata"]
+
+
+@pytest.mark.k8s
+def test_kubectl_finds_the_plugin(cluster_with_jobs: tuple[Any, str]) -> None:
+    """`kubectl fluxnetes ...` through the real kubectl, which finds kubectl-fluxnetes on PATH
+    (kubectl refuses its own flags before a plugin name: they go after it)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    cluster, ns = cluster_with_jobs
+    plugin = shutil.which("kubectl-fluxnetes", path=str(Path(sys.executable).parent))
+    if plugin is None:
+        pytest.skip("kubectl-fluxnetes is not installed in this environment (pip install -e .)")
+    env = {**os.environ, "PATH": f"{Path(plugin).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    res = subprocess.run(
+        [
+            str(cluster.tools.binary("kubectl")),
+            "fluxnetes",
+            "queue",
+            "-n",
+            ns,
+            "-o",
+            "json",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert [r["name"] for r in json.loads(res.stdout)] == ["running", "blocked", "small"]
+
+
+@pytest.mark.k8s
+def test_ctl_errors_are_clear(cluster_with_jobs: tuple[Any, str]) -> None:
+    cluster, ns = cluster_with_jobs
+    result = CliRunner().invoke(
+        ctl, ["explain", "nope", "-n", ns, "--kubeconfig", str(cluster.kubeconfig)]
+    )
+    assert result.exit_code == 1
+    assert f"FluxJob {ns}/nope not found" in result.output and "blocked" in result.output
+    cluster.kubectl(
+        "patch",
+        "fluxjob",
+        "small",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Completed"}}),
+    )
+    result = CliRunner().invoke(
+        ctl, ["cancel", f"{ns}/small", "--kubeconfig", str(cluster.kubeconfig)]
+    )
+    assert result.exit_code == 1 and "already Completed" in result.output
+
+
+def test_ctl_without_a_cluster_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.kubeconfig"
+    result = CliRunner().invoke(ctl, ["queue", "--kubeconfig", str(missing)])
+    assert result.exit_code == 1
+    assert "cannot load the Kubernetes configuration" in result.output
