@@ -1,0 +1,115 @@
+"""Crash recovery: a worker streaming submissions and cycles is SIGKILLed at random points;
+afterwards every job is present exactly once, recorded resources == resources in use, and
+scheduling continues. Also two workers writing at once. SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fluxnetes.queue.policy import QueuePolicy
+from fluxnetes.store import JobState, Store
+from fluxnetes.store.service import QueueService
+from test_store import BACKENDS
+from test_store_helpers import check_store, fresh_pg_database, make_matcher
+
+WORKER = str(Path(__file__).with_name("test_store_helpers.py"))
+NODES, CORES, TOTAL, BATCH = 4, 4, 200, 5
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_gc() -> Iterator[None]:
+    """The service freezes the collector's view (gc.freeze) for speed; give the rest of the
+    test session a normal collector back."""
+    yield
+    gc.unfreeze()
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        yield from fresh_pg_database()
+
+
+def worker(url: str, seed: int) -> subprocess.Popen[bytes]:
+    args = [url, NODES, CORES, TOTAL, BATCH, seed]
+    return subprocess.Popen(
+        [sys.executable, WORKER, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def finish(store: Store) -> None:
+    """Keep scheduling (completing whatever runs) until the queue is empty."""
+    t = max(j.updated_time for j in store.jobs()) + 1
+    svc = QueueService(
+        store,
+        lambda: make_matcher(NODES, CORES),
+        clock=lambda: t,
+        policy=QueuePolicy(name="easy", queue_depth=16),
+    )
+    for _ in range(2 * TOTAL):
+        svc.run_cycle()
+        counts = store.counts()
+        if counts[JobState.PENDING] + counts[JobState.RESERVED] + counts[JobState.RUNNING] == 0:
+            return
+        for job in store.jobs([JobState.RUNNING]):
+            store.transition(job.id, JobState.COMPLETED, t, "finished")
+        t += 1
+    raise AssertionError(f"the queue did not drain: {store.counts()}")
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(url: str) -> None:
+    rng = random.Random(os.getpid())
+    Store.open(url).close()  # schema first: the kills target the submission stream
+    rounds = -(-TOTAL // BATCH)
+    for round_ in range(5):
+        p = worker(url, seed=round_)
+        assert p.stdout is not None
+        for _ in range(rng.randint(1, rounds - 2)):  # let it get somewhere in the stream...
+            assert p.stdout.readline().startswith(b"round")
+        time.sleep(rng.uniform(0, 0.03))  # ...then kill it at a random point of a round
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert p.returncode == -signal.SIGKILL
+        store = Store(url)
+        check_store(store, NODES, CORES)
+        store.close()
+    p = worker(url, seed=99)  # runs to the end: resubmits everything, idempotently
+    _out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()
+    store = Store(url)
+    check_store(store, NODES, CORES)
+    names = sorted(j.name for j in store.jobs())
+    assert names == sorted(f"job{i}" for i in range(TOTAL))  # every job exactly once
+    finish(store)
+    check_store(store, NODES, CORES)
+    counts = store.counts()
+    assert counts[JobState.COMPLETED] + counts[JobState.UNSATISFIABLE] == TOTAL
+    store.close()
+
+
+@pytest.mark.slow
+def test_two_processes_writing_at_once_do_not_corrupt_the_queue(url: str) -> None:
+    Store.open(url).close()
+    procs = [worker(url, seed=s) for s in (1, 2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+    store = Store(url)
+    check_store(store, NODES, CORES)
+    assert len(store.jobs()) == TOTAL  # both submitted every job; each exists once
+    finish(store)
+    check_store(store, NODES, CORES)
+    store.close()
