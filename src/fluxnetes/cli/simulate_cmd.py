@@ -1,0 +1,290 @@
+"""`fluxnetes simulate`: replay an SWF trace through the queue and the matcher."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def _err(message: str, code: int = 2) -> typer.Exit:
+    from rich.console import Console
+
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    console.print("error:", style="bold red", end=" ")
+    console.print(message, markup=False)
+    return typer.Exit(code)
+
+
+def _hms(seconds: float) -> str:
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400 * 2:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s / 86400:.1f} days"
+
+
+def simulate_command(
+    trace: Annotated[
+        Path | None,
+        typer.Argument(help="SWF trace (.swf or .swf.gz). Default: the bundled KTH-SP2 log "
+                       "(100 nodes, 28,489 jobs, Parallel Workloads Archive)."),
+    ] = None,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="fcfs, easy, conservative or "
+                                        "hybrid:N (N reservations)")] = "easy",
+    compare: Annotated[
+        str | None,
+        typer.Option("--compare", help="Several policies side by side, e.g. fcfs,easy,conservative"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object")] = False,
+    csv_file: Annotated[Path | None, typer.Option("--csv", help="Write per-job results (CSV)")] = None,
+    plots: Annotated[Path | None, typer.Option("--plots", help="Write PNG plots into DIR")] = None,
+    use_filter: Annotated[
+        bool,
+        typer.Option("--filter/--no-filter", help="Published-studies filter: drop jobs with run "
+                     "time <= 0, requested time <= 0 or more processors than the machine; cap "
+                     "run time at the requested time"),
+    ] = True,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Machine: N nodes (with --cores)")] = None,
+    cores: Annotated[int | None, typer.Option("--cores", help="Machine: cores per node")] = None,
+    graph: Annotated[
+        Path | None, typer.Option("--graph", help="Machine: a graph file (.json JGF or .yaml)")
+    ] = None,
+    whole_nodes: Annotated[
+        bool, typer.Option("--whole-nodes", help="Jobs ask for whole (exclusive) nodes, not cores")
+    ] = False,
+    estimate: Annotated[
+        str, typer.Option("--estimate", help="Durations the scheduler sees: requested | actual")
+    ] = "requested",
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N records")] = None,
+    match_policy: Annotated[str, typer.Option("--match-policy", help="Matcher policy")] = "first",
+    queue_depth: Annotated[
+        int | None,
+        typer.Option("--queue-depth", help="Jobs considered per cycle (default: all for "
+                     "fcfs/easy, 256 for conservative/hybrid)"),
+    ] = None,
+    reservations: Annotated[
+        str,
+        typer.Option("--reservations", help="counted (classic backfilling, as published "
+                     "simulations: a reservation is a count of cores) or pinned (Fluxion/"
+                     "qmanager, as the operator: a reservation holds specific nodes)"),
+    ] = "counted",
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Stop at the first malformed SWF line")
+    ] = False,
+) -> None:
+    """Replay a workload trace through fluxnetes' queue and matcher; report waits,
+    slowdowns and utilization (the same code the Kubernetes operator schedules with)."""
+    from fluxnetes.queue import PolicyError
+    from fluxnetes.sim.machine import (
+        MachineError,
+        machine_from_graph_file,
+        machine_from_header,
+        machine_from_size,
+    )
+    from fluxnetes.sim.runner import bundled_trace, policy_for, prepare
+    from fluxnetes.sim.swf import SwfError, read_swf
+
+    if estimate not in ("requested", "actual"):
+        raise _err(f"--estimate must be requested or actual (got {estimate!r})")
+    if limit is not None and limit < 1:
+        raise _err(f"--limit must be >= 1 (got {limit})")
+    if queue_depth is not None and queue_depth < 1:
+        raise _err(f"--queue-depth must be >= 1 (got {queue_depth})")
+    if graph is not None and (nodes is not None or cores is not None):
+        raise _err("give the machine either as --graph FILE or as --nodes N --cores C, not both")
+    if (nodes is None) != (cores is None):
+        raise _err("--nodes and --cores go together (e.g. --nodes 100 --cores 1)")
+    if reservations not in ("pinned", "counted"):
+        raise _err(f"--reservations must be pinned or counted (got {reservations!r})")
+    names = [p.strip() for p in (compare or policy).split(",") if p.strip()]
+    if not names:
+        raise _err("--compare needs at least one policy")
+    try:
+        policies = [policy_for(name, queue_depth, reservations=reservations)  # type: ignore[arg-type]
+                    for name in names]
+    except PolicyError as exc:
+        raise _err(str(exc)) from None
+    if len({str(p) for p in policies}) != len(policies):
+        raise _err(f"--compare lists a policy twice: {compare}")
+    try:
+        from fluxnetes.match import POLICIES
+    except ImportError:  # pragma: no cover - the matcher is part of the package
+        POLICIES = {}
+    if POLICIES and match_policy not in POLICIES:
+        raise _err(f"--match-policy must be one of {', '.join(POLICIES)} (got {match_policy!r})")
+
+    path = trace or bundled_trace()
+    try:
+        swf = read_swf(path, strict=strict)
+    except SwfError as exc:
+        raise _err(str(exc)) from None
+    except OSError as exc:
+        raise _err(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not swf.records:
+        detail = f" ({len(swf.problems)} malformed lines, first: {swf.problems[0]})" if swf.problems else ""
+        raise _err(f"{path}: no job records{detail}")
+    try:
+        if graph is not None:
+            machine = machine_from_graph_file(graph, whole_nodes=whole_nodes)
+        elif nodes is not None and cores is not None:
+            machine = machine_from_size(nodes, cores, whole_nodes=whole_nodes)
+        else:
+            machine = machine_from_header(swf.header, whole_nodes=whole_nodes)
+    except MachineError as exc:
+        raise _err(str(exc)) from None
+    workload = prepare(swf, machine, filter_published=use_filter, estimate=estimate,  # type: ignore[arg-type]
+                       limit=limit)
+    if not workload.jobs:
+        raise _err(f"{path}: no job left to simulate ({'; '.join(workload.report.lines())})")
+
+    from rich.console import Console
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    out = Console(highlight=False, soft_wrap=True)
+    notes = _notes(path, trace is None, swf, workload, use_filter, estimate, reservations)
+    if not as_json:
+        for line in notes:
+            out.print(line, markup=False)
+    else:
+        for problem in swf.problems[:5]:
+            err.print(f"warning: {path}: {problem}", markup=False)
+
+    runs, summaries = _run_all(workload, policies, match_policy, quiet=as_json, console=err)
+
+    if csv_file is not None:
+        _write_csv(csv_file, runs)
+    plot_paths: list[Path] = []
+    if plots is not None:
+        from fluxnetes.sim.plots import write_plots
+
+        plot_paths = write_plots(runs, plots, title=f"({path.name})")
+    if as_json:
+        payload: dict[str, Any] = {name: _json_summary(s, workload) for name, s in summaries.items()}
+        sys.stdout.write(json.dumps(payload if compare else next(iter(payload.values())), indent=2) + "\n")
+        return
+    _print_table(out, summaries)
+    impossible = [o for r in runs.values() for o in r.outcomes if o.rejected]
+    if impossible:
+        shown = {o.job.id: o.rejected for o in impossible}
+        out.print(f"[yellow]{len(shown)} job(s) could not run[/], e.g. "
+                  + "; ".join(f"job {k}: {v}" for k, v in list(shown.items())[:3]))
+    if csv_file is not None:
+        out.print(f"per-job results: {csv_file}")
+    for p in plot_paths:
+        out.print(f"plot: {p}")
+
+
+def _notes(path: Path, bundled: bool, swf: Any, workload: Any, use_filter: bool, estimate: str,
+           reservations: str) -> list[str]:
+    header = swf.header
+    name = f"{path.name} (bundled; acknowledgement: {header.acknowledge or 'see README'})" if bundled else str(path)
+    lines = [f"trace    {name}: {len(swf.records):,} records"
+             + (f", {header.computer}" if header.computer else "")]
+    lines.append(f"machine  {workload.machine.describe()}")
+    report = workload.report
+    what = "published-studies filter" if use_filter else "no filter"
+    detail = "; ".join(report.lines()) or "nothing dropped"
+    lines.append(f"jobs     {report.kept:,} simulated ({what}: {detail})")
+    lines.append(f"estimate {'user requested time' if estimate == 'requested' else 'actual run time'}")
+    lines.append(f"reserve  {reservations} reservations"
+                 + (" (classic backfilling)" if reservations == "counted" else " (Fluxion placements)"))
+    if swf.problems:
+        lines.append(f"warning  {len(swf.problems)} malformed line(s) skipped, e.g. "
+                     + "; ".join(str(p) for p in swf.problems[:3]))
+    return lines
+
+
+def _run_all(workload: Any, policies: list[Any], match_policy: str, *, quiet: bool,
+             console: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fluxnetes.sim.runner import run_policy
+
+    runs: dict[str, Any] = {}
+    summaries: dict[str, Any] = {}
+    total = len(workload.jobs)
+    show = not quiet and console.is_terminal
+    with Progress(TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("jobs"), TimeElapsedColumn(), console=console, disable=not show,
+                  transient=False) as progress:
+        for policy in policies:
+            task = progress.add_task(str(policy), total=total)
+
+            def advance(done: int, task: Any = task) -> None:
+                progress.update(task, completed=done)
+
+            run, summary = run_policy(workload, policy, match_policy=match_policy, progress=advance)
+            runs[str(policy)] = run
+            summaries[str(policy)] = summary
+    return runs, summaries
+
+
+def _json_summary(s: Any, workload: Any) -> dict[str, Any]:
+    d: dict[str, Any] = s.as_dict()
+    d["dropped"] = dict(workload.report.dropped)
+    d["capped"] = workload.report.capped
+    return d
+
+
+def _print_table(out: Any, summaries: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title="simulation summary", title_justify="left")
+    table.add_column("")
+    for name in summaries:
+        table.add_column(name, justify="right")
+    rows: list[tuple[str, Callable[[Any], str]]] = [
+        ("jobs run", lambda s: f"{s.jobs:,}"),
+        ("not run", lambda s: f"{s.rejected:,}"),
+        ("makespan", lambda s: _hms(s.makespan)),
+        ("utilization", lambda s: f"{s.utilization * 100:.1f} %"),
+        ("mean wait", lambda s: _hms(s.mean_wait)),
+        ("median wait", lambda s: _hms(s.median_wait)),
+        ("max wait", lambda s: _hms(s.max_wait)),
+        ("mean bounded slowdown", lambda s: f"{s.mean_bsld:.2f}"),
+        ("max bounded slowdown", lambda s: f"{s.max_bsld:,.1f}"),
+        ("scheduling cycles", lambda s: f"{s.cycles:,}"),
+        ("matcher calls", lambda s: f"{s.matcher_calls:,}"),
+        ("wall time", lambda s: f"{s.wall_seconds:.1f} s"),
+    ]
+    for label, fmt in rows:
+        table.add_row(label, *(fmt(s) for s in summaries.values()))
+    out.print(table)
+    out.print("bounded slowdown uses tau = 10 s; makespan = last end - first submit")
+
+
+def _write_csv(path: Path, runs: dict[str, Any]) -> None:
+    import csv
+
+    from fluxnetes.sim.metrics import write_csv
+
+    if len(runs) == 1:
+        name, run = next(iter(runs.items()))
+        write_csv(run.outcomes, path, name)
+        return
+    with path.open("w", newline="") as handle:
+        w = csv.writer(handle)
+        first = True
+        for name, run in runs.items():
+            tmp = path.with_suffix(path.suffix + ".part")
+            write_csv(run.outcomes, tmp, name)
+            with tmp.open(newline="") as part:
+                reader = csv.reader(part)
+                header = next(reader)
+                if first:
+                    w.writerow(header)
+                    first = False
+                w.writerows(reader)
+            tmp.unlink()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate", no_args_is_help=False)(simulate_command)

@@ -1,0 +1,51 @@
+"""A job as the queue sees it, and the order the queue walks jobs in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _id_key(job_id: str) -> tuple[int, int, str]:
+    # numeric ids compare as numbers ("9" before "10"), others as text after them
+    if job_id.isdigit():
+        return (0, int(job_id), "")
+    return (1, 0, job_id)
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A pending job.
+
+    * ``id``: unique within the queue (the store's / operator's job id).
+    * ``jobspec``: what the matcher is asked for (a ``fluxnetes.jobspec.Jobspec``).
+    * ``submit_time``: seconds, same clock as ``now``.
+    * ``priority``: higher runs first.
+    * ``queue``: queue name (informational for now: one queue per Scheduler).
+    * ``min_cores``: optional hint, the fewest cores the job can run on (0 = unknown); lets
+      the scheduler skip matcher calls that cannot succeed. Never changes a decision.
+    """
+
+    id: str
+    jobspec: Any = field(compare=False)
+    submit_time: int
+    priority: int = 0
+    queue: str = "default"
+    min_cores: int = 0
+
+    @property
+    def cores(self) -> int:
+        """Fewest cores the job needs: ``min_cores``, else the jobspec's core total."""
+        if self.min_cores:
+            return self.min_cores
+        totals = getattr(self.jobspec, "totals", None)
+        return int(totals.get("core", 0)) if isinstance(totals, dict) else 0
+
+    def sort_key(self) -> tuple[int, int, tuple[int, int, str]]:
+        """Priority (higher first), then submit time, then id (numeric ids numerically)."""
+        return (-self.priority, self.submit_time, _id_key(self.id))
+
+
+def queue_order(jobs: list[QueuedJob]) -> list[QueuedJob]:
+    """The jobs in the order a cycle walks them."""
+    return sorted(jobs, key=QueuedJob.sort_key)

@@ -1,0 +1,63 @@
+"""What the queue needs from a matcher (``fluxnetes.match.Matcher`` satisfies it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class NodeShareLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def cores(self) -> int: ...
+
+
+class MatchResultLike(Protocol):
+    """The fields of ``fluxnetes.match.MatchResult`` the queue reads."""
+
+    @property
+    def status(self) -> Any: ...  # MatchStatus; compared by ``.name``
+
+    @property
+    def jobid(self) -> Any: ...
+
+    @property
+    def at(self) -> int: ...
+
+    @property
+    def duration(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def nodes(self) -> Sequence[NodeShareLike]: ...
+
+
+class MatcherLike(Protocol):
+    """The matcher operations a scheduling cycle uses."""
+
+    def allocate(self, jobspec: Any, *, now: int, jobid: Any = None) -> Any: ...
+
+    def allocate_orelse_reserve(self, jobspec: Any, *, now: int, jobid: Any = None) -> Any: ...
+
+    def cancel(self, jobid: Any) -> Any: ...
+
+
+def status_name(result: Any) -> str:
+    """``ALLOCATED`` / ``RESERVED`` / ``BUSY`` / ``UNSATISFIABLE`` of a match result."""
+    status = result.status
+    name = getattr(status, "name", status)
+    return str(name).upper()
+
+
+def shares_of(result: Any) -> list[tuple[str, int]]:
+    """(node name, cores) of each node a match result holds."""
+    return [(str(share.name), int(share.cores)) for share in result.nodes]
+
+
+def cores_of(result: Any) -> int:
+    """Cores a match result holds, summed over its nodes."""
+    return sum(int(share.cores) for share in result.nodes)

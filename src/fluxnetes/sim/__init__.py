@@ -1,0 +1,1 @@
+"""Simulator: SWF traces through the same queue and matcher as the operator."""

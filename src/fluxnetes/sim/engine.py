@@ -1,0 +1,204 @@
+"""Discrete-event simulation: the queue's Scheduler and a matcher, driven by a job list.
+
+Events are job submissions and job ends. At each instant where something happened, ends are
+processed first (their resources are released at once), then submissions, then one
+scheduling cycle runs through the very same ``fluxnetes.queue.Scheduler`` the operator uses.
+Jobs end at ``start + run time``; a job never runs past its estimate (batch systems kill a
+job at its time limit), so running jobs never outlive what the matcher planned.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fluxnetes.queue import QueuedJob, Scheduler
+from fluxnetes.queue.protocol import cores_of, shares_of
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """A job to simulate. ``estimate`` is the duration the scheduler is told (0 = unknown)."""
+
+    id: str
+    submit: int
+    runtime: int
+    estimate: int
+    procs: int
+    priority: int = 0
+
+    @property
+    def effective_runtime(self) -> int:
+        """How long it really runs: its run time, cut at its time limit when it has one."""
+        if self.estimate > 0:
+            return min(self.runtime, self.estimate)
+        return self.runtime
+
+
+@dataclass(slots=True)
+class JobOutcome:
+    """What happened to one job. ``start``/``end`` are None if it never ran."""
+
+    job: SimJob
+    start: int | None = None
+    end: int | None = None
+    cores: int = 0
+    shares: tuple[tuple[str, int], ...] = ()  # (node name, cores) held
+    rejected: str = ""
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.shares)
+
+    @property
+    def wait(self) -> int | None:
+        return None if self.start is None else self.start - self.job.submit
+
+
+class SimObserver(Protocol):
+    """Receives the simulation's events (e.g. to persist them in the store). All optional
+    in spirit: implement what you need, the engine calls every method."""
+
+    def on_submit(self, job: SimJob, now: int) -> None: ...
+
+    def on_start(self, job: SimJob, now: int, allocation: Any) -> None: ...
+
+    def on_end(self, job: SimJob, now: int) -> None: ...
+
+    def on_reject(self, job: SimJob, now: int, reason: str) -> None: ...
+
+
+@dataclass
+class Sample:
+    """State after the events of one instant."""
+
+    time: int
+    queued: int
+    busy_cores: int
+
+
+@dataclass
+class SimRun:
+    """Everything a run produced."""
+
+    outcomes: list[JobOutcome]
+    samples: list[Sample]
+    total_cores: int
+    cycles: int = 0
+    full_cycles: int = 0
+    matcher_calls: int = 0
+    never_started: list[JobOutcome] = field(default_factory=list)
+
+
+def simulate(
+    jobs: Sequence[SimJob],
+    scheduler: Scheduler,
+    jobspec_for: Callable[[SimJob], Any],
+    *,
+    total_cores: int,
+    min_cores_for: Callable[[SimJob], int] | None = None,
+    observer: SimObserver | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SimRun:
+    """Run ``jobs`` (any order) through ``scheduler``; ``jobspec_for`` builds the request.
+
+    ``progress(n)`` is called with the number of jobs finished or rejected so far, now and
+    then (for a progress bar). Jobs that can never start (the queue cannot even reserve them)
+    are reported in ``SimRun.never_started`` instead of looping forever.
+    """
+    ordered = sorted(jobs, key=lambda j: (j.submit, j.id))
+    outcomes = {job.id: JobOutcome(job) for job in ordered}
+    by_id = {job.id: job for job in ordered}
+    ends: list[tuple[int, int, str]] = []  # heap of (end time, seq, job id)
+    pending: dict[str, QueuedJob] = {}
+    order: list[tuple[Any, str]] = []  # pending jobs kept in queue order
+    samples: list[Sample] = []
+    busy = 0
+    done = 0
+    seq = 0
+    i = 0
+    n = len(ordered)
+    report_every = max(1, n // 200)
+    next_report = report_every
+
+    while i < n or ends:
+        next_submit = ordered[i].submit if i < n else None
+        now = ends[0][0] if ends else next_submit
+        if next_submit is not None and (now is None or next_submit < now):
+            now = next_submit
+        assert now is not None
+        changed = False
+        while ends and ends[0][0] == now:
+            _, _, job_id = heapq.heappop(ends)
+            scheduler.release(job_id)
+            outcome = outcomes[job_id]
+            outcome.end = now
+            busy -= outcome.cores
+            done += 1
+            changed = True
+            if observer is not None:
+                observer.on_end(by_id[job_id], now)
+        while i < n and ordered[i].submit == now:
+            job = ordered[i]
+            i += 1
+            spec = jobspec_for(job)
+            queued = QueuedJob(
+                id=job.id,
+                jobspec=spec,
+                submit_time=job.submit,
+                priority=job.priority,
+                min_cores=min_cores_for(job) if min_cores_for else 0,
+            )
+            pending[job.id] = queued
+            insort(order, (queued.sort_key(), job.id))
+            changed = True
+            if observer is not None:
+                observer.on_submit(job, now)
+        if changed and pending:
+            result = scheduler.cycle([pending[job_id] for _, job_id in order], now, ordered=True)
+            removed: set[str] = set()
+            for queued, allocation in result.started:
+                job = by_id[queued.id]
+                outcome = outcomes[queued.id]
+                outcome.start = now
+                outcome.cores = cores_of(allocation)
+                outcome.shares = tuple(shares_of(allocation))
+                busy += outcome.cores
+                seq += 1
+                heapq.heappush(ends, (now + job.effective_runtime, seq, queued.id))
+                removed.add(queued.id)
+                if observer is not None:
+                    observer.on_start(job, now, allocation)
+            for queued, reason in result.unsatisfiable:
+                outcomes[queued.id].rejected = reason
+                scheduler.withdraw(queued.id)
+                removed.add(queued.id)
+                done += 1
+                if observer is not None:
+                    observer.on_reject(by_id[queued.id], now, reason)
+            if removed:
+                for job_id in removed:
+                    del pending[job_id]
+                order = [item for item in order if item[1] not in removed]
+        samples.append(Sample(now, len(pending), busy))
+        if progress is not None and done >= next_report:
+            progress(done)
+            next_report = done + report_every
+
+    never = [outcomes[job_id] for job_id in pending]
+    for outcome in never:
+        outcome.rejected = outcome.rejected or "never started: the queue could not place it"
+    if progress is not None:
+        progress(n)
+    return SimRun(
+        outcomes=list(outcomes.values()),
+        samples=samples,
+        total_cores=total_cores,
+        cycles=scheduler.cycles,
+        full_cycles=scheduler.full_cycles,
+        matcher_calls=scheduler.matcher_calls,
+        never_started=never,
+    )

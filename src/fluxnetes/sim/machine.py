@@ -1,0 +1,126 @@
+"""The simulated machine (a resource graph) and the jobspec each SWF job becomes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fluxnetes.sim.engine import SimJob
+from fluxnetes.sim.swf import SwfHeader
+
+
+class MachineError(ValueError):
+    """The machine cannot be built from what was given."""
+
+
+@dataclass
+class Machine:
+    graph: Any  # fluxnetes.graph.ResourceGraph
+    nodes: int
+    cores_per_node: int  # the most common node size (whole-node requests use it)
+    total_cores: int
+    origin: str
+    whole_nodes: bool = False
+    _specs: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
+
+    def describe(self) -> str:
+        return f"{self.nodes} nodes x {self.cores_per_node} cores ({self.total_cores} cores, {self.origin})"
+
+    def node_cores(self) -> dict[str, int]:
+        """Cores of each node, by node name (what match results name)."""
+        return {node.name: sum(1 for v in self.graph.walk(node) if v.type == "core")
+                for node in self.graph.by_type.get("node", [])}
+
+    def nodes_for(self, procs: int) -> int:
+        return -(-procs // self.cores_per_node)
+
+    def min_cores(self, job: SimJob) -> int:
+        """Fewest cores the job's request takes (whole-node requests take whole nodes)."""
+        if self.whole_nodes:
+            return self.nodes_for(job.procs) * self.cores_per_node
+        return job.procs
+
+    def jobspec(self, job: SimJob) -> Any:
+        """Jobspec V1 for the job: ``procs`` one-core slots, or whole (exclusive) nodes."""
+        key = (job.procs, job.estimate)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._specs[key] = _build_jobspec(job.procs, job.estimate, self.whole_nodes,
+                                                     self.nodes_for(job.procs))
+        return spec
+
+
+def _build_jobspec(procs: int, duration: int, whole_nodes: bool, nodes: int) -> Any:
+    from fluxnetes.jobspec import parse_jobspec
+
+    slot: dict[str, Any] = {"type": "slot", "count": procs, "label": "task",
+                            "with": [{"type": "core", "count": 1}]}
+    if whole_nodes:
+        top: dict[str, Any] = {"type": "node", "count": nodes, "exclusive": True,
+                               "with": [{"type": "slot", "count": 1, "label": "task",
+                                         "with": [{"type": "core", "count": 1}]}]}
+    else:
+        top = slot
+    return parse_jobspec({
+        "version": 1,
+        "resources": [top],
+        "tasks": [{"command": ["swf-job"], "slot": "task", "count": {"per_slot": 1}}],
+        "attributes": {"system": {"duration": duration}},
+    })
+
+
+def _from_graph(graph: Any, origin: str, whole_nodes: bool) -> Machine:
+    nodes = graph.by_type.get("node", [])
+    total = int(graph.summary().get("core", 0))
+    if not nodes or total <= 0:
+        raise MachineError(f"{origin}: the graph has no node with cores")
+    sizes: Counter[int] = Counter()
+    for node in nodes:
+        sizes[sum(1 for v in graph.walk(node) if v.type == "core")] += 1
+    per_node = sizes.most_common(1)[0][0]
+    if per_node <= 0:
+        raise MachineError(f"{origin}: nodes have no cores")
+    return Machine(graph, len(nodes), per_node, total, origin, whole_nodes)
+
+
+def machine_from_size(nodes: int, cores: int, *, whole_nodes: bool = False, origin: str = "") -> Machine:
+    """``nodes`` nodes of ``cores`` cores each, under one rack-less cluster."""
+    if nodes < 1:
+        raise MachineError(f"--nodes: must be >= 1 (got {nodes})")
+    if cores < 1:
+        raise MachineError(f"--cores: must be >= 1 (got {cores})")
+    from fluxnetes.graph import from_description
+
+    graph = from_description({"cluster": "swf", "node": {"sockets": 0, "cores": cores},
+                              "nodes": nodes})
+    return _from_graph(graph, origin or f"--nodes {nodes} --cores {cores}", whole_nodes)
+
+
+def machine_from_header(header: SwfHeader, *, whole_nodes: bool = False) -> Machine:
+    """MaxNodes x (MaxProcs / MaxNodes) from the SWF header (MaxProcs alone: 1-core nodes)."""
+    max_nodes, max_procs = header.max_nodes, header.max_procs
+    if max_nodes and max_procs and max_procs % max_nodes == 0:
+        return machine_from_size(max_nodes, max_procs // max_nodes, whole_nodes=whole_nodes,
+                                 origin="SWF header MaxNodes/MaxProcs")
+    if max_procs:
+        return machine_from_size(max_procs, 1, whole_nodes=whole_nodes,
+                                 origin="SWF header MaxProcs (one core per node)")
+    if max_nodes:
+        return machine_from_size(max_nodes, 1, whole_nodes=whole_nodes,
+                                 origin="SWF header MaxNodes (one core per node)")
+    raise MachineError(
+        "the SWF header has no MaxNodes/MaxProcs: give the machine with --nodes N --cores C "
+        "or --graph FILE"
+    )
+
+
+def machine_from_graph_file(path: str | Path, *, whole_nodes: bool = False) -> Machine:
+    from fluxnetes.graph import GraphError, load_graph
+
+    try:
+        graph = load_graph(path)
+    except GraphError as exc:
+        raise MachineError(str(exc)) from None
+    return _from_graph(graph, str(path), whole_nodes)

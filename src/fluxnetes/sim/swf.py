@@ -1,0 +1,295 @@
+"""Standard Workload Format (SWF 2.2) reader.
+
+The format (Parallel Workloads Archive, Feitelson et al.): header comment lines start with
+``;`` and may carry ``Key: value`` pairs (MaxNodes, MaxProcs, ...); every other non-blank line
+holds 18 whitespace-separated numeric fields, ``-1`` meaning "unknown". Time fields may be
+floating point; they are rounded to whole seconds here (the simulator clock is an int).
+
+Bad lines are never silently accepted: each becomes an :class:`SwfProblem` naming the line
+number and the rule. With ``strict=True`` the first problem raises :class:`SwfError`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: The 18 SWF fields, in order (names used in messages and CSV output).
+FIELDS: tuple[str, ...] = (
+    "job_number",
+    "submit_time",
+    "wait_time",
+    "run_time",
+    "allocated_procs",
+    "avg_cpu_time",
+    "used_memory",
+    "requested_procs",
+    "requested_time",
+    "requested_memory",
+    "status",
+    "user_id",
+    "group_id",
+    "executable",
+    "queue",
+    "partition",
+    "preceding_job",
+    "think_time",
+)
+
+# fields that are times or amounts and may legitimately be fractional in the format
+_FLOAT_FIELDS = frozenset({"submit_time", "wait_time", "run_time", "avg_cpu_time",
+                           "used_memory", "requested_time", "requested_memory", "think_time"})
+
+#: SWF status codes (field 11).
+STATUS_FAILED = 0
+STATUS_COMPLETED = 1
+STATUS_CANCELLED = 5
+
+UNKNOWN = -1
+
+
+class SwfError(ValueError):
+    """A malformed SWF input (raised in strict mode, or when nothing can be read)."""
+
+    def __init__(self, message: str, line: int | None = None, source: str = "") -> None:
+        where = f"{source}:{line}: " if line is not None else (f"{source}: " if source else "")
+        super().__init__(f"{where}{message}")
+        self.line = line
+        self.source = source
+        self.detail = message
+
+
+@dataclass(frozen=True)
+class SwfProblem:
+    """One line that could not be used, with its 1-based line number and the reason."""
+
+    line: int
+    message: str
+    text: str = ""
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class SwfRecord:
+    """One job record: the 18 SWF fields (``-1`` = unknown), plus its line number."""
+
+    job_number: int
+    submit_time: int
+    wait_time: int
+    run_time: int
+    allocated_procs: int
+    avg_cpu_time: float
+    used_memory: float
+    requested_procs: int
+    requested_time: int
+    requested_memory: float
+    status: int
+    user_id: int
+    group_id: int
+    executable: int
+    queue: int
+    partition: int
+    preceding_job: int
+    think_time: int
+    line: int = 0
+
+    @property
+    def procs(self) -> int:
+        """Processors the job asks for: requested, or allocated when the request is unknown
+        (the usual convention for SWF logs that only recorded the allocation)."""
+        return self.requested_procs if self.requested_procs > 0 else self.allocated_procs
+
+    @property
+    def cancelled_before_start(self) -> bool:
+        """SWF: a cancelled job (status 5) that never ran has no positive run time."""
+        return self.status == STATUS_CANCELLED and self.run_time <= 0
+
+
+@dataclass
+class SwfHeader:
+    """Header comments. ``fields`` keeps every ``Key: value`` pair (continuation lines of a
+    key are joined); the machine-size keys are parsed."""
+
+    fields: dict[str, str] = field(default_factory=dict)
+    comments: list[str] = field(default_factory=list)
+
+    def _int(self, key: str) -> int | None:
+        value = self.fields.get(key)
+        if value is None:
+            return None
+        try:
+            number = int(value.split()[0])
+        except (ValueError, IndexError):
+            return None
+        return number if number > 0 else None
+
+    @property
+    def max_nodes(self) -> int | None:
+        return self._int("MaxNodes")
+
+    @property
+    def max_procs(self) -> int | None:
+        return self._int("MaxProcs")
+
+    @property
+    def max_runtime(self) -> int | None:
+        return self._int("MaxRuntime")
+
+    @property
+    def computer(self) -> str:
+        return self.fields.get("Computer", "")
+
+    @property
+    def acknowledge(self) -> str:
+        return self.fields.get("Acknowledge", "")
+
+
+@dataclass
+class SwfTrace:
+    """What a reader returns: the header, the usable records and the problems found."""
+
+    header: SwfHeader
+    records: list[SwfRecord]
+    problems: list[SwfProblem]
+    source: str = ""
+
+
+def _parse_number(name: str, token: str) -> float:
+    try:
+        value = float(token)
+    except ValueError:
+        raise ValueError(f"field {FIELDS.index(name) + 1} ({name}) is not a number: {token!r}") from None
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"field {FIELDS.index(name) + 1} ({name}) is not finite: {token!r}")
+    if value < 0 and value != UNKNOWN:
+        raise ValueError(
+            f"field {FIELDS.index(name) + 1} ({name}) is negative ({token}); "
+            "only -1 (unknown) may be negative"
+        )
+    if name not in _FLOAT_FIELDS and value != int(value):
+        raise ValueError(f"field {FIELDS.index(name) + 1} ({name}) must be an integer: {token!r}")
+    return value
+
+
+def parse_record(text: str, line: int = 0) -> SwfRecord:
+    """Parse one data line; raises ValueError with the field and rule on bad input."""
+    tokens = text.split()
+    if len(tokens) != len(FIELDS):
+        raise ValueError(f"expected {len(FIELDS)} fields, found {len(tokens)}")
+    try:
+        # fast path: the usual all-integer line with nothing below -1 and a submit time
+        n = [int(tok) for tok in tokens]
+    except ValueError:
+        pass
+    else:
+        if min(n) >= -1 and n[1] != UNKNOWN:
+            return SwfRecord(n[0], n[1], n[2], n[3], n[4], float(n[5]), float(n[6]), n[7], n[8],
+                             float(n[9]), n[10], n[11], n[12], n[13], n[14], n[15], n[16],
+                             n[17], line)
+    values = [_parse_number(name, tok) for name, tok in zip(FIELDS, tokens, strict=True)]
+    # times are rounded to whole seconds (the format allows fractions; the clock is an int)
+    ints = [v if name in ("avg_cpu_time", "used_memory", "requested_memory")
+            else (UNKNOWN if v == UNKNOWN else round(v))
+            for name, v in zip(FIELDS, values, strict=True)]
+    record = SwfRecord(
+        job_number=int(ints[0]),
+        submit_time=int(ints[1]),
+        wait_time=int(ints[2]),
+        run_time=int(ints[3]),
+        allocated_procs=int(ints[4]),
+        avg_cpu_time=float(ints[5]),
+        used_memory=float(ints[6]),
+        requested_procs=int(ints[7]),
+        requested_time=int(ints[8]),
+        requested_memory=float(ints[9]),
+        status=int(ints[10]),
+        user_id=int(ints[11]),
+        group_id=int(ints[12]),
+        executable=int(ints[13]),
+        queue=int(ints[14]),
+        partition=int(ints[15]),
+        preceding_job=int(ints[16]),
+        think_time=int(ints[17]),
+        line=line,
+    )
+    if record.submit_time == UNKNOWN:
+        raise ValueError("field 2 (submit_time) is unknown (-1); a job needs a submit time")
+    return record
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace")
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """Lines of a plain or gzip-compressed SWF file."""
+    p = Path(path)
+    if not p.exists():
+        raise SwfError(f"no such file: {p}")
+    if p.is_dir():
+        raise SwfError(f"{p} is a directory, not an SWF file")
+    with _open_text(p) as handle:
+        yield from handle
+
+
+def parse_lines(
+    lines: Iterable[str], *, strict: bool = False, source: str = "<input>"
+) -> SwfTrace:
+    """Parse SWF text. Header comments fill the header; data lines become records.
+
+    A malformed data line becomes a problem (strict=False) or raises SwfError (strict=True).
+    Duplicate job numbers and submit times going backwards are reported too (the format says
+    lines are sorted by submit time); the records are still returned in file order.
+    """
+    header = SwfHeader()
+    records: list[SwfRecord] = []
+    problems: list[SwfProblem] = []
+    seen: set[int] = set()
+    last_key: str | None = None
+
+    def problem(lineno: int, message: str, text: str) -> None:
+        if strict:
+            raise SwfError(message, line=lineno, source=source)
+        problems.append(SwfProblem(lineno, message, text.strip()))
+
+    for lineno, raw in enumerate(lines, start=1):
+        text = raw.strip()
+        if not text:
+            continue
+        if text.startswith(";"):
+            body = text[1:].strip()
+            header.comments.append(body)
+            key, sep, value = body.partition(":")
+            if body and last_key is not None and raw.lstrip().startswith(";" + " " * 4):
+                # indented continuation of the previous key (e.g. Information: url1 / url2)
+                header.fields[last_key] = f"{header.fields[last_key]} {body}".strip()
+            elif sep and key and " " not in key.strip():
+                last_key = key.strip()
+                header.fields[last_key] = value.strip()
+            continue
+        try:
+            record = parse_record(text, lineno)
+        except ValueError as exc:
+            problem(lineno, str(exc), text)
+            continue
+        if record.job_number in seen:
+            problem(lineno, f"field 1 (job_number) {record.job_number} is used twice", text)
+            continue
+        seen.add(record.job_number)
+        records.append(record)
+    return SwfTrace(header=header, records=records, problems=problems, source=source)
+
+
+def read_swf(path: str | Path, *, strict: bool = False) -> SwfTrace:
+    """Read an SWF file (plain or .gz)."""
+    return parse_lines(iter_lines(path), strict=strict, source=str(path))
