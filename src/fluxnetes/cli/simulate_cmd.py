@@ -79,6 +79,11 @@ def simulate_command(
     strict: Annotated[
         bool, typer.Option("--strict", help="Stop at the first malformed SWF line")
     ] = False,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="Also record every job and decision in a fluxnetes store "
+                     "(sqlite:///PATH or postgresql+psycopg://...); slower, to show the store"),
+    ] = None,
 ) -> None:
     """Replay a workload trace through fluxnetes' queue and matcher; report waits,
     slowdowns and utilization (the same code the Kubernetes operator schedules with)."""
@@ -157,7 +162,16 @@ def simulate_command(
         for problem in swf.problems[:5]:
             err.print(f"warning: {path}: {problem}", markup=False)
 
-    runs, summaries = _run_all(workload, policies, match_policy, quiet=as_json, console=err)
+    recorder = _open_recorder(store) if store is not None else None
+    try:
+        runs, summaries = _run_all(workload, policies, match_policy, quiet=as_json, console=err,
+                                   recorder=recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+            recorder.store.close()
+    if recorder is not None and not as_json:
+        out.print(f"recorded {len(recorder.ids):,} jobs in the store ({store})", markup=False)
 
     if csv_file is not None:
         _write_csv(csv_file, runs)
@@ -202,8 +216,21 @@ def _notes(path: Path, bundled: bool, swf: Any, workload: Any, use_filter: bool,
     return lines
 
 
+def _open_recorder(url: str) -> Any:
+    """A store observer for the simulation; with --compare every policy's run is recorded in
+    its own namespace (``sim-<policy>``)."""
+    from fluxnetes.store import Store
+    from fluxnetes.store.recorder import StoreRecorder
+
+    try:
+        opened = Store.open(url)
+    except Exception as exc:  # a bad URL or an unreachable database: say which, no traceback
+        raise _err(f"--store {url}: {exc}") from None
+    return StoreRecorder(opened)
+
+
 def _run_all(workload: Any, policies: list[Any], match_policy: str, *, quiet: bool,
-             console: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+             console: Any, recorder: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fluxnetes.sim.runner import run_policy
@@ -221,7 +248,12 @@ def _run_all(workload: Any, policies: list[Any], match_policy: str, *, quiet: bo
             def advance(done: int, task: Any = task) -> None:
                 progress.update(task, completed=done)
 
-            run, summary = run_policy(workload, policy, match_policy=match_policy, progress=advance)
+            if recorder is not None:
+                recorder.flush()
+                recorder.namespace = f"sim-{str(policy).replace(':', '-')}"
+                recorder.ids.clear()
+            run, summary = run_policy(workload, policy, match_policy=match_policy, progress=advance,
+                                      observer=recorder)
             runs[str(policy)] = run
             summaries[str(policy)] = summary
     return runs, summaries
