@@ -1,0 +1,93 @@
+"""Build a jobspec from the resource requests of a group of Kubernetes pods.
+
+Mapping (kept in step with ``fluxnetes.graph.builders.from_k8s_nodes``):
+
+* one ``slot`` per pod (label = group name), so a pod never straddles nodes;
+* ``core[ceil(cpu_millis / 1000)]`` - the graph holds whole cores (floor of allocatable
+  millicores / 1000), so a pod asking 500m takes one whole core; 0 cpu still takes 1 core
+  (a slot must hold something, as Fluence does);
+* ``memory[ceil(bytes / MiB)]`` when memory > 0 - the graph's memory pool is counted in MiB;
+* ``gpu[n]`` when n > 0 (``nvidia.com/gpu``);
+* any other extended resource ``vendor.com/thing: n`` -> a child ``thing``-typed request
+  named by :func:`extended_type` (the graph builder uses the same function);
+* ``exclusive_nodes`` wraps the slots as ``node[N] (exclusive) -> slot[1]``: one pod per node,
+  nothing else on those nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fluxnetes.jobspec.model import Jobspec, JobspecError, parse_jobspec
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class PodRequest:
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    gpus: int = 0
+    extended: dict[str, int] = field(default_factory=dict)
+
+
+def extended_type(resource_name: str) -> str:
+    """Graph/jobspec type for an extended resource: 'example.com/foo-bar' -> 'foo-bar'."""
+    return resource_name.rsplit("/", 1)[-1]
+
+
+def cores_for(cpu_millis: int) -> int:
+    return max(1, -(-cpu_millis // 1000))
+
+
+def mib_for(memory_bytes: int) -> int:
+    return -(-memory_bytes // MIB)
+
+
+def jobspec_from_pods(
+    count: int,
+    request: PodRequest,
+    *,
+    duration: int = 0,
+    exclusive_nodes: bool = False,
+    name: str = "group",
+) -> Jobspec:
+    if not isinstance(count, int) or count < 1:
+        raise JobspecError("count", "must be an integer >= 1 (pods in the group)")
+    if request.cpu_millis < 0:
+        raise JobspecError("request.cpu_millis", "must be >= 0")
+    if request.memory_bytes < 0:
+        raise JobspecError("request.memory_bytes", "must be >= 0")
+    if request.gpus < 0:
+        raise JobspecError("request.gpus", "must be >= 0")
+    if duration < 0:
+        raise JobspecError("duration", "must be >= 0")
+    inner: list[dict[str, Any]] = [{"type": "core", "count": cores_for(request.cpu_millis)}]
+    mem = mib_for(request.memory_bytes)
+    if mem > 0:
+        inner.append({"type": "memory", "count": mem, "unit": "MiB"})
+    if request.gpus > 0:
+        inner.append({"type": "gpu", "count": request.gpus})
+    for rname, n in sorted(request.extended.items()):
+        if n < 0:
+            raise JobspecError(f"request.extended.{rname}", "must be >= 0")
+        if n == 0:
+            continue
+        t = extended_type(rname)
+        if t in ("core", "memory", "gpu", "node", "slot"):
+            raise JobspecError(f"request.extended.{rname}", "clashes with a built-in resource type")
+        inner.append({"type": t, "count": n})
+    label = name or "group"
+    if exclusive_nodes:
+        resources = [{"type": "node", "count": count, "exclusive": True,
+                      "with": [{"type": "slot", "count": 1, "label": label, "with": inner}]}]
+    else:
+        resources = [{"type": "slot", "count": count, "label": label, "with": inner}]
+    spec = {
+        "version": 9999,
+        "resources": resources,
+        "tasks": [{"command": [label], "slot": label, "count": {"per_slot": 1}}],
+        "attributes": {"system": {"duration": duration}},
+    }
+    return parse_jobspec(spec)

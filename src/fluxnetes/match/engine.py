@@ -1,0 +1,1124 @@
+"""The depth-first-and-up (DFU) traverser, modelled step by step on Fluxion's (fluxion-spec §5).
+
+This module holds the per-vertex scheduling state and the matching walk. It mirrors
+Fluxion's structure closely because the reference answers depend on its details: candidate
+groups merged up the tree in visit order, ``std::sort`` tie order (:mod:`.stdsort`), slot
+packing at the first vertex whose direct children hold every slot type, edge marks and the
+update pass that only follows marked edges, pruning filters (aggregate counts of ``core`` and
+``node`` per subtree plus leaf types at the cluster), and the ``first`` policy's dynamic
+child order (availability-weighted ``by_outedges``).
+
+Time: every span is a half-open interval [start, end). Availability over a window is
+``total - max overlapping usage``. Each vertex keeps ``usedsum`` (usage of all spans, any
+time) so the common "plenty free" case is decided without looking at individual spans.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable
+from typing import Any
+
+from fluxnetes.graph.model import UP, Vertex, gc_paused
+from fluxnetes.jobspec.model import UINT_MAX, Count, Resource
+from fluxnetes.match.stdsort import introsort
+
+MAXW = (1 << 64) - 1  # initial by_outedges weight
+GRAPH_END = 3153600000  # 100 years: Fluxion's default graph horizon
+FAR = 1 << 62  # "far future" for satisfiability walks
+
+AT_ALLOC = 0
+AT_RESERVE = 1
+AT_SAT = 2
+
+
+def calc_count(c: Count, qc: int) -> int:
+    """Fluxion's matcher_util calc_count (fluxion-spec §2.4)."""
+    mn, mx = c.min, c.max
+    if mn > mx or mn > qc:
+        return 0
+    op = c.operator
+    if op == "+":
+        n = qc if qc < mx else mx
+        n -= (n - mn) % c.operand
+        return n
+    if op == "*":
+        if c.operand == 1:
+            return mn
+        cur = mn
+        while cur * c.operand <= qc and cur * c.operand <= mx:
+            cur *= c.operand
+        return cur
+    if c.operand < 2 or mn == 1:
+        return mn
+    cur = mn
+    while cur**c.operand <= qc and cur**c.operand <= mx:
+        cur = cur**c.operand
+    return cur
+
+
+def effective_max(c: Count) -> int:
+    return calc_count(c, UINT_MAX)
+
+
+def max_used(spans: Iterable[tuple[int, int, int]], at: int, end: int) -> int:
+    """Largest total amount in use at any instant of [at, end)."""
+    rel = [(s, e, a) for (s, e, a) in spans if s < end and e > at and a]
+    if not rel:
+        return 0
+    if len(rel) == 1:
+        return rel[0][2]
+    best = 0
+    starts = {at if s < at else s for s, _, _ in rel}
+    for p in starts:
+        tot = 0
+        for s, e, a in rel:
+            if s <= p < e:
+                tot += a
+        if tot > best:
+            best = tot
+    return best
+
+
+_EMPTY_LIST: list[Any] = []  # shared by leaves; never mutated (replaced when a child is added)
+_EMPTY_DICT: dict[str, int] = {}
+
+
+class VState:
+    """Scheduling state of one vertex (and of the containment edge from its parent)."""
+
+    __slots__ = (
+        "alloc_n",
+        "children",
+        "fbounds",
+        "fidx",
+        "fspans",
+        "ftot",
+        "ftypes",
+        "fused",
+        "mexcl",
+        "mneeds",
+        "mseq",
+        "okeys",
+        "order",
+        "parent",
+        "ps",
+        "pused",
+        "v",
+        "weight",
+        "xs",
+    )
+
+    def __init__(self, v: Vertex, parent: VState | None) -> None:
+        self.v = v
+        self.parent = parent
+        # leaves share immutable empties (most vertices are leaves; keeps memory and GC low)
+        self.children: list[VState] = _EMPTY_LIST
+        # own planner: jobid -> (start, end, amount); pused = sum of amounts
+        self.ps: dict[int, tuple[int, int, int]] | None = None
+        self.pused = 0
+        self.alloc_n = 0  # how many of ps are allocations (not reservations)
+        # x_checker + tags: jobid -> (start, end)
+        self.xs: dict[int, tuple[int, int]] | None = None
+        # pruning filter (subtree aggregate) ; empty for leaves
+        self.ftypes: tuple[str, ...] = ()
+        self.fidx: dict[str, int] = _EMPTY_DICT
+        self.ftot: list[int] = _EMPTY_LIST
+        self.fused: list[int] = _EMPTY_LIST
+        self.fspans: dict[int, tuple[int, int, tuple[int, ...]]] | None = None
+        # (latest span start, earliest span end) of fspans; None = recompute when needed
+        self.fbounds: tuple[int, int] | None = None
+        # parent-edge data
+        self.weight = MAXW
+        self.mseq = 0
+        self.mneeds = 0
+        self.mexcl = False
+        # dynamic ("first") child order: keys (-weight, -uniq_id)
+        self.order: list[VState] = _EMPTY_LIST
+        self.okeys: list[tuple[int, int]] = _EMPTY_LIST
+
+    # own planner ----------------------------------------------------------------------
+    def avail(self, at: int, end: int) -> int:
+        size: int = self.v.size
+        if not self.ps:
+            return size
+        if size - self.pused >= size:
+            return size
+        return size - max_used(self.ps.values(), at, end)
+
+    def avail_at(self, t: int) -> int:
+        return self.avail(t, t + 1)
+
+    def x_busy(self, at: int, end: int) -> bool:
+        """Any job on this vertex during [at, end)? (leaves: their planner spans are the tags)"""
+        xs = self.xs
+        if xs and any(s < end and e > at for s, e in xs.values()):
+            return True
+        ps = self.ps
+        if not ps or self.children:
+            return False
+        return any(s < end and e > at for s, e, _a in ps.values())
+
+    # filter -------------------------------------------------------------------------------
+    def f_avail(self, i: int, at: int, end: int) -> int:
+        tot = self.ftot[i]
+        fspans = self.fspans
+        if not fspans or self.fused[i] == 0:
+            return tot
+        # common case: every span covers the whole window -> all of them are in use
+        bounds = self.fbounds
+        if bounds is None:
+            bounds = self.fbounds = (max(sp[0] for sp in fspans.values()), min(sp[1] for sp in fspans.values()))
+        if bounds[0] <= at and bounds[1] >= end:
+            return tot - self.fused[i]
+        return tot - max_used(((s, e, c[i]) for s, e, c in fspans.values()), at, end)
+
+    def f_add(self, jobid: int, at: int, end: int, counts: tuple[int, ...]) -> None:
+        fspans = self.fspans
+        if fspans is None:
+            fspans = self.fspans = {}
+        fspans[jobid] = (at, end, counts)
+        fused = self.fused
+        for i, c in enumerate(counts):
+            fused[i] += c
+        b = self.fbounds
+        if b is not None:
+            self.fbounds = (max(b[0], at), min(b[1], end))
+
+    def f_ok(self, req: dict[str, int], at: int, end: int) -> bool:
+        fidx = self.fidx
+        for t, need in req.items():
+            i = fidx.get(t)
+            if i is None or not need:
+                continue
+            tot = self.ftot[i]
+            if need > tot:
+                return False
+            if tot - self.fused[i] >= need:
+                continue
+            if self.f_avail(i, at, end) < need:
+                return False
+        return True
+
+
+def _order_key(c: VState) -> tuple[int, int]:
+    return (-c.weight, -c.v.uniq_id)
+
+
+class EG:
+    """Candidate edge group (Fluxion eval_egroup_t)."""
+
+    __slots__ = ("count", "edges", "excl", "root", "score")
+
+    def __init__(self, score: int, count: int, excl: bool, edges: list[tuple[int, int, bool, VState | None]],
+                 root: bool = False) -> None:
+        self.score = score
+        self.count = count
+        self.excl = excl
+        self.edges = edges
+        self.root = root
+
+
+class Evals:
+    __slots__ = ("best_i", "best_k", "groups", "qual", "total")
+
+    def __init__(self) -> None:
+        self.groups: list[EG] = []
+        self.qual = 0
+        self.total = 0
+        self.best_k = 0
+        self.best_i = 0
+
+    def add(self, eg: EG) -> None:
+        self.total += eg.count
+        if eg.score > 0:
+            self.qual += eg.count
+        self.groups.append(eg)
+
+
+class Dfu:
+    """Per-vertex scoring scratch (Fluxion scoring_api_t) for one subsystem."""
+
+    __slots__ = ("avail", "hier", "m", "score")
+
+    def __init__(self) -> None:
+        self.m: dict[str, Evals] = {}
+        self.hier = False
+        self.score = -1
+        self.avail = 0
+
+    def add(self, t: str, eg: EG) -> None:
+        ev = self.m.get(t)
+        if ev is None:
+            ev = self.m[t] = Evals()
+        ev.add(eg)
+
+    def qual(self, t: str) -> int:
+        ev = self.m.get(t)
+        return ev.qual if ev is not None else 0
+
+    def total(self, t: str) -> int:
+        ev = self.m.get(t)
+        return ev.total if ev is not None else 0
+
+    def merge(self, o: Dfu) -> None:
+        m = self.m
+        for t, ev in o.m.items():
+            mine = m.get(t)
+            if mine is None:
+                m[t] = ev  # the child's scratch is discarded after merging: take it over
+            else:
+                mine.groups.extend(ev.groups)
+                mine.qual += ev.qual
+                mine.total += ev.total
+
+    def choose_best_k(self, t: str, k: int, high: bool, exact: bool) -> bool:
+        ev = self.m.get(t)
+        if ev is None:
+            ev = self.m[t] = Evals()
+        if k == 0 or k > ev.qual:
+            return False
+        sort_groups(ev.groups, high, exact)
+        i = 0
+        left = k
+        groups = ev.groups
+        while left > 0:
+            left -= groups[i].count
+            i += 1
+        ev.best_k = k
+        ev.best_i = i
+        self.hier = True
+        return True
+
+
+def sort_groups(groups: list[EG], high: bool, exact: bool) -> None:
+    """Order candidates best-first. ``exact``: equal scores end up where libstdc++'s
+    std::sort leaves them (Fluxion's answers); otherwise a stable sort keeps discovery
+    (depth-first) order among equals - fluxnetes' default, see match/README.md."""
+    n = len(groups)
+    if n < 2:
+        return
+    keys = [-g.score for g in groups] if high else [g.score for g in groups]
+    if not exact or len(set(keys)) == n:
+        order = sorted(range(n), key=keys.__getitem__)
+        groups[:] = [groups[i] for i in order]
+        return
+    introsort(keys, groups)
+
+
+class Share:
+    __slots__ = ("acc", "per", "prev", "shares")
+
+    def __init__(self, per: int) -> None:
+        self.per = per
+        self.acc = 0
+        self.shares = 0
+        self.prev = 0
+
+
+class Meta:
+    """One matching attempt (Fluxion jobmeta_t)."""
+
+    __slots__ = ("alloc_type", "at", "constraint", "duration", "end", "jobid", "now")
+
+    def __init__(self, jobid: int, at: int, now: int, duration: int, alloc_type: int, constraint: Any) -> None:
+        self.jobid = jobid
+        self.at = at
+        self.now = now
+        self.duration = duration
+        self.end = at + duration
+        self.alloc_type = alloc_type
+        self.constraint = constraint
+
+
+class Entry:
+    """One vertex of a committed job: what was emitted (needs, exclusive) and what the job
+    holds there (own planner amount = needs when exclusive; counts added to its filter)."""
+
+    __slots__ = ("excl", "fcounts", "needs", "vs")
+
+    def __init__(self, vs: VState, needs: int, excl: bool, fcounts: tuple[int, ...] | None) -> None:
+        self.vs = vs
+        self.needs = needs
+        self.excl = excl
+        self.fcounts = fcounts
+
+    @property
+    def plan(self) -> int:
+        return self.needs if self.excl else 0
+
+
+Emitted = Entry
+JobEntry = Entry
+
+
+class Engine:
+    """Per-graph traverser state + the DFU walk for one policy."""
+
+    def __init__(self, root_vertex: Vertex, *, high: bool, node_centric: bool, stop_on_1: bool,
+                 node_exclusive: bool, split_pools: bool = False, exact_ties: bool = False,
+                 prune_types: tuple[str, ...] = ("core", "node")) -> None:
+        self.high = high
+        self.node_centric = node_centric
+        self.first = stop_on_1
+        self.node_exclusive = node_exclusive
+        self.split_pools = split_pools
+        self.exact = exact_ties
+        self.prune_all = prune_types
+        self.leaf_types: list[str] = []
+        self.seq = 0
+        self.vs: dict[int, VState] = {}
+        self.root: VState = self._build(root_vertex, None)
+        self.nodes_up = 0
+        self.prime()
+
+    # ------------------------------------------------------------------ set-up
+    def _build(self, top: Vertex, parent: VState | None) -> VState:
+        with gc_paused():
+            vsmap = self.vs
+            root = VState(top, parent)
+            vsmap[top.idx] = root
+            stack = [root]
+            while stack:
+                s = stack.pop()
+                kids = s.v.children
+                if kids:
+                    ch = [VState(c, s) for c in kids]
+                    for cs in ch:
+                        vsmap[cs.v.idx] = cs
+                    s.children = ch
+                    stack.extend(ch)
+            return root
+
+    def is_pruning_type(self, t: str) -> bool:
+        return t in self.prune_all or t in self.leaf_types
+
+    def my_types(self, t: str) -> tuple[str, ...]:
+        own = [x for x in self.prune_all if x != t]
+        if t == "cluster":
+            own.extend(x for x in self.leaf_types if x not in own)
+        return tuple(own)
+
+    def prime(self) -> None:
+        """(Re)compute leaf types, subtree totals and filters; keeps existing spans."""
+        with gc_paused():
+            self._prime()
+
+    def _prime(self) -> None:
+        self._pre: dict[int, int] | None = None
+        self.leaf_types = []
+        prune_all = self.prune_all
+        leaf_types = self.leaf_types
+        # internal vertices in DFS pre-order; leaf types in discovery order (Fluxion adds
+        # them while priming)
+        internal: list[VState] = []
+        stack = [self.root]
+        while stack:
+            s = stack.pop()
+            if s.children:
+                internal.append(s)
+                stack.extend(reversed(s.children))
+            else:
+                t = s.v.type
+                if t not in prune_all and t not in leaf_types:
+                    leaf_types.append(t)
+                if s.ftypes:  # lost its children (shrink): no filter any more
+                    s.ftypes = ()
+                    s.fidx = _EMPTY_DICT
+                    s.ftot = _EMPTY_LIST
+                    s.fused = _EMPTY_LIST
+                    s.fspans = None
+                    s.fbounds = None
+                    s.order = _EMPTY_LIST
+                    s.okeys = _EMPTY_LIST
+        tracked = set(prune_all) | set(leaf_types)
+        sums: dict[int, dict[str, int]] = {}
+        nodes_up = 0
+        for s in reversed(internal):  # children before parents
+            v = s.v
+            agg: dict[str, int] = {}
+            for c in s.children:
+                cv = c.v
+                ct = cv.type
+                if c.children:
+                    for t, n in sums.pop(id(c)).items():
+                        agg[t] = agg.get(t, 0) + n
+                if ct in tracked:
+                    agg[ct] = agg.get(ct, 0) + cv.size
+                if ct == "node" and cv.status == UP:
+                    nodes_up += 1
+            sums[id(s)] = agg
+            types = self.my_types(v.type)
+            old = dict(zip(s.ftypes, range(len(s.ftypes)), strict=True)) if s.ftypes else {}
+            prev_types = s.ftypes
+            s.ftypes = types
+            s.fidx = {t: i for i, t in enumerate(types)}
+            s.ftot = [agg.get(t, 0) for t in types]
+            if s.fspans:
+                # re-align recorded spans to the new type order
+                newspans = {}
+                for jid, (st, en, cnt) in s.fspans.items():
+                    newspans[jid] = (st, en, tuple(cnt[old[t]] if t in old else 0 for t in types))
+                s.fspans = newspans
+                s.fused = [sum(c[2][i] for c in newspans.values()) for i in range(len(types))]
+                s.fbounds = None
+            else:
+                s.fused = [0] * len(types)
+            _ = prev_types
+            order = sorted(s.children, key=_order_key)
+            s.order = order
+            s.okeys = [(-c.weight, -c.v.uniq_id) for c in order]
+        if self.root.v.type == "node" and self.root.v.status == UP:
+            nodes_up += 1
+        self.nodes_up = nodes_up
+
+    def preorder(self) -> dict[int, int]:
+        """id(vstate) -> depth-first position (cached until the tree changes)."""
+        if self._pre is None:
+            pre: dict[int, int] = {}
+            stack = [self.root]
+            while stack:
+                s = stack.pop()
+                pre[id(s)] = len(pre)
+                stack.extend(reversed(s.children))
+            self._pre = pre
+        return self._pre
+
+    # ------------------------------------------------------------------ helpers
+    def exclusivity(self, resources: list[Resource], t: str) -> bool:
+        return any(r.type == t and r.exclusive is True for r in resources)
+
+    # ------------------------------------------------------------------ select
+    def select(self, resources: list[Resource], meta: Meta, x_types: set[str]) -> bool:
+        """One matching walk at meta.at; on success edges are marked for update()."""
+        self.seq += 1
+        self.meta = meta
+        self.x_types = x_types
+        root = self.root
+        x_in = self.exclusivity(resources, root.v.type)
+        dfu = Dfu()
+        ok, score, avail, _x = self.dom_dfv(root, resources, True, x_in, dfu, 0)
+        if not ok:
+            return False
+        dfu.add(root.v.type, EG(score, avail, x_in, [(avail, avail, x_in, None)], root=True))
+        # dom_finish_graph
+        for r in resources:
+            qc = dfu.qual(r.type)
+            cnt = calc_count(r.count, qc)
+            if cnt == 0:
+                return False
+            dfu.choose_best_k(r.type, cnt, self.high, self.exact)
+        # has_root
+        needs = 1
+        for r in resources:
+            if r.type == root.v.type:
+                cnt = calc_count(r.count, avail)
+                if cnt == 0:
+                    return False
+                needs = cnt
+        # has_remaining
+        for ev in dfu.m.values():
+            if ev.qual == 0:
+                return False
+        self.enforce(dfu, True)
+        self.root_needs = needs
+        self.root_excl = x_in
+        return True
+
+    def dom_dfv(self, u: VState, resources: list[Resource], pristine: bool, excl: bool, to_parent: Dfu,
+                ml: int) -> tuple[bool, int, int, bool]:
+        v = u.v
+        vtype = v.type
+        meta = self.meta
+        x_in = excl
+        if not x_in:
+            for r in resources:
+                if r.type == vtype and r.exclusive is True:
+                    x_in = True
+                    break
+        # ---- test()
+        match_res: Resource | None = None
+        slot_res: Resource | None = None
+        nslots = 0
+        matched = False
+        for r in resources:
+            if r.type == vtype:
+                if matched:
+                    return False, 0, 0, x_in
+                match_res = r
+                for c in r.with_:
+                    if c.type == "slot":
+                        slot_res = c
+                        nslots = effective_max(c.count)
+                matched = True
+            elif r.type == "slot":
+                if matched:
+                    return False, 0, 0, x_in
+                slot_res = r
+                nslots = effective_max(r.count)
+                matched = True
+        is_slot = False
+        if slot_res is not None:
+            is_slot = True
+            kids = u.children
+            for c in slot_res.with_:
+                ct = c.type
+                for k in kids:
+                    if k.v.type == ct:
+                        break
+                else:
+                    is_slot = False
+                    break
+        check_pres = pristine
+        if is_slot:
+            assert slot_res is not None
+            nxt = slot_res.with_
+            check_pres = False
+        elif match_res is not None:
+            nxt = match_res.with_
+            check_pres = False
+        elif pristine:
+            nxt = resources
+        else:
+            return False, 0, 0, x_in
+        # ---- prune()
+        at = meta.at
+        end = meta.end
+        if meta.alloc_type != AT_SAT and v.status != UP:
+            return False, 0, 0, x_in
+        if meta.constraint is not None and (vtype == "node" or vtype == "storage_node") \
+                and not meta.constraint.match(v):
+            return False, 0, 0, x_in
+        if u.ps and u.avail(at, end) == 0:
+            return False, 0, 0, x_in
+        for r in resources:
+            rt = r.type
+            if rt != vtype and rt != "slot":
+                continue
+            if rt != "slot" and (x_in or r.exclusive is True):
+                if x_in and r.exclusive is False:
+                    return False, 0, 0, x_in
+                if not (self.split_pools and v.size > 1 and not u.children):
+                    if meta.alloc_type == AT_ALLOC and u.alloc_n:
+                        return False, 0, 0, x_in
+                    if (u.xs or u.ps) and u.x_busy(at, end):
+                        return False, 0, 0, x_in
+            if u.ftypes and r.agg and not u.f_ok(r.agg, at, end):
+                return False, 0, 0, x_in
+        # ---- discover
+        if self.node_centric and vtype == "node":
+            factor = (v.id + 2) * 10000 + abs(v.uniq_id % 10000 - 1)
+            ml += factor
+        dfu = Dfu()
+        if is_slot:
+            self.dom_slot(u, nxt, nslots, check_pres, dfu, ml)
+        elif u.children:
+            self.explore(u, nxt, check_pres, x_in, dfu, ml, 1)
+        avail = u.avail(at, end) if u.ps else v.size
+        if avail == 0:
+            return False, 0, 0, x_in
+        # ---- dom_finish_vtx
+        met = True
+        for r in resources:
+            if r.type != vtype:
+                continue
+            for c in r.with_:
+                qc = dfu.qual(c.type)
+                cnt = calc_count(c.count, qc)
+                if cnt == 0:
+                    met = False
+                    break
+                dfu.choose_best_k(c.type, cnt, self.high, self.exact)
+        if self.node_centric and vtype == "node":
+            ml -= factor
+        if not met:
+            return False, 0, 0, x_in
+        score = 1 + ml + v.id + 1
+        # ---- resolve
+        if dfu.hier:
+            self.enforce(dfu, False)
+        else:
+            to_parent.merge(dfu)
+        return True, score, avail, x_in
+
+    def _leaf(self, u: VState, resources: list[Resource], pristine: bool, excl: bool,
+              ml: int) -> tuple[bool, int, int, bool]:
+        """dom_dfv for a leaf vertex, when no slot/node request is in ``resources``
+        (same checks in the same order, without the scratch objects)."""
+        v = u.v
+        vtype = v.type
+        meta = self.meta
+        x_in = excl
+        match_res: Resource | None = None
+        for r in resources:
+            if r.type == vtype:
+                if match_res is not None:
+                    return False, 0, 0, x_in
+                match_res = r
+                if r.exclusive is True:
+                    x_in = True
+        if match_res is None and not pristine:
+            return False, 0, 0, x_in
+        if meta.alloc_type != AT_SAT and v.status != UP:
+            return False, 0, 0, x_in
+        at = meta.at
+        end = meta.end
+        ps = u.ps
+        if ps and u.avail(at, end) == 0:
+            return False, 0, 0, x_in
+        if match_res is not None:
+            if x_in or match_res.exclusive is True:
+                if x_in and match_res.exclusive is False:
+                    return False, 0, 0, x_in
+                if not (self.split_pools and v.size > 1):
+                    if meta.alloc_type == AT_ALLOC and u.alloc_n:
+                        return False, 0, 0, x_in
+                    if (u.xs or u.ps) and u.x_busy(at, end):
+                        return False, 0, 0, x_in
+            if match_res.with_:
+                return False, 0, 0, x_in  # a leaf has no children to satisfy them
+        avail = u.avail(at, end) if ps else v.size
+        if avail == 0:
+            return False, 0, 0, x_in
+        return True, 1 + ml + v.id + 1, avail, x_in
+
+    def explore(self, u: VState, resources: list[Resource], pristine: bool, excl: bool, dfu: Dfu, ml: int,
+                multiplier: int) -> bool:
+        found = False
+        leaf_ok = True
+        for r in resources:
+            if r.type == "slot" or r.type == "node" or r.type == "storage_node":
+                leaf_ok = False
+                break
+        leaf = self._leaf
+        dom_dfv = self.dom_dfv
+        if not self.first:
+            for c in u.children:
+                if leaf_ok and not c.children:
+                    ok, score, avail, x = leaf(c, resources, pristine, excl, ml)
+                else:
+                    ok, score, avail, x = dom_dfv(c, resources, pristine, excl, dfu, ml)
+                if ok:
+                    dfu.add(c.v.type, EG(score, avail, x, [(avail, avail, x, c)]))
+                    found = True
+            return found
+        tallies: dict[str, Share] = {}
+        for r in resources:
+            tallies[r.type] = Share(effective_max(r.count))
+        sat: set[str] = set()
+        m = dfu.m
+        # the aggregate-filter prune of dom_dfv, checked before the call (no side effects
+        # precede it there, so skipping here gives the same answer, cheaper)
+        slot_aggs = [r.agg for r in resources if r.type == "slot" and r.agg]
+        type_aggs = {r.type: r.agg for r in resources if r.type != "slot" and r.agg}
+        meta = self.meta
+        at = meta.at
+        end = meta.end
+        for c in u.order:
+            ct = c.v.type
+            if ct in sat:
+                continue
+            if c.ftypes:
+                skip = False
+                for agg in slot_aggs:
+                    if not c.f_ok(agg, at, end):
+                        skip = True
+                        break
+                if skip:
+                    continue
+                agg2 = type_aggs.get(ct)
+                if agg2 is not None and not c.f_ok(agg2, at, end):
+                    continue
+            if leaf_ok and not c.children:
+                ok, score, avail, x = leaf(c, resources, pristine, excl, ml)
+                if not ok:
+                    continue
+                # a leaf adds one group of its own type and merges nothing: only that
+                # type's tally can move
+                ev = m.get(ct)
+                if ev is None:
+                    ev = m[ct] = Evals()
+                ev.groups.append(EG(score, avail, x, [(avail, avail, x, c)]))
+                ev.total += avail
+                if score > 0:
+                    ev.qual += avail
+                found = True
+                tl = tallies.get(ct)
+                if tl is None:
+                    continue
+                total = ev.total
+                if total > tl.prev:
+                    tl.acc += total - tl.prev
+                    tl.prev = total
+                    if tl.acc >= tl.per:
+                        tl.shares += 1
+                        tl.acc = 0
+                if tl.shares >= multiplier:
+                    sat.add(ct)
+                    if len(sat) == len(tallies):
+                        break
+                continue
+            ok, score, avail, x = dom_dfv(c, resources, pristine, excl, dfu, ml)
+            if not ok:
+                continue
+            dfu.add(ct, EG(score, avail, x, [(avail, avail, x, c)]))
+            found = True
+            enough = True
+            for t, tl in tallies.items():
+                ev = m.get(t)
+                total = ev.total if ev is not None else 0
+                if total > tl.prev:
+                    delta = total - tl.prev
+                    tl.prev = total
+                    tl.acc += delta
+                    if tl.acc >= tl.per:
+                        tl.shares += 1
+                        tl.acc = 0
+                if tl.shares >= multiplier:
+                    sat.add(t)
+                else:
+                    enough = False
+            if enough:
+                break
+        return found
+
+    def _unit_slots(self, u: VState, elem: Resource, nslots: int, dfu: Dfu, ml: int) -> bool | None:
+        """dom_slot for one fixed-count element over unit leaves (cores), without per-core
+        scratch objects. Same candidates, order and packing as the general code; returns
+        None when the shape/children do not qualify (the caller then runs the general code)."""
+        c0 = elem.count
+        if c0.min != c0.max or c0.operator != "+" or c0.operand != 1 or elem.with_:
+            return None
+        t = elem.type
+        cnt = c0.min
+        leaf = self._leaf
+        shape = [elem]
+        cands: list[tuple[int, VState]] = []
+        if self.first:
+            want = nslots * cnt  # the dynamic explorer stops after nslots whole shares
+            for c in u.order:
+                cv = c.v
+                if cv.type != t:
+                    continue  # other types fail the slot walk (not pristine)
+                if c.children or cv.size != 1:
+                    return None
+                ok, score, avail, _x = leaf(c, shape, False, True, ml)
+                if ok:
+                    if avail != 1:
+                        return None
+                    cands.append((score, c))
+                    if len(cands) >= want:
+                        break
+        else:
+            for c in u.children:
+                cv = c.v
+                if cv.type != t:
+                    continue
+                if c.children or cv.size != 1:
+                    return None
+                ok, score, avail, _x = leaf(c, shape, False, True, ml)
+                if ok:
+                    if avail != 1:
+                        return None
+                    cands.append((score, c))
+        if not cands:
+            return False
+        if self.high:
+            cands.sort(key=lambda x: -x[0])
+        else:
+            cands.sort(key=lambda x: x[0])
+        n = len(cands) // cnt
+        if n == 0:
+            return False
+        for i in range(n):
+            run = cands[i * cnt:(i + 1) * cnt]
+            score = 1
+            edges: list[tuple[int, int, bool, VState | None]] = []
+            for sc, c in run:
+                score += sc
+                edges.append((1, 1, True, c))
+            dfu.add("slot", EG(score, 1, True, edges))
+        return True
+
+    def dom_slot(self, u: VState, shape: list[Resource], nslots: int, pristine: bool, dfu: Dfu, ml: int) -> bool:
+        if len(shape) == 1 and not self.exact and not self.split_pools:
+            done = self._unit_slots(u, shape[0], nslots, dfu, ml)
+            if done is not None:
+                return done
+        dslot = Dfu()
+        if not self.explore(u, shape, pristine, True, dslot, ml, nslots):
+            return False
+        high = self.high
+        for ev in dslot.m.values():  # dom_finish_slot: choose_accum_all
+            if ev.qual:
+                sort_groups(ev.groups, high, self.exact)
+        # cnt_slot
+        qual_slots = UINT_MAX
+        per: list[tuple[Resource, int, list[EG]]] = []
+        for elem in shape:
+            evs = dslot.m.get(elem.type)
+            qc = evs.qual if evs is not None else 0
+            cnt = calc_count(elem.count, qc)
+            fit = 0
+            if cnt and evs is not None:
+                acc = 0
+                for g in evs.groups:
+                    e0 = g.edges[0]
+                    c0 = e0[3]
+                    if self.split_pools and c0 is not None and c0.v.size > 1 and not c0.children:
+                        acc += e0[0]
+                        fit += acc // cnt
+                        acc %= cnt
+                        continue
+                    acc += e0[0]
+                    if acc >= cnt:
+                        fit += 1
+                        acc = 0
+            if fit < qual_slots:
+                qual_slots = fit
+            per.append((elem, cnt, evs.groups if evs is not None else []))
+        if qual_slots == 0 or qual_slots == UINT_MAX:
+            return False
+        split = self.split_pools
+        iters = [0] * len(per)
+        left = [0] * len(per)  # split pools: amount left in the current candidate
+        made: list[EG] = []
+        for _ in range(qual_slots):
+            score = 1
+            edges: list[tuple[int, int, bool, VState | None]] = []
+            for ei, (_elem, cnt, groups) in enumerate(per):
+                j = 0
+                while j < cnt:
+                    gi = iters[ei]
+                    if gi >= len(groups):
+                        return False
+                    g = groups[gi]
+                    e0 = g.edges[0]
+                    c = e0[3]
+                    if split and c is not None and c.v.size > 1 and not c.children:
+                        if left[ei] == 0:
+                            left[ei] = e0[0]
+                        take = min(left[ei], cnt - j)
+                        left[ei] -= take
+                        if left[ei] == 0:
+                            iters[ei] = gi + 1
+                        edges.append((take, take, True, c))
+                        score += g.score
+                        j += take
+                        continue
+                    iters[ei] = gi + 1
+                    edges.append((e0[0], e0[0], True, c))
+                    score += g.score
+                    j += e0[0]
+            made.append(EG(score, 1, True, edges))
+        for eg in made:
+            dfu.add("slot", eg)
+        return True
+
+    def enforce(self, dfu: Dfu, unconstrained: bool) -> None:
+        seq = self.seq
+        touched: set[int] = set()
+        for _t, ev in dfu.m.items():
+            if not ev.best_k:
+                continue
+            groups = ev.groups
+            for i in range(ev.best_i):
+                g = groups[i]
+                if g.root:
+                    continue
+                for cnt_needs in g.edges:
+                    c = cnt_needs[3]
+                    if c is None:
+                        continue
+                    if id(c) in touched:
+                        c.mneeds += cnt_needs[1]  # a split pool shared by several slots
+                    else:
+                        touched.add(id(c))
+                        c.mneeds = cnt_needs[1]
+                    c.mexcl = cnt_needs[2]
+                    c.mseq = seq
+                    if unconstrained:
+                        p = c.parent
+                        while p is not None and p.parent is not None:
+                            if p.mseq == seq:
+                                break
+                            pt = p.v.type
+                            ev2 = dfu.m.get(pt)
+                            if ev2 is not None and not ev2.best_k:
+                                p.mneeds = p.v.size
+                                p.mexcl = False
+                                p.mseq = seq
+                            p = p.parent
+
+    def mark_selection(self, chosen: list[tuple[VState, int, bool]]) -> None:
+        """Mark a selection made outside the walk (fast paths) the way enforce() does at
+        the root: chosen edges get (needs, exclusive), their ancestors (size, shared)."""
+        self.seq += 1
+        seq = self.seq
+        touched: set[int] = set()
+        for c, needs, excl in chosen:
+            if id(c) in touched:
+                c.mneeds += needs
+            else:
+                touched.add(id(c))
+                c.mneeds = needs
+            c.mexcl = excl
+            c.mseq = seq
+            p = c.parent
+            while p is not None and p.parent is not None and p.mseq != seq:
+                p.mneeds = p.v.size
+                p.mexcl = False
+                p.mseq = seq
+                p = p.parent
+        self.root_needs = 1
+        self.root_excl = False
+
+    # ------------------------------------------------------------------ update
+    def update(self, meta: Meta, x_types: set[str], reserved: bool,
+               record: list[Entry] | None) -> list[Entry]:
+        """Commit the marked selection; returns emitted vertices (post-order)."""
+        self.x_types = x_types
+        self.meta = meta
+        out: list[Entry] = []
+        acc: dict[str, int] = {}
+        self._upd(self.root, self.root_needs, self.root_excl, False, acc, out, reserved, record)
+        return out
+
+    def _upd(self, u: VState, needs: int, excl: bool, shadow: bool, to_parent: dict[str, int],
+             out: list[Entry], reserved: bool, record: list[Entry] | None) -> int:
+        v = u.v
+        mod = shadow or v.type in self.x_types or (self.node_exclusive and v.type == "node")
+        excl = excl or mod
+        n = 0
+        dfu: dict[str, int] = {}
+        seq = self.seq
+        meta = self.meta
+        jid = meta.jobid
+        at = meta.at
+        end = meta.end
+        recording = record is not None and meta.alloc_type != AT_SAT
+        tracked = self.prune_all
+        leaf_types = self.leaf_types
+        split = self.split_pools
+        for c in u.children:
+            if not mod and c.mseq != seq:
+                continue
+            x = c.mexcl or mod
+            cv = c.v
+            cn = cv.size if mod else c.mneeds
+            if not c.children:
+                # leaf: inline version of the recursive call below
+                if not x:
+                    continue
+                if recording:
+                    ps = c.ps
+                    if ps is None:
+                        c.ps = {jid: (at, end, cn)}
+                    else:
+                        ps[jid] = (at, end, cn)
+                    c.pused += cn
+                    if not reserved:
+                        c.alloc_n += 1
+                ct = cv.type
+                if ct in tracked or ct in leaf_types:
+                    add = cn if (split and cv.size > 1) else cv.size
+                    if add:
+                        dfu[ct] = dfu.get(ct, 0) + add
+                out.append(Entry(c, cn, True, None))
+                n += 1
+                continue
+            k = self._upd(c, cn, x, mod, dfu, out, reserved, record)
+            if k > 0:
+                if self.first:
+                    self._upd_by_outedges(u, c)
+                n += k
+        if excl:
+            n += 1
+            if meta.alloc_type != AT_SAT and record is not None:
+                self._add_plan(u, meta.jobid, meta.at, meta.end, needs, reserved)
+        if n > 0:
+            fcounts = None
+            if record is not None:
+                if u.xs is None:
+                    u.xs = {}
+                u.xs[meta.jobid] = (meta.at, meta.end)
+                if u.ftypes and dfu:
+                    fcounts = tuple(dfu.get(t, 0) for t in u.ftypes)
+                    u.f_add(meta.jobid, meta.at, meta.end, fcounts)
+            vt = v.type
+            if self.is_pruning_type(vt):
+                if excl:
+                    add = needs if (self.split_pools and v.size > 1 and not u.children) else v.size
+                else:
+                    add = v.size - needs
+                if add:
+                    to_parent[vt] = to_parent.get(vt, 0) + add
+            for t, cnum in dfu.items():
+                if self.is_pruning_type(t):
+                    to_parent[t] = to_parent.get(t, 0) + cnum
+            out.append(Entry(u, needs, excl, fcounts))
+        return n
+
+    def _add_plan(self, u: VState, jobid: int, at: int, end: int, amount: int, reserved: bool) -> None:
+        if u.ps is None:
+            u.ps = {}
+        u.ps[jobid] = (at, end, amount)
+        u.pused += amount
+        if not reserved:
+            u.alloc_n += 1
+
+    def _upd_by_outedges(self, u: VState, c: VState) -> None:
+        if not c.ftypes:
+            return
+        i = len(c.ftypes) - 1
+        avail = c.f_avail(i, self.meta.now, self.meta.now + 1)
+        if avail == 0 and not c.fspans:
+            return
+        old = (-c.weight, -c.v.uniq_id)
+        j = bisect_left(u.okeys, old)
+        if j < len(u.okeys) and u.okeys[j] == old and u.order[j] is c:
+            del u.okeys[j]
+            del u.order[j]
+        else:  # pragma: no cover - defensive: keys should always be found
+            k = u.order.index(c)
+            del u.okeys[k]
+            del u.order[k]
+        c.weight = max(avail, 0)
+        key = (-c.weight, -c.v.uniq_id)
+        j = bisect_left(u.okeys, key)
+        u.okeys.insert(j, key)
+        u.order.insert(j, c)
+
+    # ------------------------------------------------------------------ removal
+    def remove_entries(self, jobid: int, entries: list[Entry], reserved: bool) -> None:
+        for e in entries:
+            u = e.vs
+            if u.xs is not None:
+                u.xs.pop(jobid, None)
+            if e.plan and u.ps is not None:
+                sp = u.ps.pop(jobid, None)
+                if sp is not None:
+                    u.pused -= sp[2]
+                    if not reserved:
+                        u.alloc_n -= 1
+            if e.fcounts is not None and u.fspans is not None:
+                fs = u.fspans.pop(jobid, None)
+                if fs is not None:
+                    for i, cnum in enumerate(fs[2]):
+                        u.fused[i] -= cnum
+                    u.fbounds = None
+
+    # ------------------------------------------------------------------ candidate times
+    def candidate_times(self, after: int) -> list[int]:
+        """Scheduled points (span boundaries) of the root filter at or after ``after``."""
+        pts: set[int] = set()
+        r = self.root
+        if r.fspans:
+            for s, e, _c in r.fspans.values():
+                if s >= after:
+                    pts.add(s)
+                if e >= after:
+                    pts.add(e)
+        return sorted(pts)
+
+

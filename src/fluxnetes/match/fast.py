@@ -1,0 +1,455 @@
+"""Index-based fast paths for the static policies (low, high, lonode, hinode).
+
+The DFU walk of a static policy visits every unpruned vertex, then keeps the best
+candidates - on a 4096-node core-level graph that is ~270k vertex visits per match. For
+the common request shapes the walk's answer can be read from small indexes instead, and
+these classes do exactly that. They return the *same* answer as the walk (with the stable
+tie-break; tests compare both on random graphs), and the matcher uses them only when their
+preconditions hold (otherwise it falls back to the walk):
+
+* ``SlotIndex`` - ``slot[N] -> {leaf types}`` with no node level (Fluence-style pod groups,
+  benchmark shapes (a) and (c)). Slot hosts are the first vertices (top-down) whose direct
+  children hold every slot type; per host the free leaves are kept sorted in policy order,
+  packed into slots exactly as the walk packs them, and hosts sit in a sorted list keyed by
+  their best slot. A match merges hosts' slot lists (k-way) to get the N best slots in the
+  order the walk's root sort would give.
+* ``NodeIndex`` - ``node[N] (exclusive) -> slot[k] -> {leaf types}`` (benchmark (b)): the
+  walk picks the N eligible nodes with the best node score (id order); eligible = up, no job
+  on it, and enough leaves for k slots when empty. Kept in a sorted list.
+
+Preconditions (checked by the matcher): a static policy with stable ties, no constraint, a
+match at ``now`` while every recorded job is active at ``now`` (started at or before it,
+ending after it) - then "free over the window" is simply "no job on it".
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from fluxnetes.graph.model import UP
+from fluxnetes.jobspec.model import Resource
+from fluxnetes.match.engine import Engine, VState, calc_count
+
+
+def slot_shape(resources: list[Resource]) -> tuple[Resource, list[Resource]] | None:
+    """``[slot -> {leaf requests}]`` with nothing exclusive-false/nested: (slot, elements)."""
+    if len(resources) != 1:
+        return None
+    s = resources[0]
+    if s.type != "slot" or not s.with_:
+        return None
+    for e in s.with_:
+        if e.with_ or e.exclusive is False or e.type == "slot":
+            return None
+    return s, s.with_
+
+
+def node_shape(resources: list[Resource]) -> tuple[Resource, Resource, list[Resource]] | None:
+    """``[node (exclusive) -> slot -> {leaf requests}]``: (node, slot, elements)."""
+    if len(resources) != 1:
+        return None
+    n = resources[0]
+    if n.type != "node" or n.exclusive is not True or len(n.with_) != 1:
+        return None
+    inner = slot_shape(n.with_)
+    if inner is None:
+        return None
+    return n, inner[0], inner[1]
+
+
+Slot = tuple[Any, int, list[tuple[VState, int]]]  # (key, position, members)
+
+
+class _Runs:
+    """A host's slots when they are runs of ``cnt`` unit leaves of one type, in policy
+    order: built on demand instead of materialised (hosts x slots can be 10^5+)."""
+
+    __slots__ = ("cands", "cnt", "high")
+
+    def __init__(self, cands: list[tuple[int, VState]], cnt: int, high: bool) -> None:
+        self.cands = cands
+        self.cnt = cnt
+        self.high = high
+
+    def __len__(self) -> int:
+        return len(self.cands) // self.cnt
+
+    def __getitem__(self, i: int) -> Slot:
+        cnt = self.cnt
+        run = self.cands[i * cnt:(i + 1) * cnt]
+        score = 1 + sum(x[0] for x in run)
+        return (-score if self.high else score, i, [(c, 1) for _s, c in run])
+
+    def remove(self, gone: set[int]) -> None:
+        cnt = self.cnt
+        for i in sorted(gone, reverse=True):
+            del self.cands[i * cnt:(i + 1) * cnt]
+
+
+class _Host:
+    __slots__ = ("dfs", "down", "key", "ml", "slots", "total", "unit", "vs")
+
+    def __init__(self, vs: VState, dfs: int, ml: int) -> None:
+        self.vs = vs
+        self.dfs = dfs
+        self.ml = ml
+        self.down = False
+        self.unit = False  # slots are aligned runs of unit leaves (see consume())
+        self.slots: list[Slot] | _Runs = []
+        self.total = 0
+        self.key: tuple[Any, int] | None = None
+
+
+class SlotIndex:
+    """Slot hosts for one set of slot element types, kept ready for the walk's answer."""
+
+    def __init__(self, eng: Engine, types: frozenset[str], elems: list[Resource]) -> None:
+        self.eng = eng
+        self.types = types
+        self.elems = elems  # element requests (counts matter for packing)
+        self.hosts: list[_Host] = []
+        self.host_of: dict[int, _Host] = {}  # id(leaf vstate) -> host
+        self.dirty: set[_Host] = set()
+        self._order: dict[int, list[list[tuple[int, VState]]]] = {}
+        self.ranked: SortedList = SortedList()
+        self.total_slots = 0
+        self._discover()
+        for h in self.hosts:
+            self._refresh(h)
+
+    def _discover(self) -> None:
+        eng = self.eng
+        types = self.types
+        # depth-first in child order; ml = node factor of the node on the path (node-centric)
+        stack: list[tuple[VState, int, bool]] = [(eng.root, 0, False)]
+        while stack:
+            u, ml, down = stack.pop()
+            v = u.v
+            down = down or v.status != UP
+            if eng.node_centric and v.type == "node":
+                ml = ml + (v.id + 2) * 10000 + abs(v.uniq_id % 10000 - 1)
+            kids = u.children
+            if not kids:
+                continue
+            ktypes = {c.v.type for c in kids}
+            if types <= ktypes:
+                h = _Host(u, len(self.hosts), ml)
+                h.down = down
+                self.hosts.append(h)
+                for c in kids:
+                    if c.v.type in types:
+                        self.host_of[id(c)] = h
+                continue
+            for c in reversed(kids):
+                stack.append((c, ml, down))
+
+    def touch(self, changed: list[VState]) -> None:
+        ho = self.host_of
+        for u in changed:
+            h = ho.get(id(u))
+            if h is not None:
+                self.dirty.add(h)
+
+    def refresh_status(self) -> None:
+        eng = self.eng
+        for h in self.hosts:
+            x: VState | None = h.vs
+            down = False
+            while x is not None:
+                if x.v.status != UP:
+                    down = True
+                    break
+                x = x.parent
+            if down != h.down:
+                h.down = down
+                self.dirty.add(h)
+        _ = eng
+
+    def _refresh(self, h: _Host) -> None:
+        if h.key is not None:
+            self.ranked.remove((h.key, h.dfs, h))
+            h.key = None
+        self.total_slots -= h.total
+        h.slots = []
+        h.total = 0
+        hv = h.vs
+        if not h.down and (not hv.ps or hv.pused < hv.v.size):
+            h.slots = self._pack(h)
+            h.total = len(h.slots)
+        self.total_slots += h.total
+        if len(h.slots):
+            h.key = h.slots[0][0]
+            self.ranked.add((h.key, h.dfs, h))
+
+    def _static(self, h: _Host) -> list[list[tuple[int, VState]]]:
+        """Per element type: (score, child) in the walk's sorted order (scores are static)."""
+        st = self._order.get(id(h))
+        if st is None:
+            high = self.eng.high
+            st = []
+            for elem in self.elems:
+                t = elem.type
+                cands = [(1 + h.ml + c.v.id + 1, c) for c in h.vs.children if c.v.type == t]
+                cands.sort(key=(lambda x: -x[0]) if high else (lambda x: x[0]))  # stable
+                st.append(cands)
+            self._order[id(h)] = st
+        return st
+
+    def _pack(self, h: _Host) -> list[Slot] | _Runs:
+        eng = self.eng
+        high = eng.high
+        split = eng.split_pools
+        per: list[tuple[int, list[tuple[int, int, VState]]]] = []
+        unit = True
+        for elem, order in zip(self.elems, self._static(h), strict=True):
+            cands: list[tuple[int, int, VState]] = []  # (score, count, vs) in policy order
+            for sc, c in order:
+                cv = c.v
+                if cv.status != UP:
+                    continue
+                if c.xs or c.alloc_n or c.ps:
+                    if not (split and cv.size > 1 and not c.children):
+                        continue
+                    avail = cv.size - c.pused
+                else:
+                    avail = cv.size
+                if avail <= 0:
+                    continue
+                if avail != 1:
+                    unit = False
+                cands.append((sc, avail, c))
+            qc = len(cands) if unit else sum(a for _s, a, _c in cands)
+            cnt = calc_count(elem.count, qc)
+            if cnt == 0:
+                return []
+            per.append((cnt, cands))
+        h.unit = unit
+        if unit and len(per) == 1:
+            # one element type of unit leaves (cores): slots are consecutive runs of cnt, and
+            # their keys never decrease along the policy order, so positions are the order
+            cnt, cands = per[0]
+            if len(cands) < cnt:
+                return []
+            return _Runs([(x[0], x[2]) for x in cands], cnt, high)
+        # cnt_slot: shares per type (whole candidates, remainders not carried)
+        nslots = None
+        for cnt, cands in per:
+            fit = 0
+            acc = 0
+            for _s, a, c in cands:
+                if split and c.v.size > 1 and not c.children:
+                    acc += a
+                    fit += acc // cnt
+                    acc %= cnt
+                    continue
+                acc += a
+                if acc >= cnt:
+                    fit += 1
+                    acc = 0
+            nslots = fit if nslots is None else min(nslots, fit)
+        if not nslots:
+            return []
+        slots: list[tuple[Any, int, list[tuple[VState, int]]]] = []
+        pos = [0] * len(per)
+        left = [0] * len(per)
+        for i in range(nslots):
+            score = 1
+            members: list[tuple[VState, int]] = []
+            for ei, (cnt, cands) in enumerate(per):
+                j = 0
+                while j < cnt:
+                    gi = pos[ei]
+                    if gi >= len(cands):
+                        slots.sort(key=_slot_key)
+                        return slots
+                    s, a, c = cands[gi]
+                    if split and c.v.size > 1 and not c.children:
+                        if left[ei] == 0:
+                            left[ei] = a
+                        take = min(left[ei], cnt - j)
+                        left[ei] -= take
+                        if left[ei] == 0:
+                            pos[ei] = gi + 1
+                        members.append((c, take))
+                        score += s
+                        j += take
+                        continue
+                    pos[ei] = gi + 1
+                    members.append((c, a))
+                    score += s
+                    j += a
+            slots.append((-score if high else score, i, members))
+        slots.sort(key=_slot_key)
+        return slots
+
+    def sync(self) -> None:
+        if self.dirty:
+            for h in self.dirty:
+                self._refresh(h)
+            self.dirty.clear()
+
+    def consume(self, picks: list[tuple[_Host, int]]) -> None:
+        """After a successful commit of ``picks`` (host, slot position): drop those slots.
+
+        For hosts whose slots are aligned runs of unit leaves, taking whole runs leaves the
+        other runs unchanged, so no repacking is needed; other hosts are repacked lazily."""
+        by_host: dict[int, tuple[_Host, set[int]]] = {}
+        for h, pos in picks:
+            by_host.setdefault(id(h), (h, set()))[1].add(pos)
+        for h, gone in by_host.values():
+            if not h.unit or h not in self.dirty:
+                continue
+            self.dirty.discard(h)
+            if h.key is not None:
+                self.ranked.remove((h.key, h.dfs, h))
+                h.key = None
+            self.total_slots -= h.total
+            if isinstance(h.slots, _Runs):
+                h.slots.remove(gone)
+            else:
+                h.slots = [s for i, s in enumerate(h.slots) if i not in gone]
+            h.total = len(h.slots)
+            self.total_slots += h.total
+            if len(h.slots):
+                h.key = h.slots[0][0]
+                self.ranked.add((h.key, h.dfs, h))
+
+    def select(self, slot: Resource) -> list[tuple[VState, int]] | None:
+        """Members of the N best slots (the walk's root choice), or None if it fails."""
+        self.picks: list[tuple[_Host, int]] = []
+        self.sync()
+        n = calc_count(slot.count, self.total_slots)
+        if n == 0:
+            return None
+        chosen: list[tuple[VState, int]] = []
+        ranked = self.ranked
+        it = iter(ranked)
+        nxt = next(it, None)
+        heap: list[tuple[Any, int, int, _Host]] = []
+        taken = 0
+        while taken < n:
+            while nxt is not None and (not heap or (nxt[0], nxt[1], 0) <= heap[0][:3]):
+                h = nxt[2]
+                s0 = h.slots[0]
+                heapq.heappush(heap, (s0[0], h.dfs, 0, h))
+                nxt = next(it, None)
+            if not heap:
+                return None
+            _key, _d, si, h = heapq.heappop(heap)
+            chosen.extend(h.slots[si][2])
+            self.picks.append((h, si))
+            taken += 1
+            if si + 1 < len(h.slots):
+                s1 = h.slots[si + 1]
+                heapq.heappush(heap, (s1[0], h.dfs, si + 1, h))
+        return chosen
+
+
+def _slot_key(s: tuple[Any, int, Any]) -> tuple[Any, int]:
+    return (s[0], s[1])
+
+
+class NodeIndex:
+    """Eligible whole nodes for ``node[N] exclusive -> slot[k] -> leaves``."""
+
+    def __init__(self, eng: Engine, slot: Resource, elems: list[Resource]) -> None:
+        self.eng = eng
+        self.slot = slot
+        self.elems = elems
+        self.nodes: dict[int, tuple[VState, int]] = {}  # id(vs) -> (vs, dfs)
+        self.ranked: SortedList = SortedList()
+        self.member: dict[int, Any] = {}
+        self.dirty: set[int] = set()
+        dfs = 0
+        stack = [eng.root]
+        while stack:
+            u = stack.pop()
+            if u.v.type == "node":
+                if self._capable(u):
+                    self.nodes[id(u)] = (u, dfs)
+                    dfs += 1
+                continue
+            stack.extend(reversed(u.children))
+        for k in self.nodes:
+            self._refresh(k)
+
+    def _capable(self, node: VState) -> bool:
+        """Could this node host k slots when empty (static structure)?"""
+        types = frozenset(e.type for e in self.elems)
+        hosts: list[VState] = []
+        stack = [node]
+        while stack:
+            u = stack.pop()
+            kt = {c.v.type for c in u.children}
+            if u.children and types <= kt:
+                hosts.append(u)
+                continue
+            stack.extend(u.children)
+        total = 0
+        for h in hosts:
+            nsl = None
+            for e in self.elems:
+                cands = [c for c in h.children if c.v.type == e.type]
+                qc = sum(c.v.size for c in cands)
+                cnt = calc_count(e.count, qc)
+                if cnt == 0:
+                    nsl = 0
+                    break
+                fit = 0
+                acc = 0
+                for c in cands:
+                    acc += c.v.size
+                    if acc >= cnt:
+                        fit += 1
+                        acc = 0
+                nsl = fit if nsl is None else min(nsl, fit)
+            total += nsl or 0
+        return calc_count(self.slot.count, total) > 0
+
+    def _eligible(self, u: VState) -> bool:
+        x: VState | None = u
+        while x is not None:
+            if x.v.status != UP:
+                return False
+            x = x.parent
+        if u.xs:
+            return False
+        # ancestors exclusively held (own planner consumed) prune the node
+        p = u.parent
+        while p is not None:
+            if p.ps and p.pused >= p.v.size:
+                return False
+            p = p.parent
+        return True
+
+    def _refresh(self, k: int) -> None:
+        u, dfs = self.nodes[k]
+        old = self.member.pop(k, None)
+        if old is not None:
+            self.ranked.remove(old)
+        if self._eligible(u):
+            score = 1 + u.v.id + 1
+            key = (-score if self.eng.high else score, dfs, k)
+            self.member[k] = key
+            self.ranked.add(key)
+
+    def touch(self, changed: list[VState]) -> None:
+        for u in changed:
+            if u.v.type == "node" and id(u) in self.nodes:
+                self.dirty.add(id(u))
+
+    def refresh_status(self) -> None:
+        self.dirty.update(self.nodes)
+
+    def select(self, node_req: Resource) -> list[VState] | None:
+        if self.dirty:
+            for k in self.dirty:
+                self._refresh(k)
+            self.dirty.clear()
+        n = calc_count(node_req.count, len(self.ranked))
+        if n == 0:
+            return None
+        return [self.nodes[key[2]][0] for key in self.ranked[:n]]

@@ -1,0 +1,908 @@
+"""The matcher: Fluxion's match operations on a :class:`ResourceGraph` (fluxion-spec §3).
+
+Time is an argument (``now``, seconds); nothing here reads a clock. Every allocation is a
+half-open window [at, at + duration); a jobspec without duration holds its resources up to
+the graph horizon (never assumed to end).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from fluxnetes.graph.jgf import read_jgf
+from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex
+from fluxnetes.jobspec.constraints import expand_idset
+from fluxnetes.jobspec.model import Jobspec, Resource, parse_jobspec
+from fluxnetes.match.engine import (
+    AT_ALLOC,
+    AT_RESERVE,
+    AT_SAT,
+    FAR,
+    GRAPH_END,
+    Emitted,
+    Engine,
+    JobEntry,
+    Meta,
+    VState,
+    max_used,
+)
+from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
+from fluxnetes.match.results import (
+    AllocVertex,
+    MatchError,
+    MatchResult,
+    MatchStatus,
+    NodeShare,
+    node_shares,
+)
+
+# policy name -> (high, node_centric, stop_on_1, node_exclusive)   (fluxion-spec §4.1)
+POLICIES: dict[str, tuple[bool, bool, bool, bool]] = {
+    "first": (True, True, True, False),
+    "firstnodex": (True, True, True, True),
+    "low": (False, False, False, False),
+    "high": (True, False, False, False),
+    "lonode": (False, True, False, False),
+    "hinode": (True, True, False, False),
+    "lonodex": (False, True, False, True),
+    "hinodex": (True, True, False, True),
+}
+
+
+class JobRecord:
+    """A recorded allocation or reservation (read-only for callers)."""
+
+    def __init__(self, jobid: int, at: int, duration: int, reserved: bool, nodes: list[NodeShare] | None,
+                 vertices: list[AllocVertex] | None, entries: list[JobEntry] | None = None, queue: str = "",
+                 result: MatchResult | None = None) -> None:
+        self.jobid = jobid
+        self.at = at
+        self.duration = duration
+        self.reserved = reserved
+        self.entries: list[JobEntry] = entries or []
+        self.queue = queue
+        self._nodes = nodes
+        self._vertices = vertices
+        self._result = result
+
+    def __repr__(self) -> str:
+        return f"JobRecord(jobid={self.jobid}, mode={self.mode}, at={self.at}, duration={self.duration})"
+
+    @property
+    def nodes(self) -> list[NodeShare]:
+        if self._nodes is None:
+            self._nodes = self._result.nodes if self._result is not None else []
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, val: list[NodeShare]) -> None:
+        self._nodes = val
+
+    @property
+    def vertices(self) -> list[AllocVertex]:
+        if self._vertices is None:
+            self._vertices = self._result.vertices if self._result is not None else []
+        return self._vertices
+
+    @vertices.setter
+    def vertices(self, val: list[AllocVertex]) -> None:
+        self._vertices = val
+
+    @property
+    def mode(self) -> str:
+        return "RESERVED" if self.reserved else "ALLOCATED"
+
+    @property
+    def end(self) -> int:
+        return self.at + self.duration
+
+
+class Matcher:
+    """Match jobspecs against one graph under one policy; records every allocation."""
+
+    def __init__(self, graph: ResourceGraph, policy: str = "first", *, split_pools: bool | None = None,
+                 tie_break: str = "stable") -> None:
+        """``tie_break``: "stable" (default) orders equal-score candidates by discovery
+        (depth-first) order; "fluxion" reproduces the order libstdc++'s std::sort gives them
+        in Fluxion (used by the conformance replay). ``split_pools``: share pool vertices
+        (memory...) by amount; default from ``graph.meta["split_pools"]`` (Kubernetes graphs).
+        """
+        if tie_break not in ("stable", "fluxion"):
+            raise MatchError(f"unknown tie_break '{tie_break}' (stable or fluxion)")
+        if policy not in POLICIES:
+            raise MatchError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
+        if graph.root is None:
+            raise MatchError("graph has no root")
+        self.graph = graph
+        self.policy = policy
+        high, nc, s1, nx = POLICIES[policy]
+        if split_pools is None:
+            split_pools = bool(graph.meta.get("split_pools", False))
+        self.split_pools = split_pools
+        self.tie_break = tie_break
+        self.engine = Engine(graph.root, high=high, node_centric=nc, stop_on_1=s1, node_exclusive=nx,
+                             split_pools=split_pools, exact_ties=tie_break == "fluxion")
+        self._jobs: dict[int, JobRecord] = {}
+        self._next_jobid = 1
+        self._capacity = graph.summary()
+        self.stats = {"succeeded": 0, "failed": 0, "fast": 0}
+        # fast paths (static policies, stable ties): see match/fast.py
+        self._fast_policy = not s1 and not nx and tie_break == "stable"
+        self._slot_idx: dict[Any, SlotIndex] = {}
+        self._node_idx: dict[Any, NodeIndex] = {}
+        self._span_dirty = False
+        self._max_at = -1
+        self._min_end = GRAPH_END + 1
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def jobs(self) -> Mapping[int, JobRecord]:
+        return types.MappingProxyType(self._jobs)
+
+    @property
+    def next_jobid(self) -> int:
+        return self._next_jobid
+
+    # ------------------------------------------------------------------ match operations
+    def allocate(self, js: Jobspec | str | Mapping[str, Any], *, now: int = 0,
+                 jobid: int | None = None) -> MatchResult:
+        return self._match(js, "allocate", now, jobid)
+
+    def allocate_with_satisfiability(self, js: Jobspec | str | Mapping[str, Any], *, now: int = 0,
+                                     jobid: int | None = None) -> MatchResult:
+        return self._match(js, "allocate_with_satisfiability", now, jobid)
+
+    def allocate_orelse_reserve(self, js: Jobspec | str | Mapping[str, Any], *, now: int = 0,
+                                jobid: int | None = None) -> MatchResult:
+        return self._match(js, "allocate_orelse_reserve", now, jobid)
+
+    def satisfiability(self, js: Jobspec | str | Mapping[str, Any], *, now: int = 0) -> MatchResult:
+        return self._match(js, "satisfiability", now, None)
+
+    def match(self, op: str, js: Jobspec | str | Mapping[str, Any], *, now: int = 0,
+              jobid: int | None = None) -> MatchResult:
+        if op not in ("allocate", "allocate_with_satisfiability", "allocate_orelse_reserve", "satisfiability"):
+            raise MatchError(f"unknown match operation '{op}'")
+        return self._match(js, op, now, jobid)
+
+    def _match(self, js_in: Jobspec | str | Mapping[str, Any], op: str, now: int,
+               jobid: int | None) -> MatchResult:
+        js = js_in if isinstance(js_in, Jobspec) else parse_jobspec(js_in)
+        if now < 0:
+            raise MatchError("now must be >= 0")
+        sat_only = op == "satisfiability"
+        # unknown types: Fluxion rejects the jobspec at parse time; we answer unsatisfiable
+        for t in js.types:
+            if t != "slot" and t not in self.graph.by_type:
+                return MatchResult(MatchStatus.UNSATISFIABLE, -1 if sat_only else 0, now, 0,
+                                   f"this graph has no '{t}' resources")
+        if sat_only:
+            jid = -1
+        elif jobid is None:
+            jid = self._next_jobid
+            while jid in self._jobs:
+                jid += 1
+            self._next_jobid = jid + 1
+        else:
+            if jobid in self._jobs:
+                raise MatchError(f"job {jobid} already exists")
+            if jobid < 0:
+                raise MatchError("jobid must be >= 0")
+            jid = jobid
+        if js.duration > GRAPH_END:
+            raise MatchError(f"duration {js.duration} exceeds the graph horizon ({GRAPH_END} s)")
+        duration = js.duration if js.duration > 0 else GRAPH_END
+        if now >= GRAPH_END:
+            return self._fail(MatchStatus.BUSY, jid, js, "now is at or past the graph horizon")
+        eng = self.engine
+        x_types = _exclusive_types(js.resources)
+        constraint = js.constraint
+
+        def run(at: int, alloc_type: int) -> bool:
+            d = duration if at + duration <= GRAPH_END or alloc_type == AT_SAT else GRAPH_END - at
+            meta = Meta(jid, at, now, d, alloc_type, constraint)
+            return eng.select(js.resources, meta, x_types)
+
+        need_nodes = js.totals.get("node", 0)
+        if not sat_only:
+            feasible = self._feasible(js, need_nodes, now, duration, satisfiability=False)
+            fast = self._try_fast(js, jid, now, duration, x_types) if feasible else None
+            if fast is not None:
+                if fast.ok:
+                    return fast
+                feasible = False  # the walk would fail now as well
+            if feasible and run(now, AT_ALLOC):
+                res = self._commit(js, jid, now, duration, AT_ALLOC, now, x_types)
+                if res is not None:
+                    return res
+                return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
+            if op == "allocate_orelse_reserve":
+                # candidate start times: scheduled points of the root filter (§5.6)
+                for when in eng.candidate_times(now + 1):
+                    if when >= GRAPH_END:
+                        break
+                    if not self._root_fits(js, when, duration):
+                        continue
+                    if run(when, AT_RESERVE):
+                        res = self._commit(js, jid, when, duration, AT_RESERVE, now, x_types)
+                        if res is not None:
+                            return res
+                        break
+            if op == "allocate":
+                return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
+        # satisfiability walk: far future, status ignored
+        sat = self._feasible(js, need_nodes, now, duration, satisfiability=True) and \
+            run(FAR - duration - 1, AT_SAT)
+        if sat_only:
+            if sat:
+                return MatchResult(MatchStatus.ALLOCATED, -1, now, duration, "")
+            return MatchResult(MatchStatus.UNSATISFIABLE, -1, now, 0, self._unsat_reason(js))
+        if sat:
+            return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
+        return self._fail(MatchStatus.UNSATISFIABLE, jid, js, self._unsat_reason(js))
+
+    def _fail(self, status: MatchStatus, jid: int, js: Jobspec, reason: str) -> MatchResult:
+        self.stats["failed"] += 1
+        return MatchResult(status, jid, 0, 0, reason, queue=js.queue)
+
+    def _feasible(self, js: Jobspec, need_nodes: int, now: int, duration: int, *, satisfiability: bool) -> bool:
+        """Fluxion's request_feasible pre-check (nodes up / nodes matching constraints)."""
+        eng = self.engine
+        if need_nodes == 0:
+            return True
+        if satisfiability:
+            total_nodes = self.graph.count("node")
+            if need_nodes > total_nodes:
+                return False
+        elif need_nodes > eng.nodes_up:
+            return False
+        if js.constraint is None:
+            return True
+        t = now if not satisfiability else GRAPH_END - 1
+        ok = 0
+        for v in self.graph.by_type.get("node", []):
+            if not js.constraint.match(v):
+                continue
+            if not satisfiability and v.status != UP:
+                continue
+            vs = eng.vs[v.idx]
+            if vs.avail(t, t + duration) == 1:
+                ok += 1
+                if ok >= need_nodes:
+                    return True
+        return False
+
+    def _root_fits(self, js: Jobspec, t: int, duration: int) -> bool:
+        r = self.engine.root
+        req = {k: n for k, n in js.totals.items() if k in r.fidx}
+        return r.f_ok(req, t, t + duration)
+
+    def _commit(self, js: Jobspec, jid: int, at: int, duration: int, alloc_type: int, now: int,
+                x_types: set[str]) -> MatchResult | None:
+        eng = self.engine
+        d = duration if at + duration <= GRAPH_END else GRAPH_END - at
+        meta = Meta(jid, at, now, d, alloc_type, js.constraint)
+        reserved = alloc_type == AT_RESERVE
+        emitted = eng.update(meta, x_types, reserved, [])
+        if not emitted:
+            return None
+        entries = emitted  # every emitted vertex is what the job holds/tags there
+        status = MatchStatus.RESERVED if reserved else MatchStatus.ALLOCATED
+        res = MatchResult(status, jid, at, d, "", None, None, js.queue, emitted)
+        rec = JobRecord(jid, at, d, reserved, None, None, entries, js.queue, res)
+        self._jobs[jid] = rec
+        self._touched([e.vs for e in entries])
+        self._note_span(at, at + d)
+        self.stats["succeeded"] += 1
+        return res
+
+    def _alloc_vertices(self, emitted: list[Emitted]) -> list[AllocVertex]:
+        out = []
+        for e in emitted:
+            v = e.vs.v
+            p = v.parent
+            out.append(AllocVertex(v.uniq_id, v.path, v.type, v.basename, v.name, v.id, v.rank, v.unit,
+                                   v.properties, e.excl, e.needs, p.uniq_id if p is not None else -1))
+        return out
+
+    # ------------------------------------------------------------------ fast paths
+    def _touched(self, changed: list[VState]) -> None:
+        for si in self._slot_idx.values():
+            si.touch(changed)
+        for ni in self._node_idx.values():
+            ni.touch(changed)
+
+    def _note_span(self, at: int, end: int) -> None:
+        if at > self._max_at:
+            self._max_at = at
+        if end < self._min_end:
+            self._min_end = end
+
+    def _all_active(self, now: int, duration: int) -> bool:
+        if self._span_dirty:
+            self._max_at = max((r.at for r in self._jobs.values()), default=-1)
+            self._min_end = min((r.end for r in self._jobs.values()), default=GRAPH_END + 1)
+            self._span_dirty = False
+        return self._max_at <= now < self._min_end
+
+    def _try_fast(self, js: Jobspec, jid: int, now: int, duration: int, x_types: set[str]) -> MatchResult | None:
+        """The static policies' answer from indexes (None: not applicable, use the walk)."""
+        if not self._fast_policy or js.constraint is not None or not self._all_active(now, duration):
+            return None
+        shape = slot_shape(js.resources)
+        eng = self.engine
+        used: SlotIndex | None = None
+        if shape is not None and not x_types:
+            slot, elems = shape
+            key = tuple((e.type, e.count) for e in elems)
+            idx = self._slot_idx.get(key)
+            if idx is None:
+                idx = self._slot_idx[key] = SlotIndex(eng, frozenset(e.type for e in elems), elems)
+            members = idx.select(slot)
+            if members is None:
+                return MatchResult(MatchStatus.BUSY, jid)
+            eng.mark_selection([(u, a, True) for u, a in members])
+            used = idx
+        else:
+            nshape = node_shape(js.resources)
+            if nshape is None or x_types != {"node"}:
+                return None
+            node_req, slot, elems = nshape
+            key2 = (slot.count, tuple((e.type, e.count) for e in elems))
+            nidx = self._node_idx.get(key2)
+            if nidx is None:
+                nidx = self._node_idx[key2] = NodeIndex(eng, slot, elems)
+            nodes = nidx.select(node_req)
+            if nodes is None:
+                return MatchResult(MatchStatus.BUSY, jid)
+            eng.mark_selection([(nv, nv.v.size, True) for nv in nodes])
+        self.stats["fast"] += 1
+        # commit exactly as after a walk: the update pass follows the marks
+        result = self._commit(js, jid, now, duration, AT_ALLOC, now, x_types)
+        if result is not None and used is not None:
+            used.consume(used.picks)
+        return result
+
+    # ------------------------------------------------------------------ reasons
+    def _type_capacity(self, t: str, *, up_only: bool) -> int:
+        vs = self.graph.by_type.get(t, [])
+        if not up_only:
+            return sum(v.size for v in vs)
+        return sum(v.size for v in vs if self._is_up(v))
+
+    def _is_up(self, v: Vertex) -> bool:
+        x: Vertex | None = v
+        while x is not None:
+            if x.status != UP:
+                return False
+            x = x.parent
+        return True
+
+    def _unsat_reason(self, js: Jobspec) -> str:
+        for t, n in js.totals.items():
+            if t == "slot":
+                continue
+            cap = self._type_capacity(t, up_only=False)
+            if n > cap:
+                return f"needs {n} {t}, only {cap} exist in this graph"
+        return "no part of this graph has the requested shape (per-node/per-slot counts, exclusivity or constraints)"
+
+    def _busy_reason(self, js: Jobspec, now: int) -> str:
+        r = self.engine.root
+        for t, n in js.totals.items():
+            if t == "slot":
+                continue
+            if t in r.fidx:
+                free = r.f_avail(r.fidx[t], now, now + 1)
+            else:
+                free = self._type_capacity(t, up_only=True)
+            if n > free:
+                return f"needs {n} {t}, {free} free now"
+        down = self.graph.count("node") - self.engine.nodes_up
+        extra = f" ({down} node(s) down)" if down else ""
+        return f"resources are free in total but not in the requested shape/place now{extra}"
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, jobid: int) -> None:
+        rec = self._jobs.pop(jobid, None)
+        if rec is None:
+            raise MatchError(f"job {jobid} not found")
+        self.engine.remove_entries(jobid, rec.entries, rec.reserved)
+        self._touched([e.vs for e in rec.entries])
+        self._span_dirty = True
+
+    def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
+        """Release part of a job; returns True when nothing is left (the job is gone)."""
+        rec = self._jobs.get(jobid)
+        if rec is None:
+            raise MatchError(f"job {jobid} not found")
+        holdings = self._holdings(rec)  # vstate -> amount held in its own planner
+        if isinstance(release, list):
+            self._release_shares(rec, holdings, release)
+        elif isinstance(release, Mapping):
+            self._release_r(holdings, release)
+        else:
+            raise MatchError("release must be an R/JGF mapping or a list of NodeShare")
+        self.engine.remove_entries(jobid, rec.entries, rec.reserved)
+        self._touched([e.vs for e in rec.entries])
+        self._span_dirty = True
+        if not any(holdings.values()):
+            del self._jobs[jobid]
+            return True
+        self._record(rec, {u: a for u, a in holdings.items() if a > 0})
+        return False
+
+    def _holdings(self, rec: JobRecord) -> dict[VState, int]:
+        return {e.vs: e.plan for e in rec.entries if e.plan > 0}
+
+    def _release_r(self, holdings: dict[VState, int], r: Mapping[str, Any]) -> None:
+        g = r.get("scheduling") if "scheduling" in r else (r if "graph" in r else None)
+        if isinstance(g, Mapping) and isinstance(g.get("graph"), Mapping):
+            nodes = g["graph"].get("nodes") or []
+            paths: set[str] = set()
+            for n in nodes:
+                try:
+                    paths.add(n["metadata"]["paths"]["containment"])
+                except (KeyError, TypeError):
+                    raise MatchError("release JGF: every vertex needs metadata.paths.containment") from None
+            for u in list(holdings):
+                if u.v.path in paths:
+                    holdings[u] = 0
+            return
+        ex = r.get("execution")
+        if isinstance(ex, Mapping) and isinstance(ex.get("R_lite"), list):
+            ranks: set[int] = set()
+            for ent in ex["R_lite"]:
+                ranks.update(expand_idset(str(ent.get("rank", ""))))
+            for u in list(holdings):
+                if u.v.rank in ranks:
+                    holdings[u] = 0
+            return
+        raise MatchError("release: expected R with scheduling JGF, a JGF graph, or R_lite")
+
+    def _release_shares(self, rec: JobRecord, holdings: dict[VState, int], shares: list[NodeShare]) -> None:
+        for sh in shares:
+            node = self._node_of_share(sh)
+            under = [u for u in holdings if _is_under(u.v, node)]
+            if not under:
+                raise MatchError(f"job {rec.jobid} holds nothing on {node.name}")
+            want = {"core": sh.cores, "gpu": sh.gpus, "memory": sh.memory, **sh.extra}
+            if not any(want.values()):
+                for u in under:
+                    holdings[u] = 0
+                continue
+            for t, amount in want.items():
+                if amount <= 0:
+                    continue
+                cands = sorted((u for u in under if u.v.type == t and holdings[u] > 0),
+                               key=lambda x: -x.v.uniq_id)
+                for u in cands:
+                    if amount <= 0:
+                        break
+                    take = min(amount, holdings[u])
+                    holdings[u] -= take
+                    amount -= take
+                if amount > 0:
+                    raise MatchError(f"job {rec.jobid} holds less {t} on {node.name} than asked to release")
+            # inner vertices (node/socket held whole) go when nothing below them is held
+            for u in sorted(under, key=lambda x: -x.v.path.count("/")):
+                below = [c for c in _descendants(u) if c in holdings]
+                if u.children and holdings[u] > 0 and below and not any(holdings[c] for c in below):
+                    holdings[u] = 0
+
+    def _node_of_share(self, sh: NodeShare) -> Vertex:
+        key = sh.path or sh.name
+        try:
+            v = self.graph.get(key)
+        except GraphError as exc:
+            raise MatchError(str(exc)) from None
+        return v
+
+    def _record(self, rec: JobRecord, holdings: dict[VState, int]) -> None:
+        """(Re)write a job's state from exclusive holdings: own planners, tags, filters."""
+        eng = self.engine
+        jid, at, end = rec.jobid, rec.at, rec.at + rec.duration
+        counted: dict[VState, dict[str, int]] = {}
+        tagged: set[VState] = set()
+        for u, amount in holdings.items():
+            t = u.v.type
+            cnt = amount if (self.split_pools and u.v.size > 1 and not u.children) else u.v.size
+            p = u.parent
+            x: VState | None = u
+            while x is not None:
+                tagged.add(x)
+                x = x.parent
+            while p is not None:
+                if eng.is_pruning_type(t):
+                    d = counted.setdefault(p, {})
+                    d[t] = d.get(t, 0) + cnt
+                p = p.parent
+        entries: list[JobEntry] = []
+        for u in tagged:
+            amount = holdings.get(u, 0)
+            if amount:
+                eng._add_plan(u, jid, at, end, amount, rec.reserved)
+            if u.children or not amount:  # leaves: their planner spans are the tags
+                if u.xs is None:
+                    u.xs = {}
+                u.xs[jid] = (at, end)
+            fc = None
+            cnts = counted.get(u)
+            if u.ftypes and cnts:
+                fc = tuple(cnts.get(t, 0) for t in u.ftypes)
+                u.f_add(jid, at, end, fc)
+            entries.append(JobEntry(u, amount if amount else (u.v.size if u.parent is not None else 1),
+                                    amount > 0, fc))
+        rec.entries = entries
+        self._touched(entries_vs := [e.vs for e in entries])
+        self._note_span(rec.at, rec.at + rec.duration)
+        verts = _postorder(self.engine, entries_vs, holdings)
+        rec.vertices = verts
+        rec.nodes = node_shares(verts)
+
+    # ------------------------------------------------------------------ update_allocate
+    def update_allocate(self, jobid: int, placement: Mapping[str, Any] | list[NodeShare], *, at: int = 0,
+                        duration: int = 0) -> MatchResult:
+        """Record an existing placement (R/JGF or per-node amounts) as job ``jobid``."""
+        if jobid in self._jobs:
+            raise MatchError(f"job {jobid} already exists")
+        if isinstance(placement, Mapping):
+            ex = placement.get("execution")
+            if isinstance(ex, Mapping):
+                st = int(ex.get("starttime", 0) or 0)
+                exp = int(ex.get("expiration", 0) or 0)
+                if st or exp:
+                    at = st
+                    duration = exp - st if exp > st else 0
+        d = duration if duration > 0 else GRAPH_END - at
+        if at + d > GRAPH_END:
+            d = GRAPH_END - at
+        if isinstance(placement, list):
+            holdings = self._holdings_from_shares(placement, at, at + d)
+        elif isinstance(placement, Mapping):
+            holdings = self._holdings_from_r(placement, at, at + d)
+        else:
+            raise MatchError("placement must be an R/JGF mapping or a list of NodeShare")
+        if not holdings:
+            raise MatchError("placement holds no resources")
+        rec = JobRecord(jobid, at, d, False, [], [])
+        self._record(rec, holdings)
+        self._jobs[jobid] = rec
+        self._next_jobid = max(self._next_jobid, jobid + 1)
+        return MatchResult(MatchStatus.ALLOCATED, jobid, at, d, "", rec.nodes, rec.vertices)
+
+    def _check_free(self, u: VState, amount: int, at: int, end: int) -> None:
+        if u.avail(at, end) < amount:
+            raise MatchError(f"{u.v.path}: only {u.avail(at, end)} of {u.v.size} free, cannot record {amount}")
+        pool = self.split_pools and u.v.size > 1 and not u.children
+        if not pool and u.x_busy(at, end):
+            raise MatchError(f"{u.v.path}: already used by another job")
+
+    def _holdings_from_shares(self, shares: list[NodeShare], at: int, end: int) -> dict[VState, int]:
+        eng = self.engine
+        holdings: dict[VState, int] = {}
+        for sh in shares:
+            node = self._node_of_share(sh)
+            nvs = eng.vs[node.idx]
+            want = {"core": sh.cores, "gpu": sh.gpus, "memory": sh.memory, **sh.extra}
+            leaves = [x for x in _descendants(nvs) if not x.children]
+            for t, amount in want.items():
+                if amount < 0:
+                    raise MatchError(f"{node.name}: {t} amount must be >= 0")
+                if amount == 0:
+                    continue
+                for u in leaves:
+                    if amount <= 0:
+                        break
+                    if u.v.type != t or u in holdings:
+                        continue
+                    pool = self.split_pools and u.v.size > 1
+                    free = u.avail(at, end)
+                    if not pool and (u.x_busy(at, end) or free < u.v.size):
+                        continue
+                    take = min(free, amount) if pool else u.v.size
+                    if take <= 0:
+                        continue
+                    holdings[u] = take
+                    amount -= take
+                if amount > 0:
+                    raise MatchError(f"{node.name}: not enough free {t} to record this placement")
+        return holdings
+
+    def _holdings_from_r(self, r: Mapping[str, Any], at: int, end: int) -> dict[VState, int]:
+        eng = self.engine
+        g = r.get("scheduling") if "scheduling" in r else (r if "graph" in r else None)
+        holdings: dict[VState, int] = {}
+        if isinstance(g, Mapping) and isinstance(g.get("graph"), Mapping):
+            for n in g["graph"].get("nodes") or []:
+                md = n.get("metadata") if isinstance(n, Mapping) else None
+                if not isinstance(md, Mapping):
+                    raise MatchError("placement JGF: vertex without metadata")
+                path = (md.get("paths") or {}).get("containment")
+                v = self.graph.by_path.get(path) if isinstance(path, str) else None
+                if v is None:
+                    raise MatchError(f"placement JGF: vertex {path!r} is not in the graph")
+                if md.get("type") != v.type:
+                    raise MatchError(f"placement JGF: {path} has type {md.get('type')!r}, graph says {v.type!r}")
+                if md.get("exclusive") is True:
+                    u = eng.vs[v.idx]
+                    amount = int(md.get("size", 1)) if self.split_pools and v.size > 1 else v.size
+                    self._check_free(u, amount, at, end)
+                    holdings[u] = amount
+            return holdings
+        ex = r.get("execution")
+        if isinstance(ex, Mapping) and isinstance(ex.get("R_lite"), list):
+            by_rank: dict[int, list[Vertex]] = {}
+            for v in self.graph.by_type.get("node", []):
+                by_rank.setdefault(v.rank, []).append(v)
+            for ent in ex["R_lite"]:
+                ranks = expand_idset(str(ent.get("rank", "")))
+                children = ent.get("children") or {}
+                for rank in ranks:
+                    for node in by_rank.get(rank, []):
+                        for t, ids in children.items():
+                            idl = set(expand_idset(str(ids)))
+                            for u in _descendants(eng.vs[node.idx]):
+                                if u.v.type == t and u.v.id in idl:
+                                    self._check_free(u, u.v.size, at, end)
+                                    holdings[u] = u.v.size
+            return holdings
+        raise MatchError("placement: expected R with scheduling JGF, a JGF graph, or R_lite")
+
+    # ------------------------------------------------------------------ status / grow / shrink
+    def set_status(self, path_or_name: str, up: bool) -> None:
+        try:
+            v = self.graph.get(path_or_name)
+        except GraphError as exc:
+            raise MatchError(str(exc)) from None
+        v.status = UP if up else DOWN
+        self.engine.nodes_up = sum(1 for n in self.graph.by_type.get("node", []) if n.status == UP)
+        for si in self._slot_idx.values():
+            si.refresh_status()
+        for ni in self._node_idx.values():
+            ni.refresh_status()
+
+    def add_subgraph(self, jgf_or_graph: Mapping[str, Any] | str | ResourceGraph) -> list[str]:
+        """Attach vertices (JGF with the path from the root, or a graph); returns new paths."""
+        from fluxnetes.graph.jgf import write_jgf
+
+        before = set(self.graph.by_path)
+        src = write_jgf(jgf_or_graph) if isinstance(jgf_or_graph, ResourceGraph) else jgf_or_graph
+        try:
+            read_jgf(src if isinstance(src, str | bytes) else dict(src), graph=self.graph)
+        except GraphError as exc:
+            raise MatchError(f"add_subgraph: {exc}") from None
+        new = [p for p in self.graph.by_path if p not in before]
+        self._fresh_ranks(new)
+        eng = self.engine
+        tops = [self.graph.by_path[p] for p in new if self.graph.by_path[p].parent is not None
+                and self.graph.by_path[p].parent.path not in new]  # type: ignore[union-attr]
+        for v in tops:
+            assert v.parent is not None
+            pvs = eng.vs[v.parent.idx]
+            cvs = eng._build(v, pvs)
+            pvs.children = [*pvs.children, cvs]
+        eng.prime()
+        self._capacity = self.graph.summary()
+        self._slot_idx.clear()
+        self._node_idx.clear()
+        return new
+
+    def _fresh_ranks(self, new_paths: list[str]) -> None:
+        """New nodes whose rank another node already has get the next free rank (their
+        subtree follows), so R_lite stays unambiguous after growing."""
+        g = self.graph
+        newset = set(new_paths)
+        used = {v.rank for v in g.by_type.get("node", []) if v.path not in newset}
+        nxt = max(used | {-1}) + 1
+        for p in new_paths:
+            v = g.by_path[p]
+            if v.type != "node" or v.rank < 0 or v.rank not in used:
+                if v.type == "node":
+                    used.add(v.rank)
+                continue
+            old = v.rank
+            for x in g.walk(v):
+                if x.rank == old:
+                    x.rank = nxt
+            used.add(nxt)
+            nxt += 1
+
+    def remove_subgraph(self, path: str) -> list[int]:
+        """Remove a subtree; jobs holding resources in it lose them (partial cancel).
+
+        Returns the ids of affected jobs (those fully removed are no longer in ``jobs``)."""
+        try:
+            v = self.graph.get(path)
+        except GraphError as exc:
+            raise MatchError(str(exc)) from None
+        if v.parent is None:
+            raise MatchError("cannot remove the root")
+        eng = self.engine
+        top = eng.vs[v.idx]
+        gone = set(_descendants(top)) | {top}
+        affected = []
+        for jid, rec in list(self._jobs.items()):
+            hold = self._holdings(rec)
+            if not any(u in gone for u in hold) and not any(e.vs in gone for e in rec.entries):
+                continue
+            affected.append(jid)
+            eng.remove_entries(jid, rec.entries, rec.reserved)
+            left = {u: a for u, a in hold.items() if u not in gone}
+            if left:
+                self._record(rec, left)
+            else:
+                del self._jobs[jid]
+        pvs = top.parent
+        assert pvs is not None
+        pvs.children = [c for c in pvs.children if c is not top]
+        for u in gone:
+            eng.vs.pop(u.v.idx, None)
+        self.graph.remove_subtree(v)
+        eng.prime()
+        self._capacity = self.graph.summary()
+        self._slot_idx.clear()
+        self._node_idx.clear()
+        return affected
+
+    # ------------------------------------------------------------------ info / stat
+    def info(self, jobid: int) -> dict[str, Any]:
+        rec = self._jobs.get(jobid)
+        if rec is None:
+            raise MatchError(f"job {jobid} not found")
+        return {"jobid": jobid, "mode": rec.mode, "at": rec.at, "duration": rec.duration,
+                "expiration": rec.end, "nodes": [n.__dict__ for n in rec.nodes]}
+
+    def stat(self) -> dict[str, Any]:
+        g = self.graph
+        nv = len(g)
+        running = sum(1 for r in self._jobs.values() if not r.reserved)
+        return {
+            "policy": self.policy,
+            "vertices": nv,
+            "edges": max(0, nv - 1),
+            "by_type": {t: len(vs) for t, vs in g.by_type.items()},
+            "capacity": dict(self._capacity),
+            "nodes_up": self.engine.nodes_up,
+            "jobs": len(self._jobs),
+            "allocated": running,
+            "reserved": len(self._jobs) - running,
+            "match_succeeded": self.stats["succeeded"],
+            "match_failed": self.stats["failed"],
+            "next_jobid": self._next_jobid,
+        }
+
+    def free_now(self, now: int = 0) -> dict[str, int]:
+        r = self.engine.root
+        return {t: r.f_avail(i, now, now + 1) for i, t in enumerate(r.ftypes)}
+
+    # ------------------------------------------------------------------ invariants
+    def check_invariants(self) -> None:
+        """free + allocated == capacity everywhere, and every job's state is exactly recorded."""
+        eng = self.engine
+        problems: list[str] = []
+        expect_plan: dict[VState, dict[int, int]] = {}
+        expect_f: dict[VState, dict[int, dict[str, int]]] = {}
+        expect_x: dict[VState, set[int]] = {}
+        for jid, rec in self._jobs.items():
+            for e in rec.entries:
+                expect_x.setdefault(e.vs, set()).add(jid)
+                if e.plan:
+                    expect_plan.setdefault(e.vs, {})[jid] = e.plan
+                    t = e.vs.v.type
+                    if eng.is_pruning_type(t):
+                        cnt = e.plan if (self.split_pools and e.vs.v.size > 1 and not e.vs.children) else e.vs.v.size
+                        p = e.vs.parent
+                        while p is not None:
+                            d = expect_f.setdefault(p, {}).setdefault(jid, {})
+                            d[t] = d.get(t, 0) + cnt
+                            p = p.parent
+        for u in eng.vs.values():
+            v = u.v
+            ps = u.ps or {}
+            got = {j: a for j, (_s, _e, a) in ps.items()}
+            if got != expect_plan.get(u, {}):
+                problems.append(f"{v.path}: planner spans {got} != job records {expect_plan.get(u, {})}")
+            if u.pused != sum(got.values()):
+                problems.append(f"{v.path}: used sum {u.pused} != {sum(got.values())}")
+            allocs = sum(1 for j in got if not self._jobs[j].reserved) if all(j in self._jobs for j in got) else -1
+            if allocs != u.alloc_n:
+                problems.append(f"{v.path}: allocation count {u.alloc_n} != {allocs}")
+            bounds = sorted({s for s, _e, _a in ps.values()} | {0})
+            for tb in bounds:
+                used = max_used(ps.values(), tb, tb + 1)
+                if used > v.size:
+                    problems.append(f"{v.path}: {used} used > size {v.size} at t={tb}")
+            xs = set((u.xs or {}).keys())
+            if not u.children:
+                xs |= set(ps.keys())
+            if xs != expect_x.get(u, set()):
+                problems.append(f"{v.path}: tags {sorted(xs)} != {sorted(expect_x.get(u, set()))}")
+            if u.ftypes:
+                want = expect_f.get(u, {})
+                have = {j: dict(zip(u.ftypes, c, strict=True)) for j, (_s, _e, c) in (u.fspans or {}).items()}
+                for j in set(want) | set(have):
+                    w = {t: n for t, n in want.get(j, {}).items() if t in u.fidx and n}
+                    h = {t: n for t, n in have.get(j, {}).items() if n}
+                    if w != h:
+                        problems.append(f"{v.path}: filter span of job {j} {h} != expected {w}")
+                for i, t in enumerate(u.ftypes):
+                    s = sum(c[i] for (_s, _e, c) in (u.fspans or {}).values())
+                    if s != u.fused[i]:
+                        problems.append(f"{v.path}: filter used[{t}] {u.fused[i]} != {s}")
+                    cap = sum(x.v.size for x in _descendants(u) if x.v.type == t)
+                    if cap != u.ftot[i]:
+                        problems.append(f"{v.path}: filter total[{t}] {u.ftot[i]} != capacity {cap}")
+                    fb = sorted({sp[0] for sp in (u.fspans or {}).values()} | {0})
+                    for tt in fb:
+                        if u.f_avail(i, tt, tt + 1) < 0:
+                            problems.append(f"{v.path}: {t} over-allocated at t={tt}")
+            if len(problems) > 20:
+                break
+        if problems:
+            raise AssertionError("matcher invariants violated:\n  " + "\n  ".join(problems[:20]))
+
+
+def _exclusive_types(resources: list[Resource]) -> set[str]:
+    out: set[str] = set()
+    stack = list(resources)
+    while stack:
+        r = stack.pop()
+        if r.exclusive is True:
+            out.add(r.type)
+        stack.extend(r.with_)
+    return out
+
+
+def _descendants(u: VState) -> list[VState]:
+    out: list[VState] = []
+    stack = list(u.children)
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        stack.extend(x.children)
+    return out
+
+
+def _is_under(v: Vertex, top: Vertex) -> bool:
+    x: Vertex | None = v
+    while x is not None:
+        if x is top:
+            return True
+        x = x.parent
+    return False
+
+
+def _postorder(eng: Engine, tagged: list[VState], holdings: dict[VState, int]) -> list[AllocVertex]:
+    """Emitted vertices as Fluxion's update pass emits them: post-order, child order."""
+    pos = eng.preorder()
+    order = sorted(tagged, key=lambda u: pos[id(u)])
+    out: list[AllocVertex] = []
+    stack: list[VState] = []
+
+    def emit(u: VState) -> None:
+        v = u.v
+        p = v.parent
+        held = holdings.get(u, 0)
+        needs = held if held else (v.size if p is not None else 1)
+        out.append(AllocVertex(v.uniq_id, v.path, v.type, v.basename, v.name, v.id, v.rank, v.unit,
+                               v.properties, held > 0, needs, p.uniq_id if p is not None else -1))
+
+    for u in order:
+        while stack and not _is_anc(stack[-1], u):
+            emit(stack.pop())
+        stack.append(u)
+    while stack:
+        emit(stack.pop())
+    return out
+
+
+def _is_anc(a: VState, u: VState) -> bool:
+    p = u.parent
+    while p is not None:
+        if p is a:
+            return True
+        p = p.parent
+    return False

@@ -1,0 +1,179 @@
+"""Jobspec parsing/validation (RFC 14 / V1 as Fluxion accepts them) and pod builders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluxnetes.jobspec import (
+    UINT_MAX,
+    Count,
+    JobspecError,
+    PodRequest,
+    expand_hostlist,
+    expand_idset,
+    jobspec_from_pods,
+    parse_jobspec,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def spec(resources: list[dict[str, Any]], **system: Any) -> dict[str, Any]:
+    return {"version": 9999, "resources": resources,
+            "tasks": [{"command": ["app"], "slot": "default", "count": {"per_slot": 1}}],
+            "attributes": {"system": {"duration": 3600, **system}}}
+
+
+def slot(n: int = 1, *inner: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "slot", "count": n, "label": "default", "with": list(inner) or [{"type": "core", "count": 1}]}
+
+
+def test_examples_parse() -> None:
+    for f in sorted((REPO / "examples" / "jobspecs").glob("*.yaml")):
+        if f.name.startswith("release"):
+            continue
+        js = parse_jobspec(f.read_text())
+        assert js.resources and js.duration > 0
+
+
+def test_yaml_and_json_forms_agree() -> None:
+    d = spec([slot(2, {"type": "core", "count": 3})])
+    a = parse_jobspec(json.dumps(d))
+    b = parse_jobspec(parse_jobspec(d).to_yaml())
+    assert a.to_dict() == b.to_dict() == parse_jobspec(d).to_dict()
+    assert a.totals == {"slot": 2, "core": 6}
+    assert a.resources[0].agg == {"core": 3}
+
+
+@pytest.mark.parametrize(
+    ("doc", "path", "rule"),
+    [
+        (spec([{"type": "slot", "count": 0, "label": "x", "with": [{"type": "core", "count": 1}]}]),
+         "resources[0].count", "must be >= 1"),
+        (spec([slot(1, {"type": "core", "count": 0})]), "resources[0].with[0].count", "must be >= 1"),
+        (spec([{"type": "slot", "count": 1, "with": [{"type": "core", "count": 1}]}]), "resources[0].label",
+         "is required for type slot"),
+        (spec([slot(1, {"type": "core", "count": 1, "bogus": 2})]), "resources[0].with[0].bogus", "unknown key"),
+        (spec([slot(1, {"type": "core", "count": {"min": 2, "max": 1, "operator": "+", "operand": 1}})]),
+         "resources[0].with[0].count.max", "must be >= min"),
+        (spec([slot(1, {"type": "core", "count": {"min": 1, "max": 4}})]),
+         "resources[0].with[0].count.operator", "is required when any of"),
+        (spec([slot(1, {"type": "core", "count": {"min": 1, "max": 8, "operator": "^", "operand": 2}})]),
+         "resources[0].with[0].count.min", "must be >= 2 for operator '^'"),
+        (spec([slot(1, {"type": "core", "count": {"min": 2, "max": 8, "operator": "*", "operand": 1}})]),
+         "resources[0].with[0].count.operand", "must be >= 2 for operator '*'"),
+        (spec([slot(1, {"type": "core", "count": "0-3"})]), "resources[0].with[0].count",
+         "idset/range strings are not supported"),
+        (spec([slot(1, {"type": "core", "count": 1, "exclusive": False})]), "resources[0].with[0].exclusive",
+         "must not be false inside a slot"),
+        (spec([slot(1, {"type": "core", "count": 1}, {"type": "core", "count": 2})]), "resources[0].with[1].type",
+         "siblings may not request the same type"),
+        (spec([slot()], duration=-1), "attributes.system.duration", "must be >= 0"),
+        (spec([slot()], duration="1h"), "attributes.system.duration", "must be a number"),
+        ({"version": 0, "resources": [slot()], "tasks": [], "attributes": {}}, "version", "1..9999"),
+        ({"version": 9999, "resources": [], "tasks": [], "attributes": {}}, "resources", "non-empty list"),
+        ({"version": 9999, "resources": [slot()], "tasks": [], "attributes": {}, "x": 1}, "x", "unknown top-level"),
+        (spec([slot()], constraints={"properties": ["a|b"]}), "attributes.system.constraints.properties[0]",
+         "may not contain"),
+        (spec([slot()], constraints={"bogus": []}), "attributes.system.constraints.bogus", "unknown operator"),
+    ],
+)
+def test_errors_name_path_and_rule(doc: dict[str, Any], path: str, rule: str) -> None:
+    with pytest.raises(JobspecError) as ei:
+        parse_jobspec(doc)
+    assert ei.value.path == path
+    assert rule in ei.value.rule
+    assert str(ei.value).startswith(f"{path}: ")
+
+
+def test_bad_text() -> None:
+    with pytest.raises(JobspecError, match="not valid YAML"):
+        parse_jobspec("version: [1")
+    with pytest.raises(JobspecError, match="must be a mapping"):
+        parse_jobspec("- 1\n- 2\n")
+
+
+def test_count_forms() -> None:
+    js = parse_jobspec(spec([{"type": "node", "count": {"min": 2}, "exclusive": "true", "with": [slot()]}]))
+    c = js.resources[0].count
+    assert (c.min, c.max, c.operator, c.operand) == (2, UINT_MAX, "+", 1)
+    assert js.resources[0].exclusive is True
+    js = parse_jobspec(spec([{"type": "node", "count": {"min": 2, "max": 3, "operator": "+", "operand": 1},
+                              "with": [slot()]}]))
+    assert js.resources[0].count == Count(2, 3, "+", 1)
+
+
+def test_duration_is_ceiled_and_defaults_to_zero() -> None:
+    assert parse_jobspec(spec([slot()], duration=0.2)).duration == 1
+    d = spec([slot()])
+    del d["attributes"]["system"]["duration"]
+    assert parse_jobspec(d).duration == 0
+
+
+def test_v1_rules() -> None:
+    ok = parse_jobspec((REPO / "examples" / "jobspecs" / "v1_node_slot.yaml").read_text())
+    assert ok.version == 1 and ok.totals["core"] == 4
+    bad = spec([slot(1, {"type": "memory", "count": 4})])
+    bad["version"] = 1
+    with pytest.raises(JobspecError, match=r"resources\[0\].with: version 1 slots hold core"):
+        parse_jobspec(bad)
+    nodur = spec([slot()])
+    nodur["version"] = 1
+    del nodur["attributes"]["system"]["duration"]
+    with pytest.raises(JobspecError, match="is required for version 1"):
+        parse_jobspec(nodur)
+
+
+def test_constraints() -> None:
+    class V:
+        def __init__(self, name: str, rank: int, props: dict[str, str] | None) -> None:
+            self.name, self.rank, self.properties = name, rank, props
+
+    js = parse_jobspec(spec([slot()], constraints={"and": [
+        {"properties": ["ssd", "^slow"]},
+        {"or": [{"hostlist": ["node[1-3]"]}, {"ranks": ["7"]}]},
+        {"not": [{"hostlist": ["node2"]}]}]}))
+    c = js.constraint
+    assert c is not None
+    assert c.match(V("node1", 1, {"ssd": ""}))
+    assert not c.match(V("node2", 2, {"ssd": ""}))  # excluded by not
+    assert not c.match(V("node3", 3, {"ssd": "", "slow": ""}))
+    assert c.match(V("node9", 7, {"ssd": "x"}))
+    assert not c.match(V("node9", 8, {"ssd": ""}))
+    assert parse_jobspec(spec([slot()], constraints={})).constraint.match(V("a", 0, None))  # type: ignore[union-attr]
+
+
+def test_hostlist_and_idset() -> None:
+    assert expand_hostlist("node[0-2,5],login1") == ["node0", "node1", "node2", "node5", "login1"]
+    assert expand_hostlist("n[08-10]") == ["n08", "n09", "n10"]
+    assert expand_idset("0-2,7") == [0, 1, 2, 7]
+    with pytest.raises(ValueError):
+        expand_idset("a-b")
+
+
+def test_pods_builder_mapping() -> None:
+    js = jobspec_from_pods(4, PodRequest(cpu_millis=1500, memory_bytes=3 * 2**30 + 1, gpus=1,
+                                         extended={"example.com/fpga": 2}), duration=120, name="grp")
+    top = js.resources[0]
+    assert top.type == "slot" and top.count.min == 4 and top.label == "grp"
+    kinds = {r.type: r.count.min for r in top.with_}
+    assert kinds == {"core": 2, "memory": 3073, "gpu": 1, "fpga": 2}
+    assert js.duration == 120
+    js = jobspec_from_pods(2, PodRequest(cpu_millis=0), exclusive_nodes=True)
+    node = js.resources[0]
+    assert node.type == "node" and node.exclusive is True and node.count.min == 2
+    assert node.with_[0].type == "slot" and node.with_[0].with_[0].count.min == 1  # 0 cpu -> 1 core
+    assert js.duration == 0
+    with pytest.raises(JobspecError, match="count: must be an integer >= 1"):
+        jobspec_from_pods(0, PodRequest(cpu_millis=100))
+    with pytest.raises(JobspecError, match=r"request.memory_bytes: must be >= 0"):
+        jobspec_from_pods(1, PodRequest(memory_bytes=-1))
+
+
+def test_text_cache_returns_same_object() -> None:
+    text = json.dumps(spec([slot(3)]))
+    assert parse_jobspec(text) is parse_jobspec(text)
