@@ -1,0 +1,374 @@
+"""Operator benchmark on the local control plane (kwok nodes).
+
+For each workload (single-pod Jobs, Jobs of 10 pods) it measures the time from the first
+Job create to the moment every pod of the workload has been bound to a node, first through
+the default kube-scheduler alone (a namespace fluxnetes does not manage), then through
+fluxnetes (an opted-in namespace), in the same cluster and run, and reports pods/s and the
+ratio. The admission webhook's latency (p50/p99) is measured separately by sending pod
+AdmissionReviews to the webhook server over TLS, as the API server does.
+
+    .venv/bin/python bench/operator_bench.py --nodes 100 --jobs 1000 --gang-jobs 100
+
+Writes bench/results/operator_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
+from fluxnetes.k8s import certs
+from fluxnetes.k8s.kube import NAMESPACES, PODS, Kube, Resource
+from fluxnetes.k8s.webhook import WebhookServer
+
+JOBS = Resource("batch/v1", "jobs")
+RESULTS = Path(__file__).resolve().parent / "results" / "operator_bench.json"
+
+
+def job_body(name: str, size: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": size,
+            "completions": size,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"requests": {"cpu": "1", "memory": "64Mi"}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float) -> dict[str, Any]:
+    """Create ``jobs`` Jobs of ``size`` pods in ``ns``; wait until jobs*size pods were bound."""
+    total = jobs * size
+    bound: set[str] = set()
+    _, rv = await kube.list(PODS, ns)
+    done = asyncio.Event()
+    t_bound: list[float] = []
+
+    async def watch() -> None:
+        nonlocal rv
+        while not done.is_set():
+            try:
+                async for ev in kube.watch(
+                    Resource("v1", "pods"),
+                    rv,
+                    field_selector=f"metadata.namespace={ns}",
+                    timeout_seconds=60,
+                ):
+                    obj = ev.get("object") or {}
+                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                    if obj.get("spec", {}).get("nodeName"):
+                        uid = obj["metadata"]["uid"]
+                        if uid not in bound:
+                            bound.add(uid)
+                            t_bound.append(time.monotonic())
+                            if len(bound) >= total:
+                                done.set()
+                                return
+            except Exception as exc:  # re-watch
+                print("watch:", exc, file=sys.stderr)
+                await asyncio.sleep(0.2)
+
+    watcher = asyncio.ensure_future(watch())
+    t0 = time.monotonic()
+    sem = asyncio.Semaphore(32)
+
+    async def create(i: int) -> None:
+        async with sem:
+            await kube.create(JOBS, job_body(f"j{i}", size), ns)
+
+    await asyncio.gather(*(create(i) for i in range(jobs)))
+    t_created = time.monotonic() - t0
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done.wait(), timeout)
+    watcher.cancel()
+    elapsed = (t_bound[-1] - t0) if len(bound) >= total else None
+    return {
+        "jobs": jobs,
+        "pods_per_job": size,
+        "pods": total,
+        "bound": len(bound),
+        "create_seconds": round(t_created, 3),
+        "seconds_to_all_bound": None if elapsed is None else round(elapsed, 3),
+        "pods_per_second": None if elapsed is None else round(total / elapsed, 1),
+    }
+
+
+async def webhook_latency(n: int) -> dict[str, Any]:
+    bundle = certs.make_bundle(["127.0.0.1"])
+    server = WebhookServer("127.0.0.1", 0, bundle, lambda: {"operator"})
+    port = await server.start()
+    ctx = ssl.create_default_context(cadata=bundle.ca_crt.decode())
+    lat: list[float] = []
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=1)) as s:
+            for i in range(n):
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"p{i}",
+                        "namespace": "ns",
+                        "labels": {"app": "x"},
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "batch/v1",
+                                "kind": "Job",
+                                "name": "j",
+                                "uid": "u",
+                                "controller": True,
+                            }
+                        ],
+                    },
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "c",
+                                "image": "busybox",
+                                "resources": {"requests": {"cpu": "1", "memory": "64Mi"}},
+                            }
+                        ]
+                    },
+                }
+                review = {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "request": {
+                        "uid": str(i),
+                        "operation": "CREATE",
+                        "kind": {"kind": "Pod"},
+                        "object": pod,
+                    },
+                }
+                t = time.perf_counter()
+                async with s.post(f"https://127.0.0.1:{port}/mutate-pods", json=review) as r:
+                    await r.read()
+                lat.append((time.perf_counter() - t) * 1000)
+    finally:
+        await server.stop()
+    lat = lat[min(50, n // 10) :]  # warm-up (TLS handshake, first imports)
+    lat.sort()
+    return {
+        "requests": len(lat),
+        "p50_ms": round(statistics.median(lat), 3),
+        "p99_ms": round(lat[int(len(lat) * 0.99) - 1], 3),
+        "max_ms": round(lat[-1], 3),
+    }
+
+
+async def apiserver_webhook_view(kube: Kube) -> dict[str, Any]:
+    """The API server's own histogram of fluxnetes' webhook calls (network + TLS + handler):
+    calls, and the share answered within 5 ms / 25 ms (the histogram's bucket bounds)."""
+    text = await kube.request_text("/metrics")
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        fields = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))
+        name = fields.get("name", "").strip('"')
+        if "fluxnetes" not in name:
+            continue
+        le = fields.get("le", "").strip('"')
+        entry = out.setdefault(name, {})
+        entry[le] = entry.get(le, 0) + float(value)
+    view: dict[str, Any] = {}
+    for name, buckets in out.items():
+        total = buckets.get("+Inf", 0)
+        if not total:
+            continue
+        view[name] = {
+            "calls": int(total),
+            "within_5ms": round(buckets.get("0.005", 0) / total, 4),
+            "within_25ms": round(buckets.get("0.025", 0) / total, 4),
+        }
+    return view
+
+
+async def start_operator(
+    args: argparse.Namespace, cluster: Cluster, mode: str
+) -> subprocess.Popen[bytes]:
+    log = open(Path(args.workdir) / f"operator-{mode}.log", "wb")  # noqa: SIM115
+    argv = [
+        sys.executable,
+        "-m",
+        "fluxnetes.k8s",
+        "run",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--webhook-port",
+        "0",
+        "--log-level",
+        "INFO",
+        "--job-mode",
+        mode,
+    ]
+    op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    path = Path(args.workdir) / f"operator-{mode}.log"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "operator ready" not in path.read_text():
+        await asyncio.sleep(0.5)
+    return op
+
+
+def _cpu_seconds(op: subprocess.Popen[bytes] | None) -> float:
+    if op is None:
+        return 0.0
+    import psutil
+
+    try:
+        proc = psutil.Process(op.pid)
+        procs = [proc, *proc.children(recursive=True)]
+        return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    except psutil.Error:
+        return 0.0
+
+
+async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
+    kube = await Kube.from_config(str(cluster.kubeconfig))
+    results: dict[str, Any] = {}
+    workloads = [("single_pod_jobs", args.jobs, 1), ("gang_jobs_of_10", args.gang_jobs, 10)]
+    runs = [("default_scheduler", "")] + [
+        (f"fluxnetes_{mode}" if len(args.job_modes) > 1 else "fluxnetes", mode)
+        for mode in args.job_modes
+    ]
+    op = None
+    try:
+        for label, mode in runs:
+            if op is not None:  # each mode gets a fresh operator
+                op.send_signal(signal.SIGTERM)
+                op.wait(timeout=30)
+                op = None
+            if mode:
+                op = await start_operator(args, cluster, mode)
+            for name, jobs, size in workloads:
+                if jobs <= 0:
+                    continue
+                ns = f"bench-{uuid.uuid4().hex[:6]}"
+                labels = {"fluxnetes.io/enabled": "true"} if mode else {}
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": ns, "labels": labels},
+                }
+                await kube.create(NAMESPACES, body)
+                await asyncio.sleep(1)
+                load = os.getloadavg()[0]
+                cpu0 = _cpu_seconds(op)
+                r = await run_workload(kube, ns, jobs, size, args.timeout)
+                r["load_average_1m_before"] = round(load, 2)
+                if op is not None:
+                    r["operator_cpu_seconds"] = round(_cpu_seconds(op) - cpu0, 2)  # incl. webhook process
+                print(label, name, r, flush=True)
+                results.setdefault(name, {})[label] = r
+                await kube.delete(NAMESPACES, ns)
+                await asyncio.sleep(5)
+        results["apiserver_webhook_latency"] = await apiserver_webhook_view(kube)
+    finally:
+        if op is not None:
+            op.send_signal(signal.SIGTERM)
+            op.wait(timeout=30)
+        await kube.close()
+    for key, res in results.items():
+        if key == "apiserver_webhook_latency":
+            continue
+        d = res.get("default_scheduler", {})
+        for label, f in list(res.items()):
+            if (
+                label.startswith("fluxnetes")
+                and d.get("pods_per_second")
+                and f.get("pods_per_second")
+            ):
+                res[f"ratio_{label}_over_default"] = round(
+                    f["pods_per_second"] / d["pods_per_second"], 2
+                )
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--jobs", type=int, default=1000, help="single-pod Jobs")
+    ap.add_argument("--gang-jobs", type=int, default=100, help="Jobs of 10 pods")
+    ap.add_argument("--webhook-requests", type=int, default=2000)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument(
+        "--job-modes",
+        default="suspend,gate",
+        type=lambda t: t.split(","),
+        help="operator --job-mode values to run, comma separated",
+    )
+    ap.add_argument("--output", default=str(RESULTS))
+    args = ap.parse_args()
+    out: dict[str, Any] = {
+        "benchmark": "operator_bench",
+        "parameters": {
+            "nodes": args.nodes,
+            "node_shape": {"cpu": "32", "memory": "256Gi"},
+            "jobs": args.jobs,
+            "gang_jobs": args.gang_jobs,
+            "gang_size": 10,
+            "webhook_requests": args.webhook_requests,
+            "job_modes": args.job_modes,
+        },
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "targets": {"webhook_p99_ms": 5, "fluxnetes_pods_per_second": ">= default scheduler's"},
+    }
+    out["webhook"] = asyncio.run(webhook_latency(args.webhook_requests))
+    print("webhook", out["webhook"], flush=True)
+    with tempfile.TemporaryDirectory(prefix="fx-bench-") as tmp:
+        args.workdir = tmp
+        cluster = Cluster.up(
+            ClusterOptions(
+                nodes=NodeShape(count=args.nodes, cpu="32", memory="256Gi"),
+                dir=Path(tmp) / "cluster",
+                die_with_parent=True,
+            )
+        )
+        try:
+            out["workloads"] = asyncio.run(bench(args, cluster))
+        finally:
+            cluster.down()
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Admission as pure functions: AdmissionReview request in, AdmissionReview response out.
+
+Mutating (CREATE):
+- Pod: add the scheduling gate ``fluxnetes.io/gate`` and the label ``fluxnetes.io/managed``;
+  Fluence/coscheduling group labels are copied to fluxnetes' spelling. Pods that are already
+  bound (``nodeName``), mirror/static pods, DaemonSet pods and pods of another scheduler are
+  left alone: the operator counts them as foreign allocations instead.
+- Job: created suspended, template gated. Deployment/ReplicaSet/StatefulSet: template gated.
+- Bad grouping input (malformed group label, group size 0, unparsable duration or jobspec
+  annotation) is refused with a message naming the field: the user sees it at ``kubectl
+  apply`` instead of finding a pod waiting forever.
+
+Validating (UPDATE of pods): only the operator's identity may remove fluxnetes' gate.
+
+No API calls and no shared state: the webhook is a pure function, fast and replica-safe.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
+from fluxnetes.k8s.workloads import kind_of
+from fluxnetes.k8s.workloads.base import JsonPatch, _escape
+
+_DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def _response(uid: str, allowed: bool = True, patch: JsonPatch | None = None,
+              message: str | None = None, code: int = 400) -> dict[str, Any]:
+    resp: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if message is not None and not allowed:
+        resp["status"] = {"code": code, "message": message, "reason": "BadRequest" if code == 400 else "Forbidden"}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+
+
+def _skip_pod(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return True
+    if (meta.get("annotations") or {}).get("kubernetes.io/config.mirror"):
+        return True
+    if (meta.get("labels") or {}).get(names.LABEL_ENABLED) == "false":
+        return True
+    if spec.get("schedulerName", _DEFAULT_SCHEDULER) != _DEFAULT_SCHEDULER:
+        return True
+    owner = controller_of(meta)
+    return owner is not None and owner.kind == "DaemonSet"
+
+
+def mutate_pod(pod: Mapping[str, Any]) -> JsonPatch:
+    """JSON patch gating a pod; raises GroupError for bad grouping input."""
+    if _skip_pod(pod):
+        return []
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    check_pod_template(meta, spec)
+    labels = meta.get("labels") or {}
+    ops: JsonPatch = []
+    new_labels = {names.LABEL_MANAGED: "true"}
+    for src, dst in ((names.FLUENCE_GROUP, names.LABEL_GROUP), (names.COSCHED_GROUP, names.LABEL_GROUP),
+                     (names.FLUENCE_GROUP_SIZE, names.LABEL_GROUP_SIZE)):
+        if src in labels and dst not in labels and dst not in new_labels:
+            new_labels[dst] = labels[src]
+    if not labels:
+        ops.append({"op": "add", "path": "/metadata/labels", "value": new_labels})
+    else:
+        for k, v in new_labels.items():
+            ops.append({"op": "add", "path": f"/metadata/labels/{_escape(k)}", "value": v})
+    gates = spec.get("schedulingGates")
+    if not gates:
+        ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": names.GATE}]})
+    elif not any(g.get("name") == names.GATE for g in gates):
+        ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": names.GATE}})
+    return ops
+
+
+def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True) -> JsonPatch:
+    kind = kind_of(str(obj.get("kind", "")))
+    if kind is None:
+        return []
+    meta = obj.get("metadata") or {}
+    if (meta.get("labels") or {}).get(names.LABEL_ENABLED) == "false":
+        return []
+    tmpl = kind.template(obj)
+    tmeta, tspec = tmpl.get("metadata") or {}, tmpl.get("spec") or {}
+    if tspec.get("schedulerName", _DEFAULT_SCHEDULER) != _DEFAULT_SCHEDULER:
+        return []
+    check_pod_template(tmeta, tspec)
+    # the workload's own annotations may carry the duration too
+    duration_of(meta, tspec, kind.deadline(obj))
+    return kind.mutate(obj, suspend=suspend_jobs)
+
+
+def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True) -> dict[str, Any]:
+    """The mutating webhook: AdmissionReview in, AdmissionReview out. ``suspend_jobs=False``
+    (``--job-mode gate``): Jobs are not suspended, only their pods are gated."""
+    req = review.get("request") or {}
+    uid = str(req.get("uid", ""))
+    obj = req.get("object") or {}
+    if req.get("operation") != "CREATE" or not isinstance(obj, Mapping):
+        return _response(uid)
+    try:
+        if (req.get("kind") or {}).get("kind", obj.get("kind")) == "Pod":
+            ops = mutate_pod(obj)
+        else:
+            ops = mutate_workload(obj, suspend_jobs=suspend_jobs)
+    except GroupError as exc:
+        return _response(uid, allowed=False, message=f"fluxnetes: {exc}")
+    return _response(uid, patch=ops)
+
+
+def _has_gate(pod: Mapping[str, Any] | None) -> bool:
+    gates = ((pod or {}).get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == names.GATE for g in gates)
+
+
+def validate(review: Mapping[str, Any], operators: Collection[str]) -> dict[str, Any]:
+    """The validating webhook: only identities in ``operators`` may remove fluxnetes' gate."""
+    req = review.get("request") or {}
+    uid = str(req.get("uid", ""))
+    if req.get("operation") != "UPDATE":
+        return _response(uid)
+    if _has_gate(req.get("oldObject")) and not _has_gate(req.get("object")):
+        user = str((req.get("userInfo") or {}).get("username", ""))
+        if user not in operators:
+            return _response(
+                uid, allowed=False, code=403,
+                message=f"fluxnetes: only the fluxnetes operator may remove the scheduling gate "
+                f"{names.GATE} (user {user!r} may not); delete the pod to cancel it",
+            )
+    return _response(uid)

@@ -1,0 +1,37 @@
+"""Operator settings (the flags of ``fluxnetes run``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass
+class OperatorConfig:
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str = "fluxnetes-system"  # the operator's own namespace (Lease, Secret)
+    namespace_label: str = "fluxnetes.io/enabled=true"
+    policy: str = "easy"  # queue policy (fcfs, easy, conservative, hybrid:N)
+    match_policy: str = "lonode"
+    rack_label: str = "fluxnetes.io/rack"
+    store: str | None = None
+    # webhook
+    webhook: bool = True
+    webhook_host: str = "127.0.0.1"  # listen address
+    webhook_port: int = 9443
+    webhook_url: str | None = None  # what the API server calls; default https://127.0.0.1:PORT
+    service_name: str | None = None  # in cluster: the Service in front of the webhook
+    failure_policy: str = "Ignore"
+    # leadership
+    leader_elect: bool = True
+    lease_name: str = "fluxnetes-leader"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # behaviour
+    on_node_lost: str = "fail"  # fail | requeue
+    # suspend: Jobs are created suspended and resumed when allocated (no pod exists before);
+    # gate: Jobs run at once but their pods are gated (fewer API round trips per Job)
+    job_mode: str = "suspend"
+    cycle_interval: float = 2.0
+    api_concurrency: int = 64

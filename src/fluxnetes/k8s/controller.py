@@ -1,0 +1,998 @@
+"""The operator's state machine: cluster view -> groups -> queue -> placement -> release.
+
+One asyncio task consumes every watch event in order (no locks: all state lives here), then
+runs a scheduling cycle if anything changed. API writes (placements, Job resumes, FluxJob
+status, Events) go out as background tasks; their outcome comes back as ordinary watch
+events, so the state machine never waits for the network.
+
+State and where it comes from:
+- graph + matcher: built from Nodes; node changes update it in place (no rebuild);
+- foreign allocations: pods bound to nodes that fluxnetes did not place (other schedulers,
+  DaemonSets, static pods), summed per node, re-recorded when they change;
+- groups: one per FluxJob; their allocation (what is still held per node) is persisted in
+  the FluxJob status, so a restarted operator re-records it (update_allocate) before
+  scheduling anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from fluxnetes.k8s import fluxjob, names, shares
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groups import (
+    GroupError,
+    GroupSpec,
+    OwnerRef,
+    controller_of,
+    default_priority,
+    duration_of,
+    exclusive_of,
+    group_of_pod,
+    jobspec_of,
+    object_name,
+    request_of,
+)
+from fluxnetes.k8s.informer import Event, Informer
+from fluxnetes.k8s.kube import (
+    EVENTS,
+    FLUXJOBS,
+    JSON_PATCH,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    ApiError,
+    Kube,
+    Resource,
+)
+from fluxnetes.k8s.placement import ANN_SLOT, place_patch
+from fluxnetes.k8s.resources import GPU, PodResources
+from fluxnetes.k8s.workloads import KINDS, WorkloadKind, kind_of
+
+log = logging.getLogger(__name__)
+
+OWNER_RESOURCES = {k.kind: Resource(k.api_version, k.plural) for k in KINDS.values() if k.owns_pods}
+QUEUED = (Phase.PENDING, Phase.RESERVED)
+EVENT_RATE, EVENT_BURST = 50.0, 300.0  # Events per second (Warnings are never dropped)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _gated(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == names.GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def _terminal(pod: Mapping[str, Any]) -> bool:
+    return bool(_meta(pod).get("deletionTimestamp")) or (pod.get("status") or {}).get("phase") in (
+        "Succeeded", "Failed")
+
+
+def _parse_time(s: object) -> int | None:
+    if not isinstance(s, str) or not s:
+        return None
+    try:
+        return int(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return None
+
+
+@dataclass
+class Group:
+    spec: GroupSpec
+    kind: WorkloadKind | None = None
+    phase: Phase = Phase.PROVISIONAL
+    reason: str = ""
+    jobspec: Any = None
+    submit: int | None = None
+    expected_start: int | None = None
+    start: int | None = None
+    end: int | None = None
+    jobid: Any = None
+    members: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> pod
+    slots: list[str] = field(default_factory=list)  # node of each slot
+    slot_pod: list[str | None] = field(default_factory=list)  # uid in each slot
+    released: set[int] = field(default_factory=set)
+    held: dict[str, shares.Share] = field(default_factory=dict)  # node -> what is still held
+    failed_pods: int = 0
+    resumed: bool = False
+    fj_exists: bool = False
+    fj_dirty: bool = True
+    fj_status: dict[str, Any] = field(default_factory=dict)
+    fj_uid: str = ""
+    store_uid: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.spec.key
+
+    @property
+    def qid(self) -> str:
+        return f"{self.spec.namespace}/{self.spec.name}"
+
+    def ref(self) -> dict[str, str]:
+        return {"apiVersion": f"{names.API_GROUP}/{names.API_VERSION}", "kind": names.FLUXJOB_KIND,
+                "name": self.spec.name, "namespace": self.spec.namespace}
+
+
+class Controller:
+    def __init__(self, kube: Kube, config: OperatorConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.config, self.clock = kube, config, clock
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.informers = [
+            Informer(kube, NODES, "Node", self.queue),
+            Informer(kube, PODS, "Pod", self.queue),
+            Informer(kube, PRIORITY_CLASSES, "PriorityClass", self.queue),
+            Informer(kube, FLUXJOBS, "FluxJob", self.queue),
+            *(Informer(kube, res, kind, self.queue) for kind, res in OWNER_RESOURCES.items()),
+        ]
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.node_down: dict[str, bool] = {}
+        self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.priority_classes: dict[str, int] = {}
+        self.groups: dict[tuple[str, str], Group] = {}
+        self.member_of: dict[str, tuple[str, str]] = {}
+        self.parked: dict[str, dict[str, Any]] = {}  # pods waiting for their owner to be seen
+        self.foreign: dict[str, dict[str, PodResources]] = {}  # node -> uid -> request
+        self.foreign_node: dict[str, str] = {}  # uid -> node
+        self.foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
+        self.foreign_dirty: set[str] = set()
+        self.matcher: Any = None
+        self.scheduler: Any = None
+        self.dirty = True
+        self.ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        self.cycles = 0
+        self._flushing = False
+        self.reconciled = False
+        self._tokens, self._tokens_at, self.events_dropped = float(EVENT_BURST), time.monotonic(), 0
+        self.journal: Any = None
+        if config.store:
+            from fluxnetes.k8s.journal import Journal
+
+            self.journal = Journal(config.store)
+
+    # ---------------------------------------------------------------- helpers
+    def now(self) -> int:
+        return int(self.clock())
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+        # a token bucket (like client-go's event recorder) keeps a burst of thousands of jobs
+        # from flooding the API server; every decision is also in the FluxJob's conditions
+        now = time.monotonic()
+        self._tokens = min(EVENT_BURST, self._tokens + (now - self._tokens_at) * EVENT_RATE)
+        self._tokens_at = now
+        if self._tokens < 1 and etype == "Normal":
+            self.events_dropped += 1
+            return
+        self._tokens -= 1
+        ns = ref.get("namespace") or "default"
+        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{ref.get('name')}.", "namespace": ns},
+            "involvedObject": {k: ref[k] for k in ("apiVersion", "kind", "name", "namespace", "uid") if ref.get(k)},
+            "type": etype, "reason": reason, "message": message[:1024],
+            "source": {"component": "fluxnetes"}, "reportingComponent": "fluxnetes",
+            "reportingInstance": self.config.identity,
+            "firstTimestamp": ts, "lastTimestamp": ts, "eventTime": None, "count": 1,
+        }
+        del body["eventTime"]
+
+        async def post() -> None:
+            try:
+                await self.kube.create(EVENTS, body, ns, background=True)
+            except Exception as exc:
+                log.debug("event not recorded: %r", exc)
+
+        self.spawn(post())
+
+    def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        m = _meta(pod)
+        return {"apiVersion": "v1", "kind": "Pod", "name": m.get("name", ""), "namespace": m.get("namespace", ""),
+                "uid": m.get("uid", "")}
+
+    def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None:
+        self.event(g.ref(), etype, reason, message)
+        if pods:
+            for pod in list(g.members.values())[:50]:
+                self.event(self.pod_ref(pod), etype, reason, message)
+
+    def set_phase(self, g: Group, phase: Phase, reason: str) -> None:
+        if g.phase != phase or g.reason != reason:
+            changed = g.phase != phase
+            g.phase, g.reason = phase, reason
+            g.fj_dirty = True
+            self._wake.set()
+            if changed and self.journal is not None:
+                if not g.store_uid:
+                    g.store_uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
+                self.journal.phase(
+                    namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
+                    kind=g.spec.owner.kind if g.spec.owner else "Pod", jobspec=_dump_jobspec(g.jobspec),
+                    size=g.spec.size, duration=g.spec.duration, priority=g.spec.priority, phase=phase,
+                    reason=reason, now=self.now(), shares=list(g.held.values()), at=g.start or 0)
+
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
+        if ref is None:
+            return None
+        return self.owners.get((ref.kind, namespace, ref.name))
+
+    def priority_of(self, spec: Mapping[str, Any]) -> int:
+        if isinstance(spec.get("priority"), int):
+            return default_priority(spec)
+        pc = spec.get("priorityClassName")
+        if pc:
+            return self.priority_classes.get(str(pc), 0)
+        return self.priority_classes.get("", 0)  # the globalDefault class, if any
+
+    # ---------------------------------------------------------------- matcher
+    def build_matcher(self) -> None:
+        from fluxnetes.graph import from_k8s_nodes
+        from fluxnetes.match.matcher import Matcher
+        from fluxnetes.queue.cycle import Scheduler
+        from fluxnetes.queue.policy import QueuePolicy
+
+        graph = from_k8s_nodes(list(self.nodes.values()), rack_label=self.config.rack_label)
+        self.matcher = Matcher(graph, policy=self.config.match_policy)
+        self.scheduler = Scheduler(self.matcher, QueuePolicy.parse(self.config.policy))
+        self.node_down = {n: _node_down(obj) for n, obj in self.nodes.items()}
+
+    def make_jobspec(self, g: Group) -> Any:
+        from fluxnetes.jobspec import PodRequest, jobspec_from_pods, parse_jobspec
+
+        if g.spec.jobspec:
+            return parse_jobspec(g.spec.jobspec)
+        r = g.spec.request
+        req = PodRequest(r.cpu_millis, r.memory_bytes, r.gpus, dict(r.extended))
+        return jobspec_from_pods(g.spec.size, req, duration=g.spec.duration, exclusive_nodes=g.spec.exclusive,
+                                 name=g.spec.name[:60])
+
+    # ---------------------------------------------------------------- foreign pods
+    def add_foreign(self, uid: str, pod: Mapping[str, Any], node: str) -> None:
+        try:
+            req = request_of(pod.get("spec") or {})
+        except GroupError:
+            req = PodResources()
+        if self.foreign_node.get(uid) == node and self.foreign.get(node, {}).get(uid) == req:
+            return
+        self.remove_foreign(uid)
+        self.foreign.setdefault(node, {})[uid] = req
+        self.foreign_node[uid] = node
+        self.foreign_dirty.add(node)
+
+    def remove_foreign(self, uid: str) -> None:
+        node = self.foreign_node.pop(uid, None)
+        if node is not None:
+            self.foreign.get(node, {}).pop(uid, None)
+            self.foreign_dirty.add(node)
+
+    def flush_foreign(self) -> None:
+        """Re-record the foreign allocation of every node whose foreign pods changed."""
+        if not self.foreign_dirty or self.matcher is None:
+            return
+        now = self.now()
+        for node in sorted(self.foreign_dirty):
+            old = self.foreign_jobs.pop(node, None)
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    self.matcher.cancel(old)
+            pods = self.foreign.get(node) or {}
+            if not pods or node not in self.nodes:
+                continue
+            share = shares.of_pods(node, pods.values())
+            if share.empty:
+                continue
+            jobid = self.matcher.next_jobid
+            try:
+                self.matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
+                self.foreign_jobs[node] = jobid
+            except Exception as exc:
+                log.warning("foreign pods on %s (%s) could not be recorded: %s", node, share, exc)
+        self.foreign_dirty.clear()
+        self.scheduler.invalidate()
+        self.dirty = True
+
+    # ---------------------------------------------------------------- groups
+    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group:
+        g = Group(spec=spec, kind=kind)
+        try:
+            g.jobspec = self.make_jobspec(g)
+        except Exception as exc:
+            g.phase, g.reason = Phase.UNSATISFIABLE, f"invalid jobspec: {exc}"
+            self.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
+        self.groups[spec.key] = g
+        return g
+
+    def enqueue(self, g: Group) -> None:
+        if g.phase != Phase.PROVISIONAL:
+            return
+        g.submit = g.submit or self.now()
+        self.set_phase(g, Phase.PENDING, "queued")
+        self.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued")
+        self.dirty = True
+
+    def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec:
+        meta = _meta(obj)
+        tmpl = kind.template(obj)
+        tmeta, tspec = tmpl.get("metadata") or {}, tmpl.get("spec") or {}
+        ns = meta.get("namespace") or "default"
+        owner = OwnerRef(kind.api_version, kind.kind, meta.get("name", ""), meta.get("uid", ""))
+        ann = {**(tmeta.get("annotations") or {}), **(meta.get("annotations") or {})}
+        merged = {"annotations": ann}
+        return GroupSpec(
+            namespace=ns, name=object_name(f"{kind.kind.lower()}-{meta.get('name', '')}"), size=kind.size(obj),
+            request=request_of(tspec), duration=duration_of(merged, tspec, kind.deadline(obj)),
+            priority=self.priority_of(tspec), owner=owner, jobspec=jobspec_of(merged),
+            exclusive=exclusive_of(merged), labels=dict(tmeta.get("labels") or {}),
+        )
+
+    def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:
+        meta = _meta(obj)
+        ns, name = meta.get("namespace") or "default", meta.get("name", "")
+        kind = kind_of(kind_name)
+        assert kind is not None
+        key = (kind_name, ns, name)
+        gkey = (ns, object_name(f"{kind_name.lower()}-{name}"))
+        if etype == "DELETED":
+            self.owners.pop(key, None)
+            g = self.groups.get(gkey)
+            if g is not None and not g.phase.final:
+                self.cancel_group(g, f"{kind_name} {name} was deleted")
+            return
+        self.owners[key] = obj
+        g = self.groups.get(gkey)
+        managed = ((kind.template(obj).get("metadata") or {}).get("labels") or {}).get(names.LABEL_MANAGED) == "true"
+        if g is None and managed and kind.resume_patch(obj) is not None and not kind.finished(obj):
+            # a Job: its group is known without any pod (its template was gated at admission;
+            # a Job created while the webhook was away has no managed template and runs alone)
+            try:
+                spec = self.group_for_workload(kind, obj)
+            except GroupError as exc:
+                self.event({"apiVersion": kind.api_version, "kind": kind_name, "name": name, "namespace": ns,
+                            "uid": meta.get("uid", "")}, "Warning", "InvalidGroup", str(exc))
+                return
+            if spec.size < 1:
+                return  # parallelism 0: nothing to schedule until it is raised
+            g = self.new_group(spec, kind)
+            if g.phase == Phase.PROVISIONAL:
+                self.enqueue(g)
+        elif g is not None and g.phase == Phase.RUNNING and kind.finished(obj):
+            self.finish_group(g)
+        elif g is not None and g.phase == Phase.RUNNING:
+            # scaled down (e.g. an old ReplicaSet after a rollout): give back empty slots
+            extra = len(g.slots) - len(g.released) - kind.size(obj)
+            for slot in range(len(g.slots)):
+                if extra <= 0:
+                    break
+                if g.slot_pod[slot] is None and slot not in g.released:
+                    self.release_slot(g, slot)
+                    extra -= 1
+            if g.phase == Phase.RUNNING and not g.held:
+                self.finish_group(g)
+        # pods that arrived before their owner
+        for uid, pod in list(self.parked.items()):
+            owner = controller_of(_meta(pod))
+            if owner and owner.kind == kind_name and owner.name == name and _meta(pod).get("namespace") == ns:
+                del self.parked[uid]
+                self.on_pod("MODIFIED", pod)
+
+    def cancel_group(self, g: Group, reason: str) -> None:
+        if g.phase == Phase.RUNNING:
+            self.release_all(g)
+        elif g.phase in QUEUED:
+            self.scheduler.withdraw(g.qid)
+        g.end = self.now()
+        self.set_phase(g, Phase.CANCELLED, reason)
+        self.group_event(g, "Normal", "Cancelled", reason, pods=False)
+        self.dirty = True
+
+    def release_all(self, g: Group) -> None:
+        if g.jobid is not None:
+            with contextlib.suppress(Exception):
+                self.matcher.cancel(g.jobid)
+        self.scheduler.running.pop(g.qid, None)
+        self.scheduler.invalidate()
+        g.held.clear()
+        g.released = set(range(len(g.slots)))
+        self.dirty = True
+
+    def finish_group(self, g: Group) -> None:
+        self.release_all(g)
+        g.end = self.now()
+        ok = g.failed_pods == 0
+        if g.kind is not None:
+            owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+            for c in ((owner or {}).get("status") or {}).get("conditions") or []:
+                if c.get("type") == "Failed" and c.get("status") == "True":
+                    ok = False
+        phase = Phase.COMPLETED if ok else Phase.FAILED
+        self.set_phase(g, phase, "all pods finished" if ok else f"{g.failed_pods} pod(s) failed")
+        self.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
+
+    def release_slot(self, g: Group, slot: int) -> None:
+        if slot in g.released or slot >= len(g.slots):
+            return
+        node = g.slots[slot]
+        left_on_node = [i for i, n in enumerate(g.slots) if n == node and i not in g.released]
+        held = g.held.get(node)
+        g.released.add(slot)
+        if held is None:
+            return
+        part = held if len(left_on_node) <= 1 else held.split(len(left_on_node))
+        rest = held - part
+        if rest.empty:
+            g.held.pop(node, None)
+            if g.held and self.journal is not None:
+                self.journal.release_nodes(namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
+                                           nodes=[node], now=self.now(), reason="its pods ended")
+        else:
+            g.held[node] = rest
+        if not g.held:
+            self.release_all(g)
+        elif not part.empty:
+            try:
+                self.matcher.partial_cancel(g.jobid, shares.to_match([part]))
+            except Exception as exc:
+                log.warning("partial release of %s on %s failed: %s", g.qid, node, exc)
+            self.scheduler.invalidate()
+        g.fj_dirty = True
+        self.dirty = True
+
+    def assign(self, g: Group) -> None:
+        """Give every gated member without a slot a free slot, and pin it there."""
+        if g.phase != Phase.RUNNING or not self.reconciled:
+            return  # after a restart, wait until every placed pod has claimed its slot again
+        taken = {u for u in g.slot_pod if u}
+        for uid, pod in sorted(g.members.items(), key=lambda kv: _meta(kv[1]).get("name", "")):
+            if uid in taken or not _gated(pod) or _terminal(pod):
+                continue
+            want = g.kind.slot_of(pod) if g.kind else None
+            free = [i for i in range(len(g.slots)) if g.slot_pod[i] is None and i not in g.released]
+            if not free:
+                break
+            slot = want if want in free else free[0]
+            g.slot_pod[slot] = uid
+            taken.add(uid)
+            self.spawn(self.place(g, pod, slot))
+
+    async def place(self, g: Group, pod: dict[str, Any], slot: int) -> None:
+        node = g.slots[slot]
+        patch = place_patch(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
+        if patch is None:
+            return
+        m = _meta(pod)
+        try:
+            await self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH)
+        except ApiError as exc:
+            log.info("placing %s/%s on %s: %s", m.get("namespace"), m.get("name"), node, exc)
+            return
+        self.event(self.pod_ref(pod), "Normal", "Scheduled",
+                   f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
+
+    async def resume(self, g: Group) -> None:
+        if g.kind is None or g.spec.owner is None:
+            return
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        body = g.kind.resume_patch(owner or {})
+        if body is None:
+            return
+        res = OWNER_RESOURCES[g.kind.kind]
+        try:
+            await self.kube.patch(res, g.spec.owner.name, body, g.spec.namespace)
+        except ApiError as exc:
+            log.warning("resuming %s: %s", g.qid, exc)
+
+    def start_group(self, g: Group, res: Any) -> None:
+        g.jobid = res.jobid
+        held = shares.from_match(res.nodes)
+        g.held = {s.node: s for s in held}
+        from fluxnetes.jobspec.pods import cores_for
+
+        g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
+        g.slot_pod = [None] * len(g.slots)
+        g.released = set()
+        g.start = self.now()
+        g.expected_start = None
+        nodes = ",".join(sorted(set(g.slots)))
+        self.set_phase(g, Phase.RUNNING, f"allocated on {nodes}")
+        self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace) or {}
+        if g.kind is not None and g.kind.resume_patch(owner) and (owner.get("spec") or {}).get("suspend"):
+            g.resumed = True
+            self.spawn(self.resume(g))
+        self.assign(g)
+
+    # ---------------------------------------------------------------- pods
+    def on_pod(self, etype: str, pod: dict[str, Any]) -> None:
+        meta = _meta(pod)
+        uid = str(meta.get("uid", ""))
+        spec = pod.get("spec") or {}
+        node = spec.get("nodeName")
+        gone = etype == "DELETED" or _terminal(pod)
+        gkey = self.member_of.get(uid)
+        managed = (meta.get("labels") or {}).get(names.LABEL_MANAGED) == "true"
+        if gkey is None and managed and not _gated(pod) and self.adopt(uid, pod):
+            gkey = self.member_of.get(uid)  # placed before a restart: its group again
+        if gkey is not None:
+            g = self.groups.get(gkey)
+            if g is None:
+                self.member_of.pop(uid, None)
+                return
+            if gone:
+                self.member_gone(g, uid, pod)
+            else:
+                g.members[uid] = pod
+                if g.phase == Phase.RUNNING and uid not in g.slot_pod:
+                    self.assign(g)
+            return
+        if gone:
+            self.parked.pop(uid, None)
+            self.remove_foreign(uid)
+            return
+        if managed and _gated(pod) and not node:
+            self.join_group(uid, pod)
+            return
+        if node:
+            self.add_foreign(uid, pod, str(node))
+
+    def adopt(self, uid: str, pod: dict[str, Any]) -> bool:
+        """A pod fluxnetes placed (annotation) becomes a member of its group again."""
+        meta = _meta(pod)
+        fj = (meta.get("annotations") or {}).get(names.ANN_FLUXJOB)
+        g = self.groups.get((meta.get("namespace") or "default", fj or ""))
+        if g is None or g.phase != Phase.RUNNING:
+            return False
+        try:
+            slot = int((meta.get("annotations") or {}).get(ANN_SLOT, "-1"))
+        except ValueError:
+            slot = -1
+        self.member_of[uid] = g.key
+        g.members[uid] = pod
+        if 0 <= slot < len(g.slot_pod) and g.slot_pod[slot] is None:
+            g.slot_pod[slot] = uid
+        return True
+
+    def join_group(self, uid: str, pod: dict[str, Any]) -> None:
+        meta = _meta(pod)
+        ns = meta.get("namespace") or "default"
+        owner = controller_of(meta)
+        okind = kind_of(owner.kind) if owner else None
+        if owner is not None and okind is not None and okind.owns_pods:
+            if (owner.kind, ns, owner.name) not in self.owners:
+                self.parked[uid] = pod
+                return
+            gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
+            if gkey in self.groups:  # a workload group (Job): pods join by owner
+                self.add_member(self.groups[gkey], uid, pod)
+                return
+
+        def owner_size(o: OwnerRef) -> int | None:
+            k = kind_of(o.kind)
+            obj = self.owners.get((o.kind, ns, o.name))
+            return k.size(obj) if k is not None and k.owns_pods and obj is not None else None
+
+        def owner_deadline(o: OwnerRef) -> object:
+            k = kind_of(o.kind)
+            obj = self.owners.get((o.kind, ns, o.name))
+            return k.deadline(obj) if k is not None and obj is not None else None
+
+        try:
+            spec = group_of_pod(pod, owner_size=owner_size, owner_deadline=owner_deadline,
+                                priority=self.priority_of)
+        except GroupError as exc:
+            self.event(self.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
+            return
+        g = self.groups.get(spec.key)
+        if g is None or (g.phase.final and not g.members):
+            kind = kind_of(spec.owner.kind) if spec.owner else None
+            g = self.new_group(spec, kind)
+        self.add_member(g, uid, pod)
+
+    def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
+        self.member_of[uid] = g.key
+        g.members[uid] = pod
+        g.fj_dirty = True
+        if g.phase == Phase.PROVISIONAL:
+            if len(g.members) >= g.spec.size:
+                self.enqueue(g)
+            else:
+                g.reason = f"waiting for the group: {len(g.members)}/{g.spec.size} pods"
+        elif g.phase == Phase.RUNNING:
+            self.assign(g)
+        elif g.phase == Phase.UNSATISFIABLE:
+            self.event(self.pod_ref(pod), "Warning", "Unsatisfiable", g.reason)
+
+    def member_gone(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
+        self.member_of.pop(uid, None)
+        g.members.pop(uid, None)
+        failed = (pod.get("status") or {}).get("phase") == "Failed"
+        if g.phase in QUEUED or g.phase == Phase.PROVISIONAL:
+            if g.kind is None or g.kind.resume_patch({}) is None:
+                # pod-made group lost a member before it started: wait for it again
+                if g.phase in QUEUED:
+                    self.scheduler.withdraw(g.qid)
+                g.phase = Phase.PROVISIONAL
+                g.reason = f"waiting for the group: {len(g.members)}/{g.spec.size} pods"
+                g.fj_dirty = True
+                if not g.members:
+                    self.cancel_group(g, "all pods of the group were deleted")
+            return
+        if g.phase != Phase.RUNNING:
+            return
+        slot = next((i for i, u in enumerate(g.slot_pod) if u == uid), None)
+        if slot is None:
+            return
+        g.slot_pod[slot] = None
+        if failed:
+            g.failed_pods += 1
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        unreleased = len(g.slots) - len(g.released)
+        replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner)
+                    and (failed or g.kind.replaces_pods(owner)) and unreleased <= g.kind.size(owner))
+        if replaced:
+            self.assign(g)  # its replacement keeps the share
+            return
+        self.release_slot(g, slot)
+        if g.phase == Phase.RUNNING and (len(g.released) >= len(g.slots) or not g.held):
+            self.finish_group(g)
+
+    # ---------------------------------------------------------------- nodes
+    def on_node(self, etype: str, node: dict[str, Any]) -> None:
+        name = str(_meta(node).get("name", ""))
+        if etype == "DELETED":
+            self.nodes.pop(name, None)
+            if self.matcher is not None:
+                with contextlib.suppress(Exception):
+                    self.matcher.remove_subgraph(name)
+                self.node_lost(name)
+            return
+        old = self.nodes.get(name)
+        self.nodes[name] = node
+        if self.matcher is None:
+            return
+        down = _node_down(node)
+        if old is None:
+            try:
+                from fluxnetes.graph import from_k8s_nodes
+
+                added = self.matcher.add_subgraph(from_k8s_nodes([node], rack_label=self.config.rack_label))
+                if not any(p.rstrip("/").endswith("/" + name) for p in added):
+                    raise RuntimeError("the node's vertices were not attached")
+            except Exception as exc:
+                log.warning("node %s could not be attached (%s); rebuilding the graph", name, exc)
+                self.rebuild()
+            self.foreign_dirty.add(name)
+        elif self.node_down.get(name) != down:
+            # cordoned / NotReady: nothing new goes there; running pods stay until Kubernetes
+            # evicts them (their deletion releases their share like any ending pod)
+            with contextlib.suppress(Exception):
+                self.matcher.set_status(name, not down)
+        elif (old.get("status") or {}).get("allocatable") != (node.get("status") or {}).get("allocatable"):
+            self.rebuild()
+        self.node_down[name] = down
+        self.scheduler.invalidate()
+        self.dirty = True
+
+    def node_lost(self, name: str) -> None:
+        what = f"node {name} was removed"
+        for g in self.groups.values():
+            if g.phase != Phase.RUNNING or name not in g.held:
+                continue
+            if self.config.on_node_lost == "requeue" and g.kind is not None and g.spec.owner is not None:
+                # restart the whole gang: its surviving pods go (a Job is suspended again, the
+                # pods of a ReplicaSet/StatefulSet are deleted and come back gated)
+                self.release_all(g)
+                self.spawn(self.evict(g))
+                g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
+                self.set_phase(g, Phase.PENDING, f"{what}; requeued")
+                self.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
+            else:
+                self.release_all(g)
+                g.end = self.now()
+                self.set_phase(g, Phase.FAILED, what)
+                self.group_event(g, "Warning", "NodeLost", g.reason)
+
+    async def evict(self, g: Group) -> None:
+        assert g.kind is not None and g.spec.owner is not None
+        try:
+            if g.kind.resume_patch({}) is not None:  # Job: suspending deletes its active pods
+                await self.kube.patch(OWNER_RESOURCES[g.kind.kind], g.spec.owner.name, {"spec": {"suspend": True}},
+                                      g.spec.namespace)
+            else:
+                for pod in list(g.members.values()):
+                    await self.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
+        except ApiError as exc:
+            log.warning("requeue of %s: %s", g.qid, exc)
+
+    def rebuild(self) -> None:
+        """Full rebuild (allocatable changed): graph from Nodes, then re-record everything held."""
+        self.build_matcher()
+        self.foreign_jobs.clear()
+        self.foreign_dirty = set(self.foreign)
+        for g in self.groups.values():
+            if g.phase == Phase.RUNNING and g.held:
+                self.record_group(g)
+        self.flush_foreign()
+
+    def record_group(self, g: Group) -> None:
+        try:
+            self.matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
+                                         at=g.start or self.now(), duration=g.spec.duration)
+        except Exception as exc:
+            log.error("could not re-record %s (job %s): %s", g.qid, g.jobid, exc)
+
+    # ---------------------------------------------------------------- recovery
+    def recover(self, fluxjobs: list[dict[str, Any]]) -> None:
+        """Rebuild groups from FluxJobs (before any pod is looked at)."""
+        for fj in fluxjobs:
+            meta, spec, st = _meta(fj), fj.get("spec") or {}, fj.get("status") or {}
+            try:
+                phase = Phase(st.get("phase", "Provisional"))
+            except ValueError:
+                phase = Phase.PROVISIONAL
+            if phase.final:
+                continue
+            req = dict(spec.get("request") or {})
+            request = PodResources(int(req.pop("cpu", 0)), int(req.pop("memory", 0)), int(req.pop(GPU, 0)),
+                                   {k: int(v) for k, v in req.items()})
+            wl = spec.get("workload")
+            owner = OwnerRef(wl.get("apiVersion", ""), wl.get("kind", ""), wl.get("name", ""), wl.get("uid", "")) if wl else None
+            gs = GroupSpec(namespace=meta.get("namespace", "default"), name=meta.get("name", ""),
+                           size=int(spec.get("size", 1)), request=request, duration=int(spec.get("duration", 0)),
+                           priority=int(spec.get("priority", 0)), owner=owner,
+                           jobspec=None, exclusive=bool(spec.get("exclusive", False)))
+            g = Group(spec=gs, kind=kind_of(owner.kind) if owner else None, phase=phase, reason=st.get("reason", ""))
+            try:
+                from fluxnetes.jobspec import parse_jobspec
+
+                g.jobspec = parse_jobspec(spec.get("jobspec") or "") if spec.get("jobspec") else self.make_jobspec(g)
+            except Exception:
+                g.jobspec = self.make_jobspec(g)
+            g.fj_exists, g.fj_dirty, g.fj_status, g.fj_uid = True, False, st, str(meta.get("uid", ""))
+            g.submit = _parse_time(st.get("submitTime")) or _parse_time(meta.get("creationTimestamp"))
+            g.start = _parse_time(st.get("startTime"))
+            if phase == Phase.RUNNING:
+                g.jobid = st.get("jobid")
+                g.slots = list(st.get("nodes") or [])
+                g.slot_pod = [None] * len(g.slots)
+                g.released = set(int(i) for i in st.get("released") or [])
+                g.held = {s.node: s for s in (shares.Share.from_dict(d) for d in st.get("shares") or [])}
+                g.resumed = True
+                self.record_group(g)
+            elif phase == Phase.RESERVED:
+                g.phase = Phase.PENDING
+            self.groups[gs.key] = g
+
+    # ---------------------------------------------------------------- cycle
+    def run_cycle(self) -> None:
+        from fluxnetes.queue.job import QueuedJob
+
+        self.flush_foreign()
+        now = self.now()
+        pending = [QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or now, priority=g.spec.priority)
+                   for g in self.groups.values() if g.phase in QUEUED and g.jobspec is not None]
+        self.dirty = False
+        if not pending:
+            return
+        self.cycles += 1
+        result = self.scheduler.cycle(pending, now)
+        by_id = {g.qid: g for g in self.groups.values() if g.phase in QUEUED}
+        for job, res in result.started:
+            self.start_group(by_id[job.id], res)
+        for job, res in result.reserved:
+            g = by_id[job.id]
+            at = int(res.at)
+            if g.expected_start != at or g.phase != Phase.RESERVED:
+                g.expected_start = at
+                self.set_phase(g, Phase.RESERVED, f"reserved; expected to start at {fluxjob.rfc3339(at)}")
+                self.group_event(g, "Normal", "Reserved", g.reason)
+        for job, reason in result.unsatisfiable:
+            g = by_id[job.id]
+            g.end = now
+            self.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}")
+            self.group_event(g, "Warning", "Unsatisfiable", g.reason)
+        for job in result.blocked:
+            g = by_id[job.id]
+            if g.phase == Phase.RESERVED:
+                g.expected_start = None
+                self.set_phase(g, Phase.PENDING, "waiting for resources")
+            elif g.reason == "queued":
+                self.set_phase(g, Phase.PENDING, "waiting for resources")
+
+    # ---------------------------------------------------------------- FluxJob writes
+    def fluxjob_status(self, g: Group) -> dict[str, Any]:
+        return fluxjob.status(
+            g.phase, reason=g.reason, jobid=g.jobid if isinstance(g.jobid, int) else None,
+            submit_time=g.submit, expected_start=g.expected_start if g.phase == Phase.RESERVED else None,
+            start_time=g.start, end_time=g.end, nodes=g.slots, pods_seen=len(g.members), now=self.now(),
+            previous=g.fj_status,
+        ) | ({"shares": [s.as_dict() for s in g.held.values()], "released": sorted(g.released)}
+             if g.phase == Phase.RUNNING else {"shares": None, "released": None})
+
+    async def write_fluxjob(self, g: Group) -> None:
+        st = self.fluxjob_status(g)
+        ns, name = g.spec.namespace, g.spec.name
+        try:
+            if not g.fj_exists:
+                body = fluxjob.manifest(g.spec, jobspec=_dump_jobspec(g.jobspec),
+                                        match_policy=self.config.match_policy)
+                if g.spec.owner is None and g.spec.size == 1 and len(g.members) == 1:
+                    # a lone pod owns its FluxJob: deleting the pod cleans it up
+                    ref = self.pod_ref(next(iter(g.members.values())))
+                    body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": ref["name"],
+                                                            "uid": ref["uid"], "blockOwnerDeletion": False}]
+                try:
+                    created = await self.kube.create(FLUXJOBS, body, ns, background=True)
+                    g.fj_uid = str(_meta(created).get("uid", ""))
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+                g.fj_exists = True
+            await self.kube.patch(FLUXJOBS, name, {"status": st}, ns, sub="status", background=True)
+            g.fj_status = st
+        except ApiError as exc:
+            if exc.status == 404:
+                g.fj_exists = False
+                if g.phase.final:
+                    return  # its owner is gone and took it along
+            log.info("FluxJob %s/%s: %s", ns, name, exc)
+            g.fj_dirty = True
+
+    async def _flush_once(self) -> None:
+        try:
+            await self.flush_fluxjobs()
+        finally:
+            self._flushing = False
+
+    async def flush_fluxjobs(self) -> None:
+        dirty = [g for g in self.groups.values() if g.fj_dirty]
+        for g in dirty:
+            g.fj_dirty = False
+        if dirty:
+            await asyncio.gather(*(self.write_fluxjob(g) for g in dirty))
+
+    # ---------------------------------------------------------------- main loop
+    def handle(self, ev: Event) -> None:
+        kind, etype, obj = ev
+        if kind == "Pod":
+            self.on_pod(etype, obj)
+        elif kind == "Node":
+            self.on_node(etype, obj)
+        elif kind == "PriorityClass":
+            name = str(_meta(obj).get("name", ""))
+            if etype == "DELETED":
+                self.priority_classes.pop(name, None)
+            else:
+                self.priority_classes[name] = int(obj.get("value") or 0)
+                if obj.get("globalDefault"):
+                    self.priority_classes[""] = int(obj.get("value") or 0)
+        elif kind in OWNER_RESOURCES:
+            self.on_owner(kind, etype, obj)
+        elif kind == "FluxJob" and etype == "DELETED":
+            m = _meta(obj)
+            g = self.groups.get((m.get("namespace") or "default", m.get("name", "")))
+            if g is not None and not g.phase.final and m.get("uid") == g.fj_uid:
+                # deleted by hand while its group lives: it is the user's window, put it back
+                g.fj_exists, g.fj_dirty = False, True
+
+    async def start(self) -> None:
+        """Start watching; returns once the cluster view is complete and state recovered."""
+        for inf in self.informers:
+            self.spawn(inf.run())
+        await asyncio.gather(*(inf.synced.wait() for inf in self.informers))
+        # initial view straight from the caches; the queued ADDED events replay harmlessly
+        for inf in self.informers:
+            if inf.kind == "Node":
+                for obj in inf.cache.values():
+                    self.nodes[str(_meta(obj).get("name"))] = obj
+            elif inf.kind == "PriorityClass":
+                for obj in inf.cache.values():
+                    self.handle(("PriorityClass", "ADDED", obj))
+            elif inf.kind in OWNER_RESOURCES:
+                for obj in inf.cache.values():
+                    m = _meta(obj)
+                    self.owners[(inf.kind, m.get("namespace") or "default", m.get("name", ""))] = obj
+        self.build_matcher()
+        fjs = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "FluxJob")
+        self.recover(fjs)
+        self.ready.set()
+        log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
+
+    def reconcile(self) -> None:
+        """After a restart, once every pod has been seen again: groups recovered from FluxJobs
+        whose pods vanished while the operator was away give their resources back."""
+        for g in list(self.groups.values()):
+            if g.phase == Phase.RUNNING:
+                self.assign(g)
+            if g.kind is not None:
+                if g.spec.owner is not None and self.owner_obj(g.spec.owner, g.spec.namespace) is None \
+                        and not g.phase.final:
+                    self.cancel_group(g, f"{g.spec.owner.kind} {g.spec.owner.name} no longer exists")
+                continue
+            if g.phase == Phase.RUNNING:
+                for slot, uid in enumerate(g.slot_pod):
+                    if uid is None and slot not in g.released:
+                        self.release_slot(g, slot)
+                if g.phase == Phase.RUNNING and not g.held:
+                    self.finish_group(g)
+            elif g.phase in QUEUED and len(g.members) < g.spec.size:
+                self.scheduler.withdraw(g.qid)
+                if not g.members:
+                    self.cancel_group(g, "all pods of the group were deleted")
+                else:
+                    self.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
+
+    async def run(self) -> None:
+        await self.start()
+        replay = self.queue.qsize()  # the initial lists, queued before ready
+        last_cycle = 0.0
+        while True:
+            try:
+                ev = await asyncio.wait_for(self.queue.get(), timeout=self.config.cycle_interval)
+                self.handle(ev)
+                replay -= 1
+                while not self.queue.empty() and len(self._tasks) < 4096:
+                    self.handle(self.queue.get_nowait())
+                    replay -= 1
+            except TimeoutError:
+                pass
+            if replay <= 0 and not self.reconciled:
+                self.reconciled = True
+                self.reconcile()
+            now = time.monotonic()
+            if self.dirty or self.foreign_dirty or now - last_cycle >= self.config.cycle_interval:
+                try:
+                    self.run_cycle()
+                except Exception:
+                    log.exception("scheduling cycle failed")
+                last_cycle = now
+            if not self._flushing and any(g.fj_dirty for g in self.groups.values()):
+                self._flushing = True
+                self.spawn(self._flush_once())
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.journal is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.journal.close)
+
+
+def _node_down(node: Mapping[str, Any]) -> bool:
+    from fluxnetes.graph.builders import node_is_down
+
+    return bool(node_is_down(node))
+
+
+def _dump_jobspec(js: Any) -> str:
+    if js is None:
+        return ""
+    for attr in ("to_yaml", "dumps", "to_json"):
+        fn = getattr(js, attr, None)
+        if callable(fn):
+            try:
+                return str(fn())
+            except Exception:
+                continue
+    import yaml
+
+    to_dict = getattr(js, "to_dict", None) or getattr(js, "as_dict", None)
+    if callable(to_dict):
+        return yaml.safe_dump(to_dict(), sort_keys=False)
+    return str(js)

@@ -1,0 +1,113 @@
+"""The FluxJob custom resource: one per group, the user's window on the queue."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.groups import GroupSpec
+
+CRD_FILE = "fluxjobs.fluxnetes.io.yaml"
+
+
+class Phase(enum.StrEnum):
+    PROVISIONAL = "Provisional"  # group not complete yet (pods still arriving)
+    PENDING = "Pending"  # in the queue
+    RESERVED = "Reserved"  # in the queue, with a reservation (expected start)
+    RUNNING = "Running"  # allocated and placed
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+    UNSATISFIABLE = "Unsatisfiable"
+
+    @property
+    def final(self) -> bool:
+        return self in (Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED, Phase.UNSATISFIABLE)
+
+
+def crd_manifest() -> dict[str, Any]:
+    """The FluxJob CRD, read from deploy/crds (source tree) or the packaged copy."""
+    here = Path(__file__).resolve()
+    for candidate in (
+        here.parents[3] / "deploy" / "crds" / CRD_FILE,
+        here.parent.parent / "data" / "crds" / CRD_FILE,
+    ):
+        if candidate.exists():
+            doc: dict[str, Any] = yaml.safe_load(candidate.read_text())
+            return doc
+    raise FileNotFoundError(f"FluxJob CRD {CRD_FILE} not found")
+
+
+def rfc3339(seconds: int | float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def manifest(group: GroupSpec, *, jobspec: str, match_policy: str) -> dict[str, Any]:
+    """The FluxJob object for a group (spec only; the status is written by the operator)."""
+    spec: dict[str, Any] = {
+        "size": group.size,
+        "jobspec": jobspec,
+        "duration": group.duration,
+        "priority": group.priority,
+        "matchPolicy": match_policy,
+        "exclusive": group.exclusive,
+        "request": {k: v for k, v in group.request.as_dict().items() if v},
+    }
+    meta: dict[str, Any] = {"name": group.name, "namespace": group.namespace,
+                            "labels": {names.LABEL_MANAGED: "true"}}
+    if group.owner is not None:
+        spec["workload"] = group.owner.as_dict()
+        if group.owner.uid:
+            # deleting the owner garbage-collects the FluxJob (and the operator cancels it)
+            meta["ownerReferences"] = [{**group.owner.as_dict(), "blockOwnerDeletion": False}]
+    else:
+        spec["group"] = group.name
+    return {"apiVersion": f"{names.API_GROUP}/{names.API_VERSION}", "kind": names.FLUXJOB_KIND,
+            "metadata": meta, "spec": spec}
+
+
+def status(
+    phase: Phase,
+    *,
+    reason: str = "",
+    jobid: int | None = None,
+    submit_time: int | None = None,
+    expected_start: int | None = None,
+    start_time: int | None = None,
+    end_time: int | None = None,
+    nodes: Sequence[str] = (),
+    pods_seen: int | None = None,
+    now: int,
+    previous: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A full status block; a condition per phase change keeps the decision history."""
+    st: dict[str, Any] = {"phase": str(phase), "reason": reason}
+    if jobid is not None:
+        st["jobid"] = jobid
+    for key, value in (("submitTime", submit_time), ("expectedStart", expected_start),
+                       ("startTime", start_time), ("endTime", end_time)):
+        if value is not None:
+            st[key] = rfc3339(value)
+    if nodes:
+        st["nodes"] = list(nodes)
+        st["nodeList"] = ",".join(sorted(set(nodes)))
+    if pods_seen is not None:
+        st["podsSeen"] = pods_seen
+    # one condition per phase reached (so `kubectl wait --for=condition=Running` works); the
+    # current phase's is True, earlier ones False, each keeping its last message and time
+    conditions = {c.get("type"): dict(c) for c in (previous or {}).get("conditions") or []}
+    for c in conditions.values():
+        if c.get("type") != str(phase) and c.get("status") == "True":
+            c["status"] = "False"
+    cur = conditions.get(str(phase))
+    if cur is None or cur.get("status") != "True" or cur.get("message") != reason:
+        conditions[str(phase)] = {"type": str(phase), "status": "True", "reason": str(phase),
+                                  "message": reason, "lastTransitionTime": rfc3339(now)}
+    st["conditions"] = list(conditions.values())
+    return st

@@ -1,0 +1,90 @@
+"""List-then-watch of one resource, feeding (kind, event type, object) into a queue.
+
+The informer keeps a cache (uid -> object) so that after a watch expires (410 Gone) or the
+connection drops, a re-list can be turned into exactly the ADDED / MODIFIED / DELETED events
+that were missed. ``synced`` is set once the first list has been delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from fluxnetes.k8s.kube import ApiError, Kube, Resource
+
+log = logging.getLogger(__name__)
+
+Event = tuple[str, str, dict[str, Any]]
+
+
+def uid_of(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))
+
+
+class Informer:
+    def __init__(self, kube: Kube, resource: Resource, kind: str, out: asyncio.Queue[Event], *,
+                 label_selector: str | None = None, field_selector: str | None = None) -> None:
+        self.kube, self.resource, self.kind, self.out = kube, resource, kind, out
+        self.label_selector, self.field_selector = label_selector, field_selector
+        self.cache: dict[str, dict[str, Any]] = {}
+        self.synced = asyncio.Event()
+
+    async def _relist(self) -> str:
+        items, rv = await self.kube.list(self.resource, label_selector=self.label_selector,
+                                         field_selector=self.field_selector)
+        seen = set()
+        for obj in items:
+            uid = uid_of(obj)
+            seen.add(uid)
+            old = self.cache.get(uid)
+            if old is None:
+                await self.out.put((self.kind, "ADDED", obj))
+            elif (old.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get("resourceVersion"):
+                await self.out.put((self.kind, "MODIFIED", obj))
+            self.cache[uid] = obj
+        for uid in [u for u in self.cache if u not in seen]:
+            await self.out.put((self.kind, "DELETED", self.cache.pop(uid)))
+        self.synced.set()
+        return rv
+
+    async def run(self) -> None:
+        rv = ""
+        backoff = 0.5
+        while True:
+            try:
+                if not rv:
+                    rv = await self._relist()
+                async for ev in self.kube.watch(self.resource, rv, label_selector=self.label_selector,
+                                                field_selector=self.field_selector):
+                    etype, obj = ev.get("type"), ev.get("object") or {}
+                    if etype == "ERROR":
+                        code = obj.get("code")
+                        log.info("%s watch ended: %s", self.kind, obj.get("message"))
+                        if code == 410:
+                            rv = ""
+                        break
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
+                    if etype == "BOOKMARK":
+                        continue
+                    uid = uid_of(obj)
+                    if etype == "DELETED":
+                        self.cache.pop(uid, None)
+                    else:
+                        self.cache[uid] = obj
+                    await self.out.put((self.kind, str(etype), obj))
+                backoff = 0.5
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                if exc.status == 410:
+                    rv = ""
+                    continue
+                log.warning("%s watch failed: %s", self.kind, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10)
+            except Exception as exc:  # dropped connection and the like: re-list and go on
+                log.warning("%s watch interrupted: %r", self.kind, exc)
+                rv = ""
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10)

@@ -1,0 +1,225 @@
+"""A small asyncio Kubernetes REST client that speaks plain dicts (aiohttp).
+
+Why not the generated clients' models: the operator reads thousands of pods and only needs a
+few fields; plain JSON avoids model (de)serialisation and keeps patches exactly as written.
+Credentials come from kubernetes_asyncio's kubeconfig / in-cluster loaders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any, method: str, path: str) -> None:
+        self.status, self.body = status, body
+        msg = body.get("message") if isinstance(body, Mapping) else str(body)[:300]
+        super().__init__(f"{method} {path}: HTTP {status}: {msg}")
+
+    @property
+    def reason(self) -> str:
+        return str(self.body.get("reason", "")) if isinstance(self.body, Mapping) else ""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A REST collection: api group/version/plural, namespaced or not."""
+
+    api_version: str  # "v1", "batch/v1"
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+PODS = Resource("v1", "pods")
+NODES = Resource("v1", "nodes", namespaced=False)
+NAMESPACES = Resource("v1", "namespaces", namespaced=False)
+EVENTS = Resource("v1", "events")
+SECRETS = Resource("v1", "secrets")
+PRIORITY_CLASSES = Resource("scheduling.k8s.io/v1", "priorityclasses", namespaced=False)
+LEASES = Resource("coordination.k8s.io/v1", "leases")
+CRDS = Resource("apiextensions.k8s.io/v1", "customresourcedefinitions", namespaced=False)
+MUTATING = Resource("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", namespaced=False)
+VALIDATING = Resource("admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", namespaced=False)
+FLUXJOBS = Resource("fluxnetes.io/v1alpha1", "fluxjobs")
+POLICIES = Resource("admissionregistration.k8s.io/v1", "validatingadmissionpolicies", namespaced=False)
+POLICY_BINDINGS = Resource("admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", namespaced=False)
+
+
+class Kube:
+    """Minimal async client; ``qps`` bounds concurrent requests (not a rate)."""
+
+    def __init__(self, host: str, ssl_ctx: ssl.SSLContext | bool, headers: dict[str, str],
+                 concurrency: int = 64) -> None:
+        self.host = host.rstrip("/")
+        self._ssl = ssl_ctx
+        self._headers = headers
+        self._session: aiohttp.ClientSession | None = None
+        self._sem = asyncio.Semaphore(concurrency)
+        # status and Event writes queue behind placements: they never delay a pod start
+        self._bg = asyncio.Semaphore(max(1, concurrency // 8))
+
+    @classmethod
+    async def from_config(cls, kubeconfig: str | None = None, context: str | None = None,
+                          concurrency: int = 64) -> Kube:
+        from kubernetes_asyncio import config
+        from kubernetes_asyncio.client import Configuration
+
+        cfg = Configuration()
+        if kubeconfig:
+            await config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                await config.load_kube_config(context=context, client_configuration=cfg)
+        ctx: ssl.SSLContext | bool
+        if cfg.verify_ssl:
+            ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+        else:
+            ctx = False
+        if cfg.cert_file and isinstance(ctx, ssl.SSLContext):
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        headers = {"Accept": "application/json"}
+        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+        if token:
+            headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
+        return cls(str(cfg.host), ctx, headers, concurrency)
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=128),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(self, method: str, path: str, body: Any = None, *, params: Mapping[str, Any] | None = None,
+                      content_type: str = "application/json", timeout: float = 30,
+                      background: bool = False) -> Any:
+        url = self.host + path
+        if params:
+            url += "?" + urlencode({k: v for k, v in params.items() if v is not None})
+        data = None if body is None else json.dumps(body)
+        if background:
+            async with self._bg:
+                return await self.request(method, path, body, params=params, content_type=content_type,
+                                          timeout=timeout)
+        async with self._sem, self.session().request(
+            method, url, data=data, headers={"Content-Type": content_type},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            text = await resp.text()
+            try:
+                payload = json.loads(text) if text else {}
+            except ValueError:
+                payload = text
+            if resp.status >= 400:
+                raise ApiError(resp.status, payload, method, path)
+            return payload
+
+    async def request_text(self, path: str, timeout: float = 30) -> str:
+        """GET a non-JSON document (e.g. /metrics)."""
+        async with self._sem, self.session().get(self.host + path, headers={"Accept": "text/plain"},
+                                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise ApiError(resp.status, text, "GET", path)
+            return text
+
+    # --- conveniences -------------------------------------------------------------------
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self.request("GET", res.path(namespace, name))
+        return out
+
+    async def get_or_none(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            return await self.get(res, name, namespace)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list(self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None,
+                   field_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        cont: str | None = None
+        while True:
+            page = await self.request("GET", res.path(namespace), params={
+                "labelSelector": label_selector, "fieldSelector": field_selector, "limit": 2000,
+                "continue": cont}, timeout=120)
+            items.extend(page.get("items") or [])
+            cont = (page.get("metadata") or {}).get("continue")
+            if not cont:
+                return items, str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *,
+                     background: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = await self.request("POST", res.path(namespace), body, background=background)
+        return out
+
+    async def patch(self, res: Resource, name: str, body: Any, namespace: str | None = None, *,
+                    content_type: str = MERGE_PATCH, sub: str | None = None,
+                    background: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = await self.request("PATCH", res.path(namespace, name, sub), body,
+                                                 content_type=content_type, background=background)
+        return out
+
+    async def replace(self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self.request("PUT", res.path(namespace, name), body)
+        return out
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None) -> None:
+        try:
+            await self.request("DELETE", res.path(namespace, name))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def watch(self, res: Resource, resource_version: str, *, label_selector: str | None = None,
+                    field_selector: str | None = None, timeout_seconds: int = 290) -> AsyncIterator[dict[str, Any]]:
+        """Yield watch events ({"type", "object"}) until the server closes the stream."""
+        params = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                  "timeoutSeconds": timeout_seconds, "labelSelector": label_selector,
+                  "fieldSelector": field_selector}
+        url = self.host + res.path() + "?" + urlencode({k: v for k, v in params.items() if v is not None})
+        async with self.session().get(url, timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30,
+                                                                         sock_read=timeout_seconds + 30)) as resp:
+            if resp.status >= 400:
+                raise ApiError(resp.status, await resp.text(), "WATCH", res.path())
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)

@@ -1,0 +1,245 @@
+"""The operator process: bootstrap (CRD, certificate, webhook), leadership, then the controller.
+
+Why not kopf: fluxnetes needs a namespaceSelector on its webhook configuration, a Lease for
+leadership, its own certificate, no annotation writes on every handled pod, and one ordered
+state machine over all pods and nodes. kopf's managed webhook configuration has no
+namespaceSelector, its peering is not Lease-based and its handlers annotate objects, so
+each of these would be worked around; a list-watch loop and an aiohttp server are shorter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from fluxnetes.k8s import certs, fluxjob, names, webhook_config
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.kube import (
+    CRDS,
+    MUTATING,
+    NAMESPACES,
+    POLICIES,
+    POLICY_BINDINGS,
+    SECRETS,
+    VALIDATING,
+    ApiError,
+    Kube,
+)
+from fluxnetes.k8s.leader import LeaderElector
+from fluxnetes.k8s.webhook import WebhookServer
+
+log = logging.getLogger(__name__)
+
+SECRET_NAME = "fluxnetes-webhook-cert"
+
+
+async def ensure_namespace(kube: Kube, name: str) -> None:
+    if await kube.get_or_none(NAMESPACES, name) is None:
+        with contextlib.suppress(ApiError):
+            await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+async def ensure_crd(kube: Kube) -> None:
+    crd = fluxjob.crd_manifest()
+    name = crd["metadata"]["name"]
+    current = await kube.get_or_none(CRDS, name)
+    if current is None:
+        await kube.create(CRDS, crd)
+    elif current.get("spec", {}).get("versions") != crd["spec"]["versions"]:
+        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        with contextlib.suppress(ApiError):
+            await kube.replace(CRDS, name, crd)
+    for _ in range(100):
+        cur = await kube.get(CRDS, name)
+        conds = (cur.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"CRD {name} did not become Established")
+
+
+async def ensure_cert(kube: Kube, namespace: str, hosts: list[str]) -> certs.CertBundle:
+    """The serving certificate from the Secret (made or renewed if needed); replicas share it."""
+    secret = await kube.get_or_none(SECRETS, SECRET_NAME, namespace)
+    if secret is not None:
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        try:
+            bundle = certs.CertBundle.from_secret_data(data)
+            if not certs.needs_renewal(bundle, hosts):
+                return bundle
+            bundle = certs.renew(bundle, hosts)
+        except (KeyError, ValueError):
+            bundle = certs.make_bundle(hosts)
+        secret["data"] = {k: base64.b64encode(v).decode() for k, v in bundle.as_secret_data().items()}
+        try:
+            await kube.replace(SECRETS, SECRET_NAME, secret, namespace)
+            return bundle
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return await ensure_cert(kube, namespace, hosts)  # another replica renewed it
+    bundle = certs.make_bundle(hosts)
+    body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": SECRET_NAME, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "fluxnetes"}},
+            "data": {k: base64.b64encode(v).decode() for k, v in bundle.as_secret_data().items()}}
+    try:
+        await kube.create(SECRETS, body, namespace)
+        return bundle
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        return await ensure_cert(kube, namespace, hosts)
+
+
+async def apply_config(kube: Kube, res: Any, body: dict[str, Any]) -> None:
+    name = body["metadata"]["name"]
+    current = await kube.get_or_none(res, name)
+    if current is None:
+        await kube.create(res, body)
+        return
+    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    await kube.replace(res, name, body)
+
+
+async def whoami(kube: Kube) -> str:
+    review = await kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    return str(((review.get("status") or {}).get("userInfo") or {}).get("username", ""))
+
+
+async def wait_webhook_ready(kube: Kube, namespace_label: str, timeout: float = 20) -> None:
+    """The API server picks webhook configurations up through an informer: wait until a
+    dry-run pod create in an opted-in namespace comes back gated."""
+    key, _, value = namespace_label.partition("=")
+    ns = "fluxnetes-probe"
+    if await kube.get_or_none(NAMESPACES, ns) is None:
+        with contextlib.suppress(ApiError):
+            await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                           "metadata": {"name": ns, "labels": {key: value or "true"}}})
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": ns},
+           "spec": {"containers": [{"name": "c", "image": "probe"}]}}
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        try:
+            out = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod, params={"dryRun": "All"})
+            if any(g.get("name") == names.GATE for g in (out.get("spec") or {}).get("schedulingGates") or []):
+                return
+        except ApiError as exc:
+            log.debug("webhook probe: %s", exc)
+        await asyncio.sleep(0.2)
+    log.warning("webhook not observed active after %.0fs; continuing", timeout)
+
+
+class Operator:
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self.kube: Kube | None = None
+        self.webhook: WebhookServer | None = None
+        self.controller: Controller | None = None
+        self.elector: LeaderElector | None = None
+        self.operators: set[str] = set()
+        self.webhook_url = ""
+
+    async def setup(self) -> None:
+        cfg = self.config
+        self.kube = kube = await Kube.from_config(cfg.kubeconfig, cfg.context, cfg.api_concurrency)
+        await ensure_namespace(kube, cfg.namespace)
+        await ensure_crd(kube)
+        me = await whoami(kube)
+        self.operators = {me} if me else set()
+        log.info("operator identity: %s", me or "(unknown)")
+        if cfg.webhook:
+            hosts = ["127.0.0.1", "localhost"]
+            if cfg.service_name:
+                hosts = [f"{cfg.service_name}.{cfg.namespace}.svc", f"{cfg.service_name}.{cfg.namespace}.svc.cluster.local", *hosts]
+            bundle = await ensure_cert(kube, cfg.namespace, hosts)
+            self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, bundle, lambda: self.operators,
+                                         suspend_jobs=cfg.job_mode == "suspend")
+            port = await self.webhook.start_in_process()
+            if cfg.service_name:
+                target = webhook_config.WebhookTarget(service_name=cfg.service_name, service_namespace=cfg.namespace)
+            else:
+                self.webhook_url = cfg.webhook_url or f"https://127.0.0.1:{port}"
+                target = webhook_config.WebhookTarget(url=self.webhook_url)
+            scope = webhook_config.Scope(namespace_label=cfg.namespace_label, own_namespace=cfg.namespace,
+                                         failure_policy=cfg.failure_policy)
+            await apply_config(kube, MUTATING, webhook_config.mutating(target, scope, bundle.ca_crt))
+            policy, binding = webhook_config.gate_policy(scope, sorted(self.operators))
+            try:
+                await apply_config(kube, POLICIES, policy)
+                await apply_config(kube, POLICY_BINDINGS, binding)
+                await kube.delete(VALIDATING, webhook_config.NAME)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                log.info("no ValidatingAdmissionPolicy API; protecting the gate with a webhook")
+                await apply_config(kube, VALIDATING, webhook_config.validating(target, scope, bundle.ca_crt))
+            await wait_webhook_ready(kube, cfg.namespace_label)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        await self.setup()
+        assert self.kube is not None
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            if self.config.leader_elect:
+                self.elector = LeaderElector(self.kube, self.config.namespace, self.config.lease_name,
+                                             self.config.identity)
+                tasks.append(asyncio.ensure_future(self.elector.run()))
+                lead = asyncio.ensure_future(self.elector.leading.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait([lead, stopper], return_when=asyncio.FIRST_COMPLETED)
+                lead.cancel()
+                stopper.cancel()
+                if stop.is_set():
+                    return
+            self.controller = Controller(self.kube, self.config)
+            tasks.append(asyncio.ensure_future(self.controller.run()))
+            waits = [asyncio.ensure_future(stop.wait()), tasks[-1]]
+            if self.elector is not None:
+                waits.append(asyncio.ensure_future(self.elector.lost.wait()))
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                if w not in tasks:
+                    w.cancel()
+            for d in done:
+                if d in tasks and d.exception() is not None:
+                    raise d.exception()  # type: ignore[misc]
+        finally:
+            if self.controller is not None:
+                await self.controller.stop()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.elector is not None and self.elector.leading.is_set():
+                await self.elector.release()
+            if self.webhook is not None:
+                await self.webhook.stop()
+            await self.kube.close()
+
+
+async def remove_webhooks(kube: Kube) -> None:
+    """Delete the webhook configurations (``fluxnetes run --cleanup`` on the way out)."""
+    await kube.delete(MUTATING, webhook_config.NAME)
+    await kube.delete(VALIDATING, webhook_config.NAME)
+    await kube.delete(POLICY_BINDINGS, webhook_config.POLICY_NAME)
+    await kube.delete(POLICIES, webhook_config.POLICY_NAME)
+
+
+def main(config: OperatorConfig) -> None:
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await Operator(config).run(stop)
+
+    asyncio.run(_run())

@@ -1,0 +1,94 @@
+"""Exact placement of a gated pod on the node the matcher chose (pure patch builders).
+
+Choice: while the pod is gated, add a *required* node affinity ``metadata.name In [node]``
+(matchFields, so it does not depend on a hostname label) and remove fluxnetes' gate in the
+same JSON patch. KEP-3838 (GA 1.30) allows adding node-affinity requirements to a gated pod,
+and one update may add them and drop the last gate atomically, so the pod never becomes
+schedulable anywhere else. kube-scheduler then binds it — it can only pick that node, and it
+still runs its own checks (taints, ports, volumes) and the kubelet's admission.
+
+Why not a Binding: the Binding subresource refuses gated pods, so we would have to ungate
+first and win a race against kube-scheduler, or make fluxnetes the pod's ``schedulerName``
+(then pods of a stopped operator are never scheduled, and fluxnetes would duplicate every
+kube-scheduler check). With affinity + ungate the default scheduler keeps doing binding.
+
+The patch starts with a ``test`` of the gate's position, so a concurrent change fails the
+whole patch (HTTP 422) instead of removing someone else's gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.workloads.base import JsonPatch, _escape
+
+ANN_SLOT = f"{names.DOMAIN}/slot"
+
+
+def node_term(node: str) -> dict[str, Any]:
+    return {"key": "metadata.name", "operator": "In", "values": [node]}
+
+
+def affinity_ops(spec: Mapping[str, Any], node: str) -> JsonPatch:
+    aff = spec.get("affinity")
+    req = {"nodeSelectorTerms": [{"matchFields": [node_term(node)]}]}
+    if not aff:
+        return [{"op": "add", "path": "/spec/affinity",
+                 "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": req}}}]
+    na = aff.get("nodeAffinity")
+    if not na:
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity",
+                 "value": {"requiredDuringSchedulingIgnoredDuringExecution": req}}]
+    required = na.get("requiredDuringSchedulingIgnoredDuringExecution")
+    base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+    if not required or not required.get("nodeSelectorTerms"):
+        return [{"op": "add", "path": base, "value": req}]
+    ops: JsonPatch = []
+    # terms are ORed: the node requirement must be added to every one of them
+    for i, term in enumerate(required["nodeSelectorTerms"]):
+        if term.get("matchFields"):
+            ops.append({"op": "add", "path": f"{base}/nodeSelectorTerms/{i}/matchFields/-", "value": node_term(node)})
+        else:
+            ops.append({"op": "add", "path": f"{base}/nodeSelectorTerms/{i}/matchFields", "value": [node_term(node)]})
+    return ops
+
+
+def place_patch(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: str, slot: int) -> JsonPatch | None:
+    """JSON patch pinning ``pod`` to ``node`` and removing fluxnetes' gate; None if not gated."""
+    spec = pod.get("spec") or {}
+    gates = spec.get("schedulingGates") or []
+    index = next((i for i, g in enumerate(gates) if g.get("name") == names.GATE), None)
+    if index is None:
+        return None
+    meta = pod.get("metadata") or {}
+    ops: JsonPatch = [
+        {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": names.GATE},
+        *affinity_ops(spec, node),
+        {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+    ]
+    notes = {names.ANN_FLUXJOB: fluxjob, ANN_SLOT: str(slot)}
+    if not meta.get("annotations"):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
+    else:
+        ops.extend({"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v} for k, v in notes.items())
+    if not meta.get("labels"):
+        ops.append({"op": "add", "path": "/metadata/labels", "value": {names.LABEL_JOBID: str(jobid)}})
+    else:
+        ops.append({"op": "add", "path": f"/metadata/labels/{_escape(names.LABEL_JOBID)}", "value": str(jobid)})
+    return ops
+
+
+def assigned_node(pod: Mapping[str, Any]) -> str | None:
+    """The node a pod is pinned to by fluxnetes (bound or not yet), from its affinity."""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return str(spec["nodeName"])
+    na = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    req = na.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in req.get("nodeSelectorTerms") or []:
+        for f in term.get("matchFields") or []:
+            if f.get("key") == "metadata.name" and f.get("operator") == "In" and len(f.get("values") or []) == 1:
+                return str(f["values"][0])
+    return None

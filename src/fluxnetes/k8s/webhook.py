@@ -1,0 +1,184 @@
+"""HTTPS server for the admission webhooks (aiohttp); handlers are the pure functions of
+:mod:`fluxnetes.k8s.admission` — no API calls in the request path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Histogram
+
+from fluxnetes.k8s import admission, webhook_config
+from fluxnetes.k8s.certs import CertBundle
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_SECONDS = Histogram(
+    "fluxnetes_webhook_seconds", "Time spent answering one admission review", ["path"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+)
+
+
+def ssl_context(bundle: CertBundle) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    # load_cert_chain wants files; they live only as long as this call
+    with tempfile.TemporaryDirectory() as tmp:
+        crt, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        crt.write_bytes(bundle.tls_crt)
+        key.write_bytes(bundle.tls_key)
+        key.chmod(0o600)
+        ctx.load_cert_chain(str(crt), str(key))
+    return ctx
+
+
+def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True) -> web.Application:
+    def handler(path: str, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+        hist = WEBHOOK_SECONDS.labels(path)
+
+        async def handle(request: web.Request) -> web.Response:
+            t0 = time.perf_counter()
+            try:
+                review = json.loads(await request.read())
+                if not isinstance(review, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                return web.Response(status=400, text="body is not an AdmissionReview JSON object")
+            try:
+                body = json.dumps(fn(review))
+            except Exception:  # never let a bug turn into a blocked create: answer "allowed"
+                log.exception("admission handler failed on %s", path)
+                uid = str((review.get("request") or {}).get("uid", ""))
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                   "response": {"uid": uid, "allowed": True}})
+            hist.observe(time.perf_counter() - t0)
+            return web.Response(body=body, content_type="application/json")
+
+        return handle
+
+    app = web.Application()
+    app.router.add_post(webhook_config.MUTATE_PODS_PATH, handler("pods", admission.mutate))
+    app.router.add_post(webhook_config.MUTATE_WORKLOADS_PATH,
+                        handler("workloads", lambda r: admission.mutate(r, suspend_jobs=suspend_jobs)))
+    app.router.add_post(webhook_config.VALIDATE_PODS_PATH,
+                        handler("validate", lambda r: admission.validate(r, operators())))
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+class WebhookServer:
+    def __init__(self, host: str, port: int, bundle: CertBundle,
+                 operators: Callable[[], Collection[str]], *, suspend_jobs: bool = True) -> None:
+        self.host, self.port, self.bundle = host, port, bundle
+        self.suspend_jobs = suspend_jobs
+        self._app = make_app(operators, suspend_jobs)
+        self._runner = web.AppRunner(self._app, access_log=None)
+        self._thread: threading.Thread | None = None
+        self._proc: Any = None
+        self._operators = operators
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> int:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context(self.bundle))
+        await site.start()
+        server: Any = site._server
+        if self.port == 0 and server is not None and getattr(server, "sockets", None):
+            self.port = int(server.sockets[0].getsockname()[1])
+        log.info("webhook serving on https://%s:%d", self.host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.join(timeout=5)
+            self._proc = None
+            return
+        if self._thread is not None and self._loop is not None:
+            fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            await asyncio.wrap_future(fut)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._thread = None
+            return
+        await self._runner.cleanup()
+
+    async def start_in_process(self) -> int:
+        """Serve from a child process: its own interpreter lock, so the operator's CPU work
+        (watch events, cycles) can never delay an admission answer. The child exits with us."""
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_serve_child,
+            args=(self.host, self.port, self.bundle.as_secret_data(), sorted(self._operators()), child,
+                  self.suspend_jobs),
+            name="fluxnetes-webhook", daemon=True,
+        )
+        self._proc.start()
+        loop = asyncio.get_running_loop()
+        msg = await loop.run_in_executor(None, parent.recv)
+        if isinstance(msg, str):
+            raise RuntimeError(f"webhook process failed: {msg}")
+        self.port = int(msg)
+        log.info("webhook serving on https://%s:%d (process %d)", self.host, self.port, self._proc.pid)
+        return self.port
+
+    async def start_in_thread(self) -> int:
+        """Serve from a thread with its own event loop: the operator's work (cycles, watch
+        events) then never sits between the API server and an admission answer."""
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        outer = asyncio.get_running_loop()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            self._runner = web.AppRunner(self._app, access_log=None)
+            try:
+                port = loop.run_until_complete(self.start())
+            except Exception as exc:
+                outer.call_soon_threadsafe(ready.set_exception, exc)
+                return
+            outer.call_soon_threadsafe(ready.set_result, port)
+            loop.run_forever()
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="fluxnetes-webhook", daemon=True)
+        self._thread.start()
+        return await ready
+
+
+def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[str], conn: Any,
+                 suspend_jobs: bool = True) -> None:
+    """Entry point of the webhook process (see ``WebhookServer.start_in_process``)."""
+    import os
+    import signal
+
+    async def main() -> None:
+        server = WebhookServer(host, port, CertBundle.from_secret_data(data), lambda: frozenset(operators),
+                               suspend_jobs=suspend_jobs)
+        try:
+            conn.send(await server.start())
+        except Exception as exc:
+            conn.send(repr(exc))
+            return
+        parent = os.getppid()
+        while os.getppid() == parent:  # the operator is gone (even SIGKILLed): stop serving
+            await asyncio.sleep(1)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    asyncio.run(main())

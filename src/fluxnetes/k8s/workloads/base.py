@@ -1,0 +1,92 @@
+"""The one interface every workload kind implements (Kueue-style integrations).
+
+A kind answers, for objects of that kind: how to mutate it at admission, which pod template
+its pods come from, how many pods form its group, how to let it start once its group is
+allocated, and whether a finished pod is replaced (its node share is then kept for the
+replacement instead of being released). Adding a kind = adding one module in this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from fluxnetes.k8s import names
+
+JsonPatch = list[dict[str, Any]]
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def gate_template_patch(obj: Mapping[str, Any], base: str) -> JsonPatch:
+    """JSON patch adding fluxnetes' gate and managed label to the pod template at ``base``."""
+    tmpl = obj
+    for part in base.strip("/").split("/"):
+        tmpl = (tmpl or {}).get(part) or {}
+    ops: JsonPatch = []
+    meta = tmpl.get("metadata")
+    if not meta:
+        ops.append({"op": "add", "path": f"{base}/metadata", "value": {}})
+        meta = {}
+    if not meta.get("labels"):
+        ops.append({"op": "add", "path": f"{base}/metadata/labels", "value": {names.LABEL_MANAGED: "true"}})
+    else:
+        ops.append({"op": "add", "path": f"{base}/metadata/labels/{_escape(names.LABEL_MANAGED)}", "value": "true"})
+    gates = (tmpl.get("spec") or {}).get("schedulingGates")
+    if not gates:
+        ops.append({"op": "add", "path": f"{base}/spec/schedulingGates", "value": [{"name": names.GATE}]})
+    elif not any(g.get("name") == names.GATE for g in gates):
+        ops.append({"op": "add", "path": f"{base}/spec/schedulingGates/-", "value": {"name": names.GATE}})
+    return ops
+
+
+class WorkloadKind:
+    """Base class; subclasses set the class attributes and override what differs."""
+
+    api_version: ClassVar[str]  # "batch/v1"
+    kind: ClassVar[str]  # "Job"
+    plural: ClassVar[str]  # "jobs"
+    # does this kind own pods directly (so that pods point at it as their controller)?
+    owns_pods: ClassVar[bool] = True
+    template_path: ClassVar[str] = "/spec/template"
+
+    @property
+    def group(self) -> str:
+        return self.api_version.split("/")[0] if "/" in self.api_version else ""
+
+    @property
+    def version(self) -> str:
+        return self.api_version.split("/")[-1]
+
+    def template(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        return (obj.get("spec") or {}).get("template") or {}
+
+    def mutate(self, obj: Mapping[str, Any], *, suspend: bool = True) -> JsonPatch:
+        """Admission (CREATE) of an object of this kind: gate its pod template (``suspend``:
+        also hold the workload itself, for kinds that can be suspended)."""
+        return gate_template_patch(obj, self.template_path)
+
+    def size(self, obj: Mapping[str, Any]) -> int:
+        """Pods in the group (replicas by default)."""
+        replicas = (obj.get("spec") or {}).get("replicas")
+        return 1 if replicas is None else int(replicas)
+
+    def deadline(self, obj: Mapping[str, Any]) -> object:
+        return None
+
+    def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Merge patch that lets the workload create its pods once allocated (None: nothing)."""
+        return None
+
+    def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
+        """A finished pod will be replaced by the controller: keep its share for the new one."""
+        return True
+
+    def slot_of(self, pod: Mapping[str, Any]) -> int | None:
+        """Stable index of a pod within its group (node for index i stays the same)."""
+        return None
+
+    def finished(self, obj: Mapping[str, Any]) -> bool:
+        return False

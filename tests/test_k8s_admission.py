@@ -1,0 +1,401 @@
+"""Pure pieces of the operator: resources, groups, workload kinds, admission, FluxJob."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fluxnetes.k8s import admission, fluxjob, names
+from fluxnetes.k8s.groups import (
+    GroupError,
+    OwnerRef,
+    explicit_group,
+    group_of_pod,
+    object_name,
+    parse_duration,
+)
+from fluxnetes.k8s.resources import PodResources, ResourceError, parse_quantity, pod_request
+from fluxnetes.k8s.workloads import KINDS, kind_of
+
+
+def pod(
+    name: str = "p",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+    owner: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if labels is not None:
+        meta["labels"] = labels
+    if annotations is not None:
+        meta["annotations"] = annotations
+    if owner:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": owner[0],
+                "name": owner[1],
+                "uid": "u1",
+                "controller": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec
+        or {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "x",
+                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+                }
+            ]
+        },
+    }
+
+
+def review(
+    obj: dict[str, Any], op: str = "CREATE", old: dict[str, Any] | None = None, user: str = "alice"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "abc",
+            "operation": op,
+            "kind": {"kind": obj["kind"]},
+            "object": obj,
+            "oldObject": old,
+            "userInfo": {"username": user},
+        },
+    }
+
+
+def apply_patch(obj: dict[str, Any], resp: dict[str, Any]) -> dict[str, Any]:
+    """A tiny RFC 6902 'add' applier, enough to check the patches the webhook emits."""
+    out = json.loads(json.dumps(obj))
+    patch = resp["response"].get("patch")
+    if not patch:
+        return out
+    for op in json.loads(base64.b64decode(patch)):
+        assert op["op"] == "add"
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for p in parts[:-1]:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        if isinstance(target, list):
+            target.append(op["value"]) if parts[-1] == "-" else target.insert(
+                int(parts[-1]), op["value"]
+            )
+        else:
+            target[parts[-1]] = op["value"]
+    return out
+
+
+# ---- quantities and requests ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("100m", "0.1"),
+        ("1", "1"),
+        ("1.5Gi", str(1.5 * 2**30)),
+        ("2k", "2000"),
+        ("1e3", "1000"),
+        ("128974848", "128974848"),
+        ("129M", "129000000"),
+        (3, "3"),
+    ],
+)
+def test_parse_quantity(text: object, value: str) -> None:
+    assert parse_quantity(text) == parse_quantity(value)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "-1", "1Xi", None, True, "NaN"])
+def test_parse_quantity_rejects(bad: object) -> None:
+    with pytest.raises(ResourceError):
+        parse_quantity(bad)
+
+
+def test_pod_request_effective_rule() -> None:
+    spec = {
+        "containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+            {"name": "b", "resources": {"limits": {"cpu": "500m", "nvidia.com/gpu": 2}}},
+        ],
+        "initContainers": [
+            {"name": "i1", "resources": {"requests": {"cpu": "4", "memory": "100Mi"}}},
+            {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "250m"}}},
+            {"name": "i2", "resources": {"requests": {"cpu": "2", "example.com/fpga": "1"}}},
+        ],
+        "overhead": {"cpu": "100m", "memory": "10Mi"},
+    }
+    r = pod_request(spec)
+    # cpu: containers 1.5 + sidecar 0.25 = 1.75; init peaks: 4, 0.25, 0.25+2 = 2.25 -> 4 (+0.1)
+    assert r.cpu_millis == 4100
+    assert r.memory_bytes == 2**30 + 10 * 2**20
+    assert r.gpus == 2
+    assert r.extended == {"example.com/fpga": 1}
+
+
+def test_pod_request_names_bad_field() -> None:
+    with pytest.raises(ResourceError, match=r"spec.containers\[0\].resources.requests.cpu"):
+        pod_request({"containers": [{"resources": {"requests": {"cpu": "lots"}}}]})
+
+
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=5))
+def test_pod_request_sums_containers(cpus: list[int]) -> None:
+    spec = {"containers": [{"resources": {"requests": {"cpu": f"{c}m"}}} for c in cpus]}
+    assert pod_request(spec).cpu_millis == sum(cpus)
+
+
+# ---- groups -------------------------------------------------------------------------------
+
+
+def test_explicit_group_spellings() -> None:
+    assert explicit_group({names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "4"}) == ("g", 4)
+    assert explicit_group({names.FLUENCE_GROUP: "g", names.FLUENCE_GROUP_SIZE: "2"}) == ("g", 2)
+    assert explicit_group({names.COSCHED_GROUP: "g", names.LABEL_GROUP_SIZE: "3"}) == ("g", 3)
+    assert explicit_group({"app": "x"}) is None
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "0"},
+        {names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "four"},
+        {names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "-2"},
+        {names.LABEL_GROUP: "-bad-", names.LABEL_GROUP_SIZE: "2"},
+        {names.LABEL_GROUP_SIZE: "2"},
+    ],
+)
+def test_explicit_group_errors(labels: dict[str, str]) -> None:
+    with pytest.raises(GroupError, match="label"):
+        explicit_group(labels)
+
+
+def test_group_of_single_pod() -> None:
+    g = group_of_pod(pod("solo"))
+    assert (g.name, g.size, g.owner) == ("pod-solo", 1, None)
+    assert g.request == PodResources(500, 2**30, 0, {})
+
+
+def test_group_of_job_pod_uses_owner_size_and_deadline() -> None:
+    p = pod("j-abc", owner=("Job", "j"))
+    g = group_of_pod(
+        p, owner_size=lambda o: 4 if o.kind == "Job" else None, owner_deadline=lambda o: 60
+    )
+    assert (g.name, g.size, g.duration) == ("job-j", 4, 60)
+    assert g.owner == OwnerRef("batch/v1", "Job", "j", "u1")
+
+
+def test_group_label_needs_size() -> None:
+    with pytest.raises(GroupError, match="group-size"):
+        group_of_pod(pod(labels={names.LABEL_GROUP: "g"}))
+
+
+def test_duration_and_priority() -> None:
+    p = pod(annotations={names.ANN_DURATION: "1h30m"})
+    p["spec"]["priority"] = 100
+    g = group_of_pod(p)
+    assert (g.duration, g.priority) == (5400, 100)
+    p2 = pod()
+    p2["spec"]["activeDeadlineSeconds"] = 30
+    assert group_of_pod(p2).duration == 30
+
+
+@pytest.mark.parametrize(
+    ("text", "secs"), [("90", 90), ("90s", 90), ("5m", 300), ("1h30m", 5400), ("2d", 172800)]
+)
+def test_parse_duration(text: str, secs: int) -> None:
+    assert parse_duration(text) == secs
+
+
+@pytest.mark.parametrize("bad", ["", "soon", "5x", "1.5h", "h"])
+def test_parse_duration_rejects(bad: str) -> None:
+    with pytest.raises(GroupError, match="duration"):
+        parse_duration(bad)
+
+
+@given(st.text(min_size=1, max_size=80))
+def test_object_name_is_dns(text: str) -> None:
+    name = object_name(text)
+    assert name and len(name) <= 253
+    assert all(c.isascii() and (c.isalnum() or c in "-.") and not c.isupper() for c in name)
+
+
+# ---- workload kinds ---------------------------------------------------------------------
+
+
+def test_kinds_discovered() -> None:
+    assert {"Job", "ReplicaSet", "StatefulSet", "Deployment"} <= set(KINDS)
+
+
+def test_job_kind() -> None:
+    job = kind_of("Job")
+    assert job is not None
+    obj = {"spec": {"parallelism": 4, "completions": 4, "template": {}}}
+    assert job.size(obj) == 4 and not job.replaces_pods(obj)
+    assert job.size({"spec": {"parallelism": 4, "completions": 2}}) == 2
+    assert job.size({"spec": {}}) == 1
+    assert job.replaces_pods({"spec": {"parallelism": 2, "completions": 10}})
+    assert job.slot_of({"metadata": {"labels": {names.JOB_COMPLETION_INDEX: "3"}}}) == 3
+    assert job.resume_patch(obj) == {"spec": {"suspend": False}}
+
+
+def test_statefulset_slot() -> None:
+    sts = kind_of("StatefulSet")
+    assert sts is not None and sts.slot_of({"metadata": {"name": "web-2"}}) == 2
+
+
+# ---- admission ----------------------------------------------------------------------------
+
+
+def test_mutate_pod_gates_and_labels() -> None:
+    p = pod(labels={names.FLUENCE_GROUP: "g", names.FLUENCE_GROUP_SIZE: "2"})
+    resp = admission.mutate(review(p))
+    assert resp["response"]["allowed"] and resp["response"]["uid"] == "abc"
+    out = apply_patch(p, resp)
+    assert out["spec"]["schedulingGates"] == [{"name": names.GATE}]
+    assert out["metadata"]["labels"][names.LABEL_MANAGED] == "true"
+    assert out["metadata"]["labels"][names.LABEL_GROUP] == "g"
+    assert out["metadata"]["labels"][names.LABEL_GROUP_SIZE] == "2"
+
+
+def test_mutate_pod_without_labels_keeps_other_gates() -> None:
+    p = pod()
+    p["spec"]["schedulingGates"] = [{"name": "other"}]
+    out = apply_patch(p, admission.mutate(review(p)))
+    assert out["spec"]["schedulingGates"] == [{"name": "other"}, {"name": names.GATE}]
+    assert out["metadata"]["labels"] == {names.LABEL_MANAGED: "true"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda p: p["spec"].__setitem__("nodeName", "n1"),
+        lambda p: p["spec"].__setitem__("schedulerName", "other"),
+        lambda p: p["metadata"].__setitem__(
+            "ownerReferences", [{"kind": "DaemonSet", "name": "d", "controller": True}]
+        ),
+        lambda p: p["metadata"].__setitem__("annotations", {"kubernetes.io/config.mirror": "x"}),
+    ],
+)
+def test_mutate_pod_leaves_foreign_pods(change: Any) -> None:
+    p = pod()
+    change(p)
+    assert "patch" not in admission.mutate(review(p))["response"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "field"),
+    [
+        ({names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "0"}, None, names.LABEL_GROUP_SIZE),
+        ({names.LABEL_GROUP: "g!", names.LABEL_GROUP_SIZE: "2"}, None, names.LABEL_GROUP),
+        (None, {names.ANN_DURATION: "forever"}, names.ANN_DURATION),
+        (None, {names.ANN_JOBSPEC: "resources: [unclosed"}, names.ANN_JOBSPEC),
+    ],
+)
+def test_mutate_pod_refuses_bad_input(labels: Any, annotations: Any, field: str) -> None:
+    resp = admission.mutate(review(pod(labels=labels, annotations=annotations)))["response"]
+    assert resp["allowed"] is False
+    assert field in resp["status"]["message"]
+
+
+def test_mutate_job_suspends_and_gates_template() -> None:
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"parallelism": 4, "template": {"spec": {"containers": [{"name": "c"}]}}},
+    }
+    out = apply_patch(job, admission.mutate(review(job)))
+    assert out["spec"]["suspend"] is True
+    assert out["spec"]["template"]["spec"]["schedulingGates"] == [{"name": names.GATE}]
+    assert out["spec"]["template"]["metadata"]["labels"] == {names.LABEL_MANAGED: "true"}
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "ReplicaSet", "StatefulSet"])
+def test_mutate_replicated_templates(kind: str) -> None:
+    obj = {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": "d", "namespace": "ns"},
+        "spec": {
+            "replicas": 2,
+            "template": {
+                "metadata": {"labels": {"app": "x"}},
+                "spec": {"containers": [{"name": "c"}]},
+            },
+        },
+    }
+    out = apply_patch(obj, admission.mutate(review(obj)))
+    assert out["spec"]["template"]["spec"]["schedulingGates"] == [{"name": names.GATE}]
+    assert out["spec"]["template"]["metadata"]["labels"] == {
+        "app": "x",
+        names.LABEL_MANAGED: "true",
+    }
+    assert "suspend" not in out["spec"]
+
+
+def test_mutate_ignores_updates() -> None:
+    assert "patch" not in admission.mutate(review(pod(), op="UPDATE"))["response"]
+
+
+def test_validate_gate_removal() -> None:
+    old = pod()
+    old["spec"]["schedulingGates"] = [{"name": names.GATE}]
+    new = pod()
+    ops = {"system:serviceaccount:fluxnetes-system:fluxnetes"}
+    denied = admission.validate(review(new, "UPDATE", old, user="mallory"), ops)["response"]
+    assert denied["allowed"] is False and names.GATE in denied["status"]["message"]
+    allowed = admission.validate(
+        review(new, "UPDATE", old, user="system:serviceaccount:fluxnetes-system:fluxnetes"), ops
+    )
+    assert allowed["response"]["allowed"]
+    # other edits are fine for anyone
+    assert admission.validate(review(old, "UPDATE", old, user="mallory"), ops)["response"][
+        "allowed"
+    ]
+
+
+# ---- FluxJob ------------------------------------------------------------------------------
+
+
+def test_crd_and_manifest() -> None:
+    crd = fluxjob.crd_manifest()
+    assert crd["spec"]["group"] == names.API_GROUP
+    version = crd["spec"]["versions"][0]
+    phases = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["phase"][
+        "enum"
+    ]
+    assert set(phases) == {str(p) for p in fluxjob.Phase}
+    cols = {c["name"] for c in version["additionalPrinterColumns"]}
+    assert {"Phase", "Reason", "Expected Start", "Nodes"} <= cols
+    g = group_of_pod(pod("j-1", owner=("Job", "j")), owner_size=lambda o: 4)
+    m = fluxjob.manifest(g, jobspec="version: 1", match_policy="lonode")
+    assert m["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert m["spec"]["size"] == 4 and m["spec"]["workload"]["kind"] == "Job"
+    s = fluxjob.status(
+        fluxjob.Phase.RESERVED, reason="waiting", expected_start=0, now=0, nodes=["b", "a", "a"]
+    )
+    assert s["expectedStart"] == "1970-01-01T00:00:00Z" and s["nodeList"] == "a,b"
+
+
+def test_fluxjob_conditions_one_per_phase() -> None:
+    s1 = fluxjob.status(fluxjob.Phase.PENDING, reason="queued", now=0)
+    s2 = fluxjob.status(fluxjob.Phase.RUNNING, reason="allocated", now=5, previous=s1)
+    s3 = fluxjob.status(fluxjob.Phase.RUNNING, reason="allocated", now=9, previous=s2)
+    conds = {c["type"]: c for c in s3["conditions"]}
+    assert conds["Pending"]["status"] == "False" and conds["Running"]["status"] == "True"
+    assert conds["Running"]["lastTransitionTime"] == "1970-01-01T00:00:05Z"
+    assert len(s3["conditions"]) == 2

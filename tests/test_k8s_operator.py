@@ -1,0 +1,589 @@
+"""The operator against the real control plane (kube-apiserver, KCM, kube-scheduler, kwok nodes).
+
+The dev cluster (tests/conftest.py) has 4 nodes kwok-node-0..3 with 16 cpu, 64Gi, 4 GPUs.
+kwok runs bound pods at once and completes pods owned by Jobs at once; other pods run until
+deleted. The operator runs as a subprocess (``python -m fluxnetes.k8s run``), like a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.k8s
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "k8s"
+OP_NS = "fluxnetes-test"
+
+
+class OperatorProc:
+    def __init__(self, cluster: Any, log_dir: Path) -> None:
+        self.cluster, self.log_dir = cluster, log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, *extra: str) -> None:
+        self.starts += 1
+        log = self.log_dir / f"operator-{self.starts}.log"
+        self.log = log
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fluxnetes.k8s",
+                "run",
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "--webhook-port",
+                "0",
+                "--namespace",
+                OP_NS,
+                *extra,
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "operator ready" in log.read_text():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"operator did not start:\n{log.read_text()[-3000:]}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def operator(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProc]:
+    op = OperatorProc(k8s_cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.kill(signal.SIGTERM)
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            k8s_cluster.kubectl("delete", kind, "fluxnetes.io", "--ignore-not-found", check=False)
+        for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+            k8s_cluster.kubectl("delete", kind, "fluxnetes.io-gate", "--ignore-not-found", check=False)
+        k8s_cluster.kubectl(
+            "delete",
+            "namespace",
+            "fluxnetes-probe",
+            "--ignore-not-found",
+            "--wait=false",
+            check=False,
+        )
+
+
+@pytest.fixture
+def ns(k8s_cluster: Any, operator: OperatorProc) -> Iterator[str]:
+    name = f"fx-{uuid.uuid4().hex[:6]}"
+    k8s_cluster.kubectl("create", "namespace", name)
+    k8s_cluster.kubectl("label", "namespace", name, "fluxnetes.io/enabled=true")
+    try:
+        yield name
+    finally:
+        k8s_cluster.kubectl("delete", "namespace", name, "--wait=true", timeout=120, check=False)
+
+
+def wait(what: str, cond: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = cond()
+        except Exception as exc:  # object not there yet
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def apply(cluster: Any, ns: str, docs: str | list[dict[str, Any]], check: bool = True) -> Any:
+    if isinstance(docs, list):
+        docs = yaml.safe_dump_all(docs)
+    docs = docs.replace("namespace: flux-demo", f"namespace: {ns}")
+    return cluster.kubectl("apply", "-n", ns, "-f", "-", input=docs, check=check)
+
+
+def example(name: str) -> str:
+    return (EXAMPLES / name).read_text()
+
+
+def pods(cluster: Any, ns: str, selector: str | None = None) -> list[dict[str, Any]]:
+    args = ["get", "pods", "-n", ns]
+    if selector:
+        args += ["-l", selector]
+    return list(cluster.kubectl_json(*args)["items"])
+
+
+def fluxjob(cluster: Any, ns: str, name: str) -> dict[str, Any]:
+    return dict(cluster.kubectl_json("get", "fluxjob", "-n", ns, name))
+
+
+def phase(cluster: Any, ns: str, name: str) -> str:
+    return str((fluxjob(cluster, ns, name).get("status") or {}).get("phase", ""))
+
+
+def pod(
+    name: str,
+    cpu: str,
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    node: str | None = None,
+    ns: str | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": labels or {}, "annotations": annotations or {}}
+    if ns:
+        meta["namespace"] = ns
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}]
+    }
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def job(name: str, size: int, cpu: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": size,
+            "completions": size,
+            "completionMode": "Indexed",
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": cpu}}}
+                    ],
+                }
+            },
+        },
+    }
+
+
+def job_complete(cluster: Any, ns: str, name: str) -> bool:
+    j = cluster.kubectl_json("get", "job", "-n", ns, name)
+    return any(
+        c["type"] == "Complete" and c["status"] == "True"
+        for c in j.get("status", {}).get("conditions", [])
+    )
+
+
+def on_chosen_nodes(cluster: Any, ns: str, group: str, pod_list: list[dict[str, Any]]) -> set[str]:
+    """Every pod sits on the node the FluxJob's status gives for its slot."""
+    status = fluxjob(cluster, ns, group)["status"]
+    chosen = status["nodes"]
+    used = set()
+    for p in pod_list:
+        ann = p["metadata"].get("annotations") or {}
+        assert ann.get("fluxnetes.io/fluxjob") == group, p["metadata"]["name"]
+        slot = int(ann["fluxnetes.io/slot"])
+        assert p["spec"]["nodeName"] == chosen[slot], (p["metadata"]["name"], chosen)
+        used.add(p["spec"]["nodeName"])
+    return used
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_job_of_four_is_gated_placed_completed_and_released(k8s_cluster: Any, ns: str) -> None:
+    """The milestone: suspended, allocated, placed on the matcher's nodes, completes, released."""
+    apply(k8s_cluster, ns, example("job.yaml"))
+    j = k8s_cluster.kubectl_json("get", "job", "-n", ns, "job")
+    tmpl = j["spec"]["template"]
+    assert tmpl["spec"]["schedulingGates"] == [{"name": "fluxnetes.io/gate"}]
+    wait("job complete", lambda: job_complete(k8s_cluster, ns, "job"))
+    wait("FluxJob Completed", lambda: phase(k8s_cluster, ns, "job-job") == "Completed")
+    ps = pods(k8s_cluster, ns, "job-name=job")
+    assert len(ps) == 4
+    on_chosen_nodes(k8s_cluster, ns, "job-job", ps)
+    # released: a job that needs the whole cluster (4 x 16 cpu) runs right after
+    apply(k8s_cluster, ns, [job("whole", 4, "16")])
+    wait("whole-cluster job complete", lambda: job_complete(k8s_cluster, ns, "whole"))
+    used = on_chosen_nodes(k8s_cluster, ns, "job-whole", pods(k8s_cluster, ns, "job-name=whole"))
+    assert len(used) == 4
+    out = k8s_cluster.kubectl("get", "fluxjobs", "-n", ns).stdout
+    assert "job-whole" in out and "Completed" in out
+
+
+def test_examples_reach_running_on_chosen_nodes(k8s_cluster: Any, ns: str) -> None:
+    for name in ("pod.yaml", "deployment.yaml", "statefulset.yaml", "pod-group.yaml"):
+        apply(k8s_cluster, ns, example(name))
+    for f in sorted((EXAMPLES / "batch").glob("*.yaml")):
+        apply(k8s_cluster, ns, f.read_text())
+
+    def all_running() -> bool:
+        ps = [p for p in pods(k8s_cluster, ns) if "job-name" not in p["metadata"].get("labels", {})]
+        return len(ps) == 1 + 3 + 2 + 2 and all(p["status"].get("phase") == "Running" for p in ps)
+
+    wait("pods running", all_running)
+    for n in (1, 2, 3, 4, 6):
+        wait(f"batch-{n} complete", lambda n=n: job_complete(k8s_cluster, ns, f"batch-{n}"))
+    groups = {
+        fj["metadata"]["name"]: fj
+        for fj in k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"]
+    }
+    for name, fj in groups.items():
+        members = [
+            p
+            for p in pods(k8s_cluster, ns)
+            if (p["metadata"].get("annotations") or {}).get("fluxnetes.io/fluxjob") == name
+        ]
+        assert len(members) == fj["spec"]["size"], name
+        on_chosen_nodes(k8s_cluster, ns, name, members)
+    assert groups["pod-pod"]["status"]["phase"] == "Running"
+    assert groups["statefulset-db"]["status"]["phase"] == "Running"
+    assert any(n.startswith("replicaset-web-") for n in groups)
+
+
+def test_gang_of_four_waits_for_a_free_node(k8s_cluster: Any, ns: str) -> None:
+    apply(k8s_cluster, ns, [pod("blocker", "16")])
+    wait("blocker running", lambda: pods(k8s_cluster, ns)[0]["status"].get("phase") == "Running")
+    apply(k8s_cluster, ns, [job("gang", 4, "16")])
+    wait("gang queued", lambda: phase(k8s_cluster, ns, "job-gang") in ("Pending", "Reserved"))
+    time.sleep(3)
+    j = k8s_cluster.kubectl_json("get", "job", "-n", ns, "gang")
+    assert j["spec"]["suspend"] is True
+    assert pods(k8s_cluster, ns, "job-name=gang") == []
+    k8s_cluster.kubectl("delete", "pod", "-n", ns, "blocker")
+    wait("gang complete", lambda: job_complete(k8s_cluster, ns, "gang"))
+    used = on_chosen_nodes(k8s_cluster, ns, "job-gang", pods(k8s_cluster, ns, "job-name=gang"))
+    assert len(used) == 4
+
+
+def test_node_exclusive_puts_each_pod_on_its_own_node(k8s_cluster: Any, ns: str) -> None:
+    labels = {"fluxnetes.io/group": "ex", "fluxnetes.io/group-size": "3"}
+    apply(
+        k8s_cluster,
+        ns,
+        [
+            pod(f"ex-{i}", "1", labels=labels, annotations={"fluxnetes.io/exclusive": "true"})
+            for i in range(3)
+        ],
+    )
+    wait("exclusive group running", lambda: phase(k8s_cluster, ns, "ex") == "Running")
+    ps = wait(
+        "bound",
+        lambda: (
+            [p for p in pods(k8s_cluster, ns, "fluxnetes.io/group=ex") if p["spec"].get("nodeName")]
+            if all(
+                p["spec"].get("nodeName") for p in pods(k8s_cluster, ns, "fluxnetes.io/group=ex")
+            )
+            else None
+        ),
+    )
+    assert len({p["spec"]["nodeName"] for p in ps}) == 3
+    # without exclusivity, lonode packs the same group onto one node
+    labels2 = {"fluxnetes.io/group": "packed", "fluxnetes.io/group-size": "3"}
+    apply(k8s_cluster, ns, [pod(f"pk-{i}", "1", labels=labels2) for i in range(3)])
+    wait("packed running", lambda: phase(k8s_cluster, ns, "packed") == "Running")
+    assert len(set(fluxjob(k8s_cluster, ns, "packed")["status"]["nodes"])) == 1
+
+
+def test_backfill_runs_short_job_and_shows_expected_start(k8s_cluster: Any, ns: str) -> None:
+    hold = {"fluxnetes.io/group": "hold", "fluxnetes.io/group-size": "3"}
+    apply(
+        k8s_cluster,
+        ns,
+        [
+            pod(f"hold-{i}", "16", labels=hold, annotations={"fluxnetes.io/duration": "1h"})
+            for i in range(3)
+        ],
+    )
+    wait("hold running", lambda: phase(k8s_cluster, ns, "hold") == "Running")
+    big = {"fluxnetes.io/group": "big", "fluxnetes.io/group-size": "4"}
+    apply(
+        k8s_cluster,
+        ns,
+        [
+            pod(f"big-{i}", "16", labels=big, annotations={"fluxnetes.io/duration": "1h"})
+            for i in range(4)
+        ],
+    )
+    before = time.time()
+    wait("big reserved", lambda: phase(k8s_cluster, ns, "big") == "Reserved")
+    st = fluxjob(k8s_cluster, ns, "big")["status"]
+    from datetime import datetime
+
+    expected = datetime.fromisoformat(st["expectedStart"].replace("Z", "+00:00")).timestamp()
+    assert before + 3000 < expected < before + 3700
+    apply(k8s_cluster, ns, [pod("short", "16", annotations={"fluxnetes.io/duration": "60"})])
+    wait("short runs ahead", lambda: phase(k8s_cluster, ns, "pod-short") == "Running")
+    st2 = fluxjob(k8s_cluster, ns, "big")["status"]
+    assert st2["phase"] == "Reserved" and st2["expectedStart"] == st["expectedStart"]
+    # a long job that would delay the reservation does not backfill
+    k8s_cluster.kubectl("delete", "pod", "-n", ns, "short")
+    apply(k8s_cluster, ns, [pod("long", "16", annotations={"fluxnetes.io/duration": "2h"})])
+    wait("long queued", lambda: phase(k8s_cluster, ns, "pod-long") in ("Pending", "Reserved"))
+    time.sleep(2)
+    assert phase(k8s_cluster, ns, "pod-long") in ("Pending", "Reserved")
+
+
+def test_default_scheduler_pods_reduce_and_return_capacity(k8s_cluster: Any, ns: str) -> None:
+    other = f"{ns}-other"  # not opted in: the default scheduler's pods
+    k8s_cluster.kubectl("create", "namespace", other)
+    try:
+        apply(
+            k8s_cluster,
+            other,
+            [pod(f"f-{i}", "12", node=f"kwok-node-{i}", ns=other) for i in range(4)],
+        )
+        wait(
+            "foreign pods running",
+            lambda: (
+                all(p["status"].get("phase") == "Running" for p in pods(k8s_cluster, other))
+                and len(pods(k8s_cluster, other)) == 4
+            ),
+        )
+        apply(k8s_cluster, ns, [pod("mine", "8")])
+        wait("mine queued", lambda: phase(k8s_cluster, ns, "pod-mine") in ("Pending", "Reserved"))
+        time.sleep(2)
+        assert phase(k8s_cluster, ns, "pod-mine") in ("Pending", "Reserved")
+        k8s_cluster.kubectl("delete", "pod", "-n", other, "f-2")
+        wait(
+            "mine runs where capacity came back",
+            lambda: phase(k8s_cluster, ns, "pod-mine") == "Running",
+        )
+        assert fluxjob(k8s_cluster, ns, "pod-mine")["status"]["nodes"] == ["kwok-node-2"]
+    finally:
+        k8s_cluster.kubectl("delete", "namespace", other, "--wait=true", timeout=120, check=False)
+
+
+def test_bad_input_is_reported_and_other_work_goes_on(k8s_cluster: Any, ns: str) -> None:
+    messages = {
+        "group-size-zero.yaml": "group size must be at least 1",
+        "malformed-group.yaml": "group size must be a positive integer",
+        "bad-jobspec.yaml": "fluxnetes.io/jobspec",
+        "bad-duration.yaml": "fluxnetes.io/duration",
+    }
+    for name, text in messages.items():
+        res = apply(k8s_cluster, ns, example(f"bad/{name}"), check=False)
+        assert res.returncode != 0 and text in res.stderr, (name, res.stderr)
+    apply(k8s_cluster, ns, example("bad/too-many-gpus.yaml"))
+    apply(k8s_cluster, ns, example("bad/group-too-large.yaml"))
+    wait("greedy unsatisfiable", lambda: phase(k8s_cluster, ns, "pod-greedy") == "Unsatisfiable")
+    assert "gpu" in fluxjob(k8s_cluster, ns, "pod-greedy")["status"]["reason"]
+    wait(
+        "too-large unsatisfiable",
+        lambda: phase(k8s_cluster, ns, "job-too-large") == "Unsatisfiable",
+    )
+    events = k8s_cluster.kubectl_json("get", "events", "-n", ns)["items"]
+    assert any(
+        e["reason"] == "Unsatisfiable" and e["involvedObject"]["name"] == "greedy" for e in events
+    )
+    apply(k8s_cluster, ns, example("pod.yaml"))
+    wait("good pod runs", lambda: phase(k8s_cluster, ns, "pod-pod") == "Running")
+
+
+def test_only_the_operator_removes_the_gate(k8s_cluster: Any, ns: str) -> None:
+    k8s_cluster.kubectl(
+        "create", "rolebinding", "mallory-edit", "-n", ns, "--clusterrole=edit", "--user=mallory"
+    )
+    labels = {"fluxnetes.io/group": "two", "fluxnetes.io/group-size": "2"}
+    apply(k8s_cluster, ns, [pod("lonely", "1", labels=labels)])
+    res = k8s_cluster.kubectl(
+        "patch",
+        "pod",
+        "lonely",
+        "-n",
+        ns,
+        "--as=mallory",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "remove", "path": "/spec/schedulingGates/0"}]),
+        check=False,
+    )
+    assert res.returncode != 0 and "fluxnetes.io/gate" in res.stderr
+    assert phase(k8s_cluster, ns, "two") == "Provisional"
+
+
+def test_restart_after_sigkill_recovers_without_double_booking(
+    k8s_cluster: Any, ns: str, operator: OperatorProc
+) -> None:
+    hold = {"fluxnetes.io/group": "hold", "fluxnetes.io/group-size": "2"}
+    apply(k8s_cluster, ns, [pod(f"hold-{i}", "16", labels=hold) for i in range(2)])
+    wait("hold running", lambda: phase(k8s_cluster, ns, "hold") == "Running")
+    before = fluxjob(k8s_cluster, ns, "hold")["status"]
+    operator.kill(signal.SIGKILL)
+    # work submitted while the operator is down is not lost
+    wide = {"fluxnetes.io/group": "wide", "fluxnetes.io/group-size": "3"}
+    operator.start()
+    apply(k8s_cluster, ns, [pod(f"wide-{i}", "16", labels=wide) for i in range(3)])
+    wait("wide queued", lambda: phase(k8s_cluster, ns, "wide") in ("Pending", "Reserved"))
+    after = fluxjob(k8s_cluster, ns, "hold")["status"]
+    assert after["phase"] == "Running" and after["jobid"] == before["jobid"]
+    time.sleep(3)
+    assert phase(k8s_cluster, ns, "wide") in (
+        "Pending",
+        "Reserved",
+    )  # only 2 nodes free: no double booking
+    k8s_cluster.kubectl("delete", "pod", "-n", ns, "hold-0", "hold-1")
+    wait("wide runs once hold is gone", lambda: phase(k8s_cluster, ns, "wide") == "Running")
+    assert len(set(fluxjob(k8s_cluster, ns, "wide")["status"]["nodes"])) == 3
+
+
+def test_node_added_used_and_removed_fails_its_groups(k8s_cluster: Any, ns: str) -> None:
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "kwok-extra-0",
+                         "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake"},
+                         "labels": {"kubernetes.io/hostname": "kwok-extra-0", "type": "kwok",
+                                    "topology.kubernetes.io/zone": "zone-9", "fluxnetes.io/rack": "rack-9"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+                       "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"}}}
+    k8s_cluster.kubectl("apply", "-f", "-", input=json.dumps(node))
+    try:
+        wait("extra node ready", lambda: any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in k8s_cluster.kubectl_json("get", "node", "kwok-extra-0")["status"].get("conditions", [])))
+        apply(k8s_cluster, ns, [pod("wide", "40")])  # only the new node can hold it
+        wait("wide runs on the new node", lambda: phase(k8s_cluster, ns, "pod-wide") == "Running")
+        assert fluxjob(k8s_cluster, ns, "pod-wide")["status"]["nodes"] == ["kwok-extra-0"]
+        # a cordoned node takes nothing new
+        k8s_cluster.kubectl("cordon", "kwok-node-0")
+        try:
+            apply(k8s_cluster, ns, [pod("small", "1")])
+            wait("small runs", lambda: phase(k8s_cluster, ns, "pod-small") == "Running")
+            assert fluxjob(k8s_cluster, ns, "pod-small")["status"]["nodes"] != ["kwok-node-0"]
+        finally:
+            k8s_cluster.kubectl("uncordon", "kwok-node-0")
+        k8s_cluster.kubectl("delete", "node", "kwok-extra-0")
+        wait("wide failed", lambda: phase(k8s_cluster, ns, "pod-wide") == "Failed")
+        assert "kwok-extra-0" in fluxjob(k8s_cluster, ns, "pod-wide")["status"]["reason"]
+    finally:
+        k8s_cluster.kubectl("delete", "node", "kwok-extra-0", "--ignore-not-found", check=False)
+
+
+def test_two_replicas_only_the_leader_schedules(k8s_cluster: Any, ns: str, operator: OperatorProc,
+                                               tmp_path: Path) -> None:
+    standby = OperatorProc(k8s_cluster, tmp_path)
+    standby.starts = 100
+    log = tmp_path / "standby.log"
+    standby.proc = subprocess.Popen(
+        [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(k8s_cluster.kubeconfig),
+         "--webhook-port", "0", "--namespace", OP_NS], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        wait("standby serving its webhook", lambda: "webhook serving" in log.read_text())
+        time.sleep(3)
+        assert "operator ready" not in log.read_text()  # not the leader: watches nothing
+        operator.kill(signal.SIGKILL)
+        wait("standby takes over", lambda: "operator ready" in log.read_text(), timeout=60)
+        apply(k8s_cluster, ns, [pod("after-failover", "1")])
+        wait("scheduled by the new leader", lambda: phase(k8s_cluster, ns, "pod-after-failover") == "Running")
+    finally:
+        standby.kill(signal.SIGTERM)
+        operator.start()
+
+
+def test_restart_while_jobs_flow_completes_each_job_once(k8s_cluster: Any, ns: str,
+                                                          operator: OperatorProc) -> None:
+    import threading
+
+    nodes = {n["metadata"]["name"]: n for n in k8s_cluster.kubectl_json("get", "nodes")["items"]}
+    from fluxnetes.k8s.resources import node_allocatable, pod_request
+
+    violations: list[str] = []
+    stop = threading.Event()
+
+    def check() -> None:  # continuously: what is bound to a node never exceeds its allocatable
+        while not stop.is_set():
+            used: dict[str, int] = {}
+            for p in k8s_cluster.kubectl_json("get", "pods", "-A")["items"]:
+                node = p["spec"].get("nodeName")
+                if node and p["status"].get("phase") not in ("Succeeded", "Failed"):
+                    used[node] = used.get(node, 0) + pod_request(p["spec"]).cpu_millis
+            for node, millis in used.items():
+                if node in nodes and millis > node_allocatable(nodes[node]).cpu_millis:
+                    violations.append(f"{node}: {millis}m bound")
+            time.sleep(0.5)
+
+    checker = threading.Thread(target=check, daemon=True)
+    checker.start()
+    total = 200
+    docs = [job(f"flow-{i}", 1, "4") for i in range(total)]
+    try:
+        apply(k8s_cluster, ns, docs[:100])
+        time.sleep(2)
+        operator.kill(signal.SIGKILL)
+        apply(k8s_cluster, ns, docs[100:])  # submitted while the operator is down
+        operator.start()
+
+        def all_complete() -> bool:
+            jobs = k8s_cluster.kubectl_json("get", "jobs", "-n", ns)["items"]
+            return len(jobs) == total and all(
+                any(c["type"] == "Complete" and c["status"] == "True" for c in j["status"].get("conditions", []))
+                for j in jobs)
+
+        wait("all 200 jobs complete", all_complete, timeout=300, interval=2)
+    finally:
+        stop.set()
+        checker.join(timeout=10)
+    jobs = k8s_cluster.kubectl_json("get", "jobs", "-n", ns)["items"]
+    assert all(j["status"].get("succeeded") == 1 and not j["status"].get("failed") for j in jobs)
+    ps = pods(k8s_cluster, ns)
+    assert len(ps) == total  # one pod per job: nothing ran twice
+    assert violations == []
+
+
+def test_store_records_every_decision(k8s_cluster: Any, ns: str, operator: OperatorProc, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fluxnetes.db'}"
+    operator.kill(signal.SIGTERM)
+    try:
+        operator.start("--store", url)
+        apply(k8s_cluster, ns, [job("stored", 2, "2")])
+        wait("job complete", lambda: job_complete(k8s_cluster, ns, "stored"))
+        wait("FluxJob completed", lambda: phase(k8s_cluster, ns, "job-stored") == "Completed")
+        from fluxnetes.store import Store
+
+        store = Store(url)
+
+        def recorded() -> Any:
+            rec = store.find(ns, "job-stored", fluxjob(k8s_cluster, ns, "job-stored")["spec"]["workload"]["uid"])
+            return rec if rec is not None and str(rec.state) == "completed" else None
+
+        rec = wait("store says completed", recorded, timeout=30)
+        states = [str(e.to_state) for e in store.events(rec.id)]
+        assert states[:3] == ["provisional", "pending", "running"] and states[-1] == "completed"
+    finally:
+        operator.kill(signal.SIGTERM)
+        operator.start()
+
+
+def test_job_mode_gate_places_without_suspending(k8s_cluster: Any, ns: str, operator: OperatorProc) -> None:
+    operator.kill(signal.SIGTERM)
+    try:
+        operator.start("--job-mode", "gate")
+        apply(k8s_cluster, ns, [pod("blocker", "16")])
+        apply(k8s_cluster, ns, [job("gated", 4, "16")])
+        wait("gang queued", lambda: phase(k8s_cluster, ns, "job-gated") in ("Pending", "Reserved"))
+        j = k8s_cluster.kubectl_json("get", "job", "-n", ns, "gated")
+        assert not j["spec"].get("suspend")
+        time.sleep(2)
+        gated = pods(k8s_cluster, ns, "job-name=gated")
+        assert len(gated) == 4 and not any(p["spec"].get("nodeName") for p in gated)  # created, none started
+        k8s_cluster.kubectl("delete", "pod", "-n", ns, "blocker")
+        wait("job complete", lambda: job_complete(k8s_cluster, ns, "gated"))
+        assert len(on_chosen_nodes(k8s_cluster, ns, "job-gated", pods(k8s_cluster, ns, "job-name=gated"))) == 4
+    finally:
+        operator.kill(signal.SIGTERM)
+        operator.start()

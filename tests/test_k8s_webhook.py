@@ -1,0 +1,118 @@
+"""The webhook server over real HTTPS with the operator's own certificate."""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+import pytest
+from cryptography import x509
+
+from fluxnetes.k8s import certs, names, webhook_config
+from fluxnetes.k8s.webhook import WebhookServer
+
+
+def test_bundle_has_ip_san_and_renews() -> None:
+    b = certs.make_bundle(["127.0.0.1", "fluxnetes.fluxnetes-system.svc"])
+    cert = x509.load_pem_x509_certificate(b.tls_crt)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert not certs.needs_renewal(b, ["127.0.0.1"])
+    assert certs.needs_renewal(b, ["10.0.0.9"])
+    assert certs.needs_renewal(b, ["127.0.0.1"], now=datetime.now(UTC) + timedelta(days=340))
+    r = certs.renew(b, ["127.0.0.1", "10.0.0.9"])
+    assert r.ca_crt == b.ca_crt and r.tls_crt != b.tls_crt
+    assert certs.CertBundle.from_secret_data(r.as_secret_data()) == r
+
+
+def test_webhook_config_scope() -> None:
+    target = webhook_config.WebhookTarget(url="https://127.0.0.1:9443")
+    scope = webhook_config.Scope(own_namespace="flux-ns")
+    m = webhook_config.mutating(target, scope, b"CA")
+    pods = m["webhooks"][0]
+    assert pods["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate-pods"
+    assert base64.b64decode(pods["clientConfig"]["caBundle"]) == b"CA"
+    assert pods["failurePolicy"] == "Ignore"
+    exprs = pods["namespaceSelector"]["matchExpressions"]
+    assert exprs[0] == {"key": names.LABEL_ENABLED, "operator": "In", "values": ["true"]}
+    assert {"kube-system", "flux-ns"} <= set(exprs[1]["values"])
+    v = webhook_config.validating(target, scope, b"CA")
+    assert v["webhooks"][0]["objectSelector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
+    svc = webhook_config.WebhookTarget(service_name="fluxnetes", service_namespace="flux-ns")
+    assert svc.client_config("/x", b"")["service"]["path"] == "/x"
+
+
+@pytest.mark.asyncio
+async def test_webhook_serves_reviews_over_tls() -> None:
+    bundle = certs.make_bundle(["127.0.0.1"])
+    server = WebhookServer("127.0.0.1", 0, bundle, lambda: {"operator"})
+    port = await server.start()
+    ctx = ssl.create_default_context(cadata=bundle.ca_crt.decode())
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"containers": [{"name": "c"}]},
+    }
+    review = {
+        "request": {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"}, "object": pod}
+    }
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"https://127.0.0.1:{port}/mutate-pods", json=review, ssl=ctx) as r:
+                body = await r.json()
+            assert body["response"]["uid"] == "u" and body["response"]["allowed"]
+            patch = json.loads(base64.b64decode(body["response"]["patch"]))
+            assert {
+                "op": "add",
+                "path": "/spec/schedulingGates",
+                "value": [{"name": names.GATE}],
+            } in patch
+            gated = {**pod, "spec": {**pod["spec"], "schedulingGates": [{"name": names.GATE}]}}
+            upd = {
+                "request": {
+                    "uid": "v",
+                    "operation": "UPDATE",
+                    "object": pod,
+                    "oldObject": gated,
+                    "userInfo": {"username": "bob"},
+                }
+            }
+            async with s.post(f"https://127.0.0.1:{port}/validate-pods", json=upd, ssl=ctx) as r:
+                assert (await r.json())["response"]["allowed"] is False
+            async with s.post(f"https://127.0.0.1:{port}/mutate-pods", data=b"[1", ssl=ctx) as r:
+                assert r.status == 400
+    finally:
+        await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_webhook_in_its_own_process() -> None:
+    bundle = certs.make_bundle(["127.0.0.1"])
+    server = WebhookServer("127.0.0.1", 0, bundle, lambda: {"operator"})
+    port = await server.start_in_process()
+    ctx = ssl.create_default_context(cadata=bundle.ca_crt.decode())
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+           "spec": {"containers": [{"name": "c"}], "schedulingGates": [{"name": names.GATE}]}}
+    upd = {"request": {"uid": "v", "operation": "UPDATE", "object": {**pod, "spec": {"containers": []}},
+                       "oldObject": pod, "userInfo": {"username": "operator"}}}
+    try:
+        async with aiohttp.ClientSession() as s, s.post(
+            f"https://127.0.0.1:{port}/validate-pods", json=upd, ssl=ctx
+        ) as r:
+            assert (await r.json())["response"]["allowed"] is True  # the operator's identity
+    finally:
+        await server.stop()
+
+
+def test_gate_policy_is_cel_with_the_operator_identity() -> None:
+    scope = webhook_config.Scope(own_namespace="flux-ns")
+    policy, binding = webhook_config.gate_policy(scope, ["system:serviceaccount:flux-ns:fluxnetes"])
+    rule = policy["spec"]["validations"][0]
+    assert '"system:serviceaccount:flux-ns:fluxnetes"' in rule["expression"]
+    assert names.GATE in rule["expression"] and names.GATE in rule["messageExpression"]
+    assert policy["spec"]["matchConstraints"]["objectSelector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
