@@ -126,6 +126,15 @@ def simulate_command(
     if POLICIES and match_policy not in POLICIES:
         raise _err(f"--match-policy must be one of {', '.join(POLICIES)} (got {match_policy!r})")
 
+    # Output locations are checked before the run, so a typo does not cost the simulation.
+    for target, what in ((csv_file.parent if csv_file else None, "--csv"), (plots, "--plots")):
+        if target is None:
+            continue
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _err(f"{what}: cannot create {target} ({exc.strerror or exc})") from None
+
     path = trace or bundled_trace()
     try:
         swf = read_swf(path, strict=strict)
@@ -174,7 +183,10 @@ def simulate_command(
         out.print(f"recorded {len(recorder.ids):,} jobs in the store ({store})", markup=False)
 
     if csv_file is not None:
-        _write_csv(csv_file, runs)
+        try:
+            _write_csv(csv_file, runs)
+        except OSError as exc:
+            raise _err(f"--csv: cannot write {csv_file} ({exc.strerror or exc})") from None
     plot_paths: list[Path] = []
     if plots is not None:
         from fluxnetes.sim.plots import write_plots

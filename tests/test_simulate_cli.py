@@ -31,3 +31,15 @@ def test_simulate_with_a_bad_store_url_says_so(tmp_path: Path) -> None:
     assert result.exit_code != 0
     assert "--store" in result.output
     assert "Traceback" not in result.output
+
+
+def test_simulate_creates_output_folders_and_reports_unwritable_ones(tmp_path: Path) -> None:
+    csv = tmp_path / "new" / "deeper" / "jobs.csv"
+    result = CliRunner().invoke(app, ["simulate", "--limit", "20", "--csv", str(csv)])
+    assert result.exit_code == 0, result.output
+    assert csv.read_text().count("\n") >= 20
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(app, ["simulate", "--limit", "20", "--csv", str(blocker / "x.csv")])
+    assert result.exit_code != 0
+    assert "--csv" in result.output and "Traceback" not in result.output
