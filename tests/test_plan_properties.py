@@ -221,3 +221,161 @@ def test_planner_multi_matches_brute_force(
     for sid in list(multi_spans):
         pm.rem_span(sid)
     assert all(len(pts) == 1 for pts in pm.points().values())
+
+
+# ---------------------------------------------------------------------------- keyed API
+# The matcher's hot paths use the trusted, keyed API (put / pop / free / fits, end-based
+# windows). Histories below grow past SMALL spans so that both representations (scanning
+# the spans, and the scheduled points built lazily and then maintained) are exercised, and
+# they mix in the checked API that relies on those points.
+
+keyed_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "put", "put", "pop", "free", "first", "add"]),
+        st.integers(0, H - 1),
+        st.integers(1, H),
+        st.integers(0, 6),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(total=st.integers(1, 12), history=keyed_ops)
+def test_keyed_planner_matches_brute_force(
+    total: int, history: list[tuple[str, int, int, int]]
+) -> None:
+    p = Planner(total, base=0, horizon=H)
+    m = Model(total)
+    next_key = 1000
+    for kind, x, y, z in history:
+        end = min(x + y, H)
+        if kind == "put":
+            # trusted: no fit check, so usage may exceed the total (remaining goes negative)
+            p.put(next_key, x, end, z)
+            m.spans[next_key] = [x, end, z]
+            next_key += 1
+        elif kind == "add":
+            amount = max(z, 1)
+            fits = m.avail_during(x, end - x, amount) and amount <= total
+            try:
+                sid = p.add_span(x, end - x, amount)
+            except (PlannerNoFitError, PlannerRangeError):
+                assert not fits
+            else:
+                assert fits
+                m.spans[sid] = [x, end, amount]
+        elif kind == "pop" and m.spans:
+            key = sorted(m.spans)[x % len(m.spans)]
+            s, e, a = m.spans.pop(key)
+            assert p.pop(key) == (s, e, a)
+            assert p.pop(key) is None
+        elif kind == "free":
+            expected = min(m.remaining(t) for t in range(x, end))
+            assert p.free(x, end) == expected
+            assert p.fits(x, end, z) == (z <= total and expected >= z)
+        elif kind == "first" and 1 <= z <= total and all(m.remaining(t) >= 0 for t in range(H)):
+            assert p.avail_time_first(x, y, z) == m.first_fit(x, y, z)
+        assert len(p) == len(m.spans)
+        assert p.used == sum(a for _s, _e, a in m.spans.values())
+        for t in (0, x, end - 1):
+            assert p.free(t, t + 1) == m.remaining(t)
+    for key in list(m.spans):
+        p.pop(key)
+    assert p.is_idle() and p.used == 0
+    assert [(pt.at, pt.remaining) for pt in p.points()] == [(0, total)]
+
+
+multi_keyed_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "put", "pop", "fits", "times"]),
+        st.integers(0, H - 1),
+        st.integers(1, H),
+        st.tuples(st.integers(0, 4), st.integers(0, 2)),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(totals=st.tuples(st.integers(1, 6), st.integers(1, 3)), history=multi_keyed_ops)
+def test_keyed_planner_multi_matches_brute_force(
+    totals: tuple[int, int], history: list[tuple[str, int, int, tuple[int, int]]]
+) -> None:
+    types = ("core", "gpu")
+    pm = PlannerMulti(dict(zip(types, totals, strict=True)), base=0, horizon=H)
+    models = [Model(t) for t in totals]
+    keys: dict[int, tuple[int, int]] = {}
+    next_key = 1
+    for kind, x, y, counts in history:
+        end = min(x + y, H)
+        if kind == "put":
+            # stay within the totals so the union-of-points search is well defined
+            if all(mm.avail_during(x, end - x, c) for mm, c in zip(models, counts, strict=True)):
+                pm.put(next_key, x, end, counts)
+                keys[next_key] = counts
+                for mm, c in zip(models, counts, strict=True):
+                    if c:
+                        mm.spans[next_key] = [x, end, c]
+                next_key += 1
+        elif kind == "pop" and keys:
+            key = sorted(keys)[x % len(keys)]
+            assert pm.pop(key) == keys.pop(key)
+            for mm in models:
+                mm.spans.pop(key, None)
+            assert pm.pop(key) is None
+        elif kind == "fits":
+            req = {"core": counts[0], "gpu": counts[1], "untracked": 5}
+            expected = all(
+                mm.avail_during(x, end - x, c) for mm, c in zip(models, counts, strict=True)
+            )
+            assert pm.fits(req, x, end) == expected
+            for i, mm in enumerate(models):
+                assert pm.free(i, x, end) == min(mm.remaining(t) for t in range(x, end))
+        elif kind == "times":
+            req = {"core": counts[0], "gpu": counts[1]}
+            union = sorted({pt for mm in models for pt in mm.points()})
+            expected = [
+                c
+                for c in union
+                if c >= x
+                and c + y <= H
+                and all(mm.avail_during(c, y, n) for mm, n in zip(models, counts, strict=True))
+            ]
+            if any(n > t for n, t in zip(counts, totals, strict=True)):
+                expected = []
+            assert list(pm.fit_times(x, y, req)) == expected
+    for key in list(keys):
+        pm.pop(key)
+    assert all(len(pts) == 1 for pts in pm.points().values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    total=st.integers(1, 8), history=ops, probe=st.tuples(st.integers(0, H - 1), st.integers(1, H))
+)
+def test_first_fit_excluding_a_span_is_the_search_without_it(
+    total: int, history: list[tuple[str, int, int, int]], probe: tuple[int, int]
+) -> None:
+    """first_fit(exclude=k) (the queue profile's "could this reservation move earlier?")
+    answers as if span k were removed, and leaves the planner exactly as it was."""
+    p = Planner(total, base=0, horizon=H)
+    m = Model(total)
+    for _kind, x, y, z in history:
+        amount = max(1, z)
+        if amount <= total and x + y <= H and m.avail_during(x, y, amount):
+            m.spans[p.add_span(x, y, amount)] = [x, x + y, amount]
+    on_or_after, d = probe
+    before = p.points()
+    for key in [None, *m.spans]:
+        without = Model(total, {k: v for k, v in m.spans.items() if k != key})
+        for a in range(0, total + 2):
+            got = p.first_fit(on_or_after, d, a, exclude=key)
+            if a > total:
+                assert got is None
+                continue
+            # the search without the span: candidates are on_or_after and the points after it
+            cands = sorted({on_or_after} | {t for t in m.points() if t > on_or_after})
+            want = next((c for c in cands if c + d <= H and without.avail_during(c, d, a)), None)
+            assert got == want
+        assert p.points() == before

@@ -8,20 +8,22 @@ update pass that only follows marked edges, pruning filters (aggregate counts of
 ``node`` per subtree plus leaf types at the cluster), and the ``first`` policy's dynamic
 child order (availability-weighted ``by_outedges``).
 
-Time: every span is a half-open interval [start, end). Availability over a window is
-``total - max overlapping usage``. Each vertex keeps ``usedsum`` (usage of all spans, any
-time) so the common "plenty free" case is decided without looking at individual spans.
+Time: every span is a half-open interval [start, end); all availability over time is
+:mod:`fluxnetes.plan`'s (see :class:`VState`): span tables for each vertex's own planner and
+x_checker, a PlannerMulti per inner vertex for its pruning filter, and the root filter's
+earliest-fit search for reservations.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 from fluxnetes.graph.model import UP, Vertex, gc_paused
 from fluxnetes.jobspec.model import UINT_MAX, Count, Resource
 from fluxnetes.match.stdsort import introsort
+from fluxnetes.plan import PlannerMulti, table_free, table_overlaps
 
 MAXW = (1 << 64) - 1  # initial by_outedges weight
 GRAPH_END = 3153600000  # 100 years: Fluxion's default graph horizon
@@ -61,41 +63,28 @@ def effective_max(c: Count) -> int:
     return calc_count(c, UINT_MAX)
 
 
-def max_used(spans: Iterable[tuple[int, int, int]], at: int, end: int) -> int:
-    """Largest total amount in use at any instant of [at, end)."""
-    rel = [(s, e, a) for (s, e, a) in spans if s < end and e > at and a]
-    if not rel:
-        return 0
-    if len(rel) == 1:
-        return rel[0][2]
-    best = 0
-    starts = {at if s < at else s for s, _, _ in rel}
-    for p in starts:
-        tot = 0
-        for s, e, a in rel:
-            if s <= p < e:
-                tot += a
-        if tot > best:
-            best = tot
-    return best
-
-
 _EMPTY_LIST: list[Any] = []  # shared by leaves; never mutated (replaced when a child is added)
 _EMPTY_DICT: dict[str, int] = {}
 
 
 class VState:
-    """Scheduling state of one vertex (and of the containment edge from its parent)."""
+    """Scheduling state of one vertex (and of the containment edge from its parent).
+
+    Time is :mod:`fluxnetes.plan`'s, created on first use: ``ps`` the vertex's own planner
+    as a bare span table (job id -> (start, end, amount); total = its size, ``pused`` its
+    sum), ``xs`` its x_checker (a bare span table too: job id -> (start, end, 1) for every
+    job using something at or under the vertex; leaves use ``ps`` for that), ``f`` its
+    pruning filter (a PlannerMulti over ``ftypes`` with totals ``ftot``,
+    the subtree's capacity; key = job id).
+    """
 
     __slots__ = (
         "alloc_n",
         "children",
-        "fbounds",
+        "f",
         "fidx",
-        "fspans",
         "ftot",
         "ftypes",
-        "fused",
         "mexcl",
         "mneeds",
         "mseq",
@@ -114,20 +103,15 @@ class VState:
         self.parent = parent
         # leaves share immutable empties (most vertices are leaves; keeps memory and GC low)
         self.children: list[VState] = _EMPTY_LIST
-        # own planner: jobid -> (start, end, amount); pused = sum of amounts
         self.ps: dict[int, tuple[int, int, int]] | None = None
         self.pused = 0
         self.alloc_n = 0  # how many of ps are allocations (not reservations)
-        # x_checker + tags: jobid -> (start, end)
-        self.xs: dict[int, tuple[int, int]] | None = None
+        self.xs: dict[int, tuple[int, int, int]] | None = None
         # pruning filter (subtree aggregate) ; empty for leaves
         self.ftypes: tuple[str, ...] = ()
         self.fidx: dict[str, int] = _EMPTY_DICT
         self.ftot: list[int] = _EMPTY_LIST
-        self.fused: list[int] = _EMPTY_LIST
-        self.fspans: dict[int, tuple[int, int, tuple[int, ...]]] | None = None
-        # (latest span start, earliest span end) of fspans; None = recompute when needed
-        self.fbounds: tuple[int, int] | None = None
+        self.f: PlannerMulti | None = None
         # parent-edge data
         self.weight = MAXW
         self.mseq = 0
@@ -137,68 +121,60 @@ class VState:
         self.order: list[VState] = _EMPTY_LIST
         self.okeys: list[tuple[int, int]] = _EMPTY_LIST
 
+    # views (tests, invariants) ------------------------------------------------------------
+    @property
+    def fspans(self) -> PlannerMulti | None:
+        """The filter's spans: job id -> (start, end, counts aligned with ftypes)."""
+        return self.f
+
+    @property
+    def fused(self) -> list[int]:
+        f = self.f
+        return f.used() if f is not None else [0] * len(self.ftypes)
+
     # own planner ----------------------------------------------------------------------
     def avail(self, at: int, end: int) -> int:
-        size: int = self.v.size
-        if not self.ps:
-            return size
-        if size - self.pused >= size:
-            return size
-        return size - max_used(self.ps.values(), at, end)
+        ps = self.ps
+        if not ps:
+            return self.v.size
+        return table_free(ps, self.v.size, self.pused, at, end)
 
-    def avail_at(self, t: int) -> int:
-        return self.avail(t, t + 1)
+    def hold(self, jobid: int, at: int, end: int, amount: int) -> None:
+        """Record ``amount`` of this vertex for the job over [at, end)."""
+        ps = self.ps
+        if ps is None:
+            self.ps = {jobid: (at, end, amount)}
+        else:
+            ps[jobid] = (at, end, amount)
+        self.pused += amount
+
+    def tag(self, jobid: int, at: int, end: int) -> None:
+        """x_checker: the job uses something at or under this vertex over [at, end)."""
+        xs = self.xs
+        if xs is None:
+            self.xs = {jobid: (at, end, 1)}
+        else:
+            xs[jobid] = (at, end, 1)
 
     def x_busy(self, at: int, end: int) -> bool:
         """Any job on this vertex during [at, end)? (leaves: their planner spans are the tags)"""
         xs = self.xs
-        if xs and any(s < end and e > at for s, e in xs.values()):
+        if xs and table_overlaps(xs, at, end):
             return True
         ps = self.ps
         if not ps or self.children:
             return False
-        return any(s < end and e > at for s, e, _a in ps.values())
+        return table_overlaps(ps, at, end)
 
     # filter -------------------------------------------------------------------------------
+    # (inner vertices only: every inner vertex has its ``f`` from prime() on)
     def f_avail(self, i: int, at: int, end: int) -> int:
-        tot = self.ftot[i]
-        fspans = self.fspans
-        if not fspans or self.fused[i] == 0:
-            return tot
-        # common case: every span covers the whole window -> all of them are in use
-        bounds = self.fbounds
-        if bounds is None:
-            bounds = self.fbounds = (max(sp[0] for sp in fspans.values()), min(sp[1] for sp in fspans.values()))
-        if bounds[0] <= at and bounds[1] >= end:
-            return tot - self.fused[i]
-        return tot - max_used(((s, e, c[i]) for s, e, c in fspans.values()), at, end)
+        assert self.f is not None
+        return self.f.free(i, at, end)
 
     def f_add(self, jobid: int, at: int, end: int, counts: tuple[int, ...]) -> None:
-        fspans = self.fspans
-        if fspans is None:
-            fspans = self.fspans = {}
-        fspans[jobid] = (at, end, counts)
-        fused = self.fused
-        for i, c in enumerate(counts):
-            fused[i] += c
-        b = self.fbounds
-        if b is not None:
-            self.fbounds = (max(b[0], at), min(b[1], end))
-
-    def f_ok(self, req: dict[str, int], at: int, end: int) -> bool:
-        fidx = self.fidx
-        for t, need in req.items():
-            i = fidx.get(t)
-            if i is None or not need:
-                continue
-            tot = self.ftot[i]
-            if need > tot:
-                return False
-            if tot - self.fused[i] >= need:
-                continue
-            if self.f_avail(i, at, end) < need:
-                return False
-        return True
+        assert self.f is not None
+        self.f.put(jobid, at, end, counts)
 
 
 def _order_key(c: VState) -> tuple[int, int]:
@@ -426,9 +402,7 @@ class Engine:
                     s.ftypes = ()
                     s.fidx = _EMPTY_DICT
                     s.ftot = _EMPTY_LIST
-                    s.fused = _EMPTY_LIST
-                    s.fspans = None
-                    s.fbounds = None
+                    s.f = None
                     s.order = _EMPTY_LIST
                     s.okeys = _EMPTY_LIST
         tracked = set(prune_all) | set(leaf_types)
@@ -449,22 +423,16 @@ class Engine:
                     nodes_up += 1
             sums[id(s)] = agg
             types = self.my_types(v.type)
-            old = dict(zip(s.ftypes, range(len(s.ftypes)), strict=True)) if s.ftypes else {}
-            prev_types = s.ftypes
             s.ftypes = types
             s.fidx = {t: i for i, t in enumerate(types)}
             s.ftot = [agg.get(t, 0) for t in types]
-            if s.fspans:
-                # re-align recorded spans to the new type order
-                newspans = {}
-                for jid, (st, en, cnt) in s.fspans.items():
-                    newspans[jid] = (st, en, tuple(cnt[old[t]] if t in old else 0 for t in types))
-                s.fspans = newspans
-                s.fused = [sum(c[2][i] for c in newspans.values()) for i in range(len(types))]
-                s.fbounds = None
+            # filters exist for every inner vertex from the start: made here, while the GC is
+            # paused, rather than one by one during matches
+            if s.f is not None and len(s.f):
+                # keep recorded spans, re-aligned to the new types and totals
+                s.f = s.f.retyped(dict(zip(types, s.ftot, strict=True)))
             else:
-                s.fused = [0] * len(types)
-            _ = prev_types
+                s.f = PlannerMulti.aligned(types, s.fidx, s.ftot)
             order = sorted(s.children, key=_order_key)
             s.order = order
             s.okeys = [(-c.weight, -c.v.uniq_id) for c in order]
@@ -603,7 +571,8 @@ class Engine:
                         return False, 0, 0, x_in
                     if (u.xs or u.ps) and u.x_busy(at, end):
                         return False, 0, 0, x_in
-            if u.ftypes and r.agg and not u.f_ok(r.agg, at, end):
+            f = u.f
+            if f is not None and r.agg and not f.fits(r.agg, at, end):
                 return False, 0, 0, x_in
         # ---- discover
         if self.node_centric and vtype == "node":
@@ -718,16 +687,17 @@ class Engine:
             ct = c.v.type
             if ct in sat:
                 continue
-            if c.ftypes:
+            f = c.f
+            if f is not None:
                 skip = False
                 for agg in slot_aggs:
-                    if not c.f_ok(agg, at, end):
+                    if not f.fits(agg, at, end):
                         skip = True
                         break
                 if skip:
                     continue
                 agg2 = type_aggs.get(ct)
-                if agg2 is not None and not c.f_ok(agg2, at, end):
+                if agg2 is not None and not f.fits(agg2, at, end):
                     continue
             if leaf_ok and not c.children:
                 ok, score, avail, x = leaf(c, resources, pristine, excl, ml)
@@ -1039,12 +1009,15 @@ class Engine:
         if n > 0:
             fcounts = None
             if record is not None:
-                if u.xs is None:
-                    u.xs = {}
-                u.xs[meta.jobid] = (meta.at, meta.end)
-                if u.ftypes and dfu:
+                xs = u.xs  # x_checker tag (VState.tag, inline: once per vertex per commit)
+                if xs is None:
+                    u.xs = {meta.jobid: (meta.at, meta.end, 1)}
+                else:
+                    xs[meta.jobid] = (meta.at, meta.end, 1)
+                f = u.f
+                if f is not None and dfu:
                     fcounts = tuple(dfu.get(t, 0) for t in u.ftypes)
-                    u.f_add(meta.jobid, meta.at, meta.end, fcounts)
+                    f.put(meta.jobid, meta.at, meta.end, fcounts)
             vt = v.type
             if self.is_pruning_type(vt):
                 if excl:
@@ -1060,10 +1033,7 @@ class Engine:
         return n
 
     def _add_plan(self, u: VState, jobid: int, at: int, end: int, amount: int, reserved: bool) -> None:
-        if u.ps is None:
-            u.ps = {}
-        u.ps[jobid] = (at, end, amount)
-        u.pused += amount
+        u.hold(jobid, at, end, amount)
         if not reserved:
             u.alloc_n += 1
 
@@ -1072,7 +1042,7 @@ class Engine:
             return
         i = len(c.ftypes) - 1
         avail = c.f_avail(i, self.meta.now, self.meta.now + 1)
-        if avail == 0 and not c.fspans:
+        if avail == 0 and not c.f:
             return
         old = (-c.weight, -c.v.uniq_id)
         j = bisect_left(u.okeys, old)
@@ -1101,24 +1071,15 @@ class Engine:
                     u.pused -= sp[2]
                     if not reserved:
                         u.alloc_n -= 1
-            if e.fcounts is not None and u.fspans is not None:
-                fs = u.fspans.pop(jobid, None)
-                if fs is not None:
-                    for i, cnum in enumerate(fs[2]):
-                        u.fused[i] -= cnum
-                    u.fbounds = None
+            if e.fcounts is not None and u.f is not None:
+                u.f.pop(jobid)
 
     # ------------------------------------------------------------------ candidate times
-    def candidate_times(self, after: int) -> list[int]:
-        """Scheduled points (span boundaries) of the root filter at or after ``after``."""
-        pts: set[int] = set()
-        r = self.root
-        if r.fspans:
-            for s, e, _c in r.fspans.values():
-                if s >= after:
-                    pts.add(s)
-                if e >= after:
-                    pts.add(e)
-        return sorted(pts)
-
-
+    def candidate_times(self, after: int, duration: int, totals: dict[str, int]) -> Iterator[int]:
+        """Reservation candidates (fluxion-spec §5.6): scheduled points of the root filter at
+        or after ``after`` where the root has the job's totals free for the whole window, in
+        increasing order, read from the current state at each step."""
+        f = self.root.f
+        if f is None:
+            return iter(())
+        return f.fit_times(after, duration, totals)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from fluxnetes.graph.jgf import read_jgf
 from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex
@@ -26,7 +26,6 @@ from fluxnetes.match.engine import (
     JobEntry,
     Meta,
     VState,
-    max_used,
 )
 from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
 from fluxnetes.match.results import (
@@ -37,6 +36,7 @@ from fluxnetes.match.results import (
     NodeShare,
     node_shares,
 )
+from fluxnetes.plan import max_overlap
 
 # policy name -> (high, node_centric, stop_on_1, node_exclusive)   (fluxion-spec §4.1)
 POLICIES: dict[str, tuple[bool, bool, bool, bool]] = {
@@ -219,12 +219,11 @@ class Matcher:
                     return res
                 return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
             if op == "allocate_orelse_reserve":
-                # candidate start times: scheduled points of the root filter (§5.6)
-                for when in eng.candidate_times(now + 1):
+                # candidate start times: scheduled points of the root filter where the
+                # root has the job's totals free for the whole window (§5.6)
+                for when in eng.candidate_times(now + 1, duration, js.totals):
                     if when >= GRAPH_END:
                         break
-                    if not self._root_fits(js, when, duration):
-                        continue
                     if run(when, AT_RESERVE):
                         res = self._commit(js, jid, when, duration, AT_RESERVE, now, x_types)
                         if res is not None:
@@ -273,11 +272,6 @@ class Matcher:
                 if ok >= need_nodes:
                     return True
         return False
-
-    def _root_fits(self, js: Jobspec, t: int, duration: int) -> bool:
-        r = self.engine.root
-        req = {k: n for k, n in js.totals.items() if k in r.fidx}
-        return r.f_ok(req, t, t + duration)
 
     def _commit(self, js: Jobspec, jid: int, at: int, duration: int, alloc_type: int, now: int,
                 x_types: set[str]) -> MatchResult | None:
@@ -525,9 +519,7 @@ class Matcher:
             if amount:
                 eng._add_plan(u, jid, at, end, amount, rec.reserved)
             if u.children or not amount:  # leaves: their planner spans are the tags
-                if u.xs is None:
-                    u.xs = {}
-                u.xs[jid] = (at, end)
+                u.tag(jid, at, end)
             fc = None
             cnts = counted.get(u)
             if u.ftypes and cnts:
@@ -812,30 +804,34 @@ class Matcher:
                 problems.append(f"{v.path}: allocation count {u.alloc_n} != {allocs}")
             bounds = sorted({s for s, _e, _a in ps.values()} | {0})
             for tb in bounds:
-                used = max_used(ps.values(), tb, tb + 1)
+                used = max_overlap(ps.values(), tb, tb + 1)
                 if used > v.size:
                     problems.append(f"{v.path}: {used} used > size {v.size} at t={tb}")
-            xs = set((u.xs or {}).keys())
+            xs = set(u.xs or ())
             if not u.children:
                 xs |= set(ps.keys())
             if xs != expect_x.get(u, set()):
                 problems.append(f"{v.path}: tags {sorted(xs)} != {sorted(expect_x.get(u, set()))}")
             if u.ftypes:
                 want = expect_f.get(u, {})
-                have = {j: dict(zip(u.ftypes, c, strict=True)) for j, (_s, _e, c) in (u.fspans or {}).items()}
+                f = u.f
+                fspans = cast("dict[int, tuple[int, int, tuple[int, ...]]]", dict(f or {}))
+                if f is None or f.totals() != dict(zip(u.ftypes, u.ftot, strict=True)):
+                    problems.append(f"{v.path}: filter planner {f!r} != totals {u.ftot} of {u.ftypes}")
+                have = {j: dict(zip(u.ftypes, c, strict=True)) for j, (_s, _e, c) in fspans.items()}
                 for j in set(want) | set(have):
                     w = {t: n for t, n in want.get(j, {}).items() if t in u.fidx and n}
                     h = {t: n for t, n in have.get(j, {}).items() if n}
                     if w != h:
                         problems.append(f"{v.path}: filter span of job {j} {h} != expected {w}")
                 for i, t in enumerate(u.ftypes):
-                    s = sum(c[i] for (_s, _e, c) in (u.fspans or {}).values())
+                    s = sum(c[i] for (_s, _e, c) in fspans.values())
                     if s != u.fused[i]:
                         problems.append(f"{v.path}: filter used[{t}] {u.fused[i]} != {s}")
                     cap = sum(x.v.size for x in _descendants(u) if x.v.type == t)
                     if cap != u.ftot[i]:
                         problems.append(f"{v.path}: filter total[{t}] {u.ftot[i]} != capacity {cap}")
-                    fb = sorted({sp[0] for sp in (u.fspans or {}).values()} | {0})
+                    fb = sorted({sp[0] for sp in fspans.values()} | {0})
                     for tt in fb:
                         if u.f_avail(i, tt, tt + 1) < 0:
                             problems.append(f"{v.path}: {t} over-allocated at t={tt}")

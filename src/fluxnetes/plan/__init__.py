@@ -11,10 +11,21 @@ from fluxnetes.plan.errors import (
     PlannerSpanNotFoundError,
 )
 from fluxnetes.plan.multi import MultiSpan, PlannerMulti
-from fluxnetes.plan.planner import HORIZON, Planner, Point, Span
+from fluxnetes.plan.planner import (
+    HORIZON,
+    SMALL,
+    Planner,
+    Point,
+    Span,
+    SpanTable,
+    max_overlap,
+    table_free,
+    table_overlaps,
+)
 
 __all__ = [
     "HORIZON",
+    "SMALL",
     "MultiSpan",
     "Planner",
     "PlannerError",
@@ -25,4 +36,8 @@ __all__ = [
     "PlannerSpanNotFoundError",
     "Point",
     "Span",
+    "SpanTable",
+    "max_overlap",
+    "table_free",
+    "table_overlaps",
 ]

@@ -1,15 +1,13 @@
 """Single-resource planner: a calendar of one resource quantity over integer time.
 
-Fluxion's planner (``resource/planner``) keeps *scheduled points* (times where the scheduled
-amount changes) in two red-black trees. Here the points live in three parallel Python lists
-sorted by time (times, scheduled amounts, reference counts) searched with ``bisect``: the
-lists stay short for the planners the matcher uses (a few points per running or reserved
-job touching the vertex) and list operations run at C speed, which beats a tree written in
-Python for every size we care about.
+This is the one implementation of "availability over time" in fluxnetes: the matcher's
+per-vertex planners (own amount, x_checker tags, and through :class:`PlannerMulti` the
+subtree pruning filters), the root's reservation search and the queue's core profile all
+use it.
 
-Semantics (kept from Fluxion):
+Semantics (kept from Fluxion's ``resource/planner``, fluxion-spec §5.8):
 
-* Spans occupy half-open windows ``[start, start + duration)``.
+* Spans occupy half-open windows ``[start, end)``.
 * The state in force at time ``t`` is the one of the last point at or before ``t``.
 * There is always a point at ``base``; every span adds (or reuses) a point at its start and
   one at its end; a point disappears when no span starts or ends there any more.
@@ -18,24 +16,37 @@ Semantics (kept from Fluxion):
   the horizon.
 * A request larger than the total can never fit (ERANGE).
 
-Complexity, with P = number of points:
+Representation, shaped by the matcher's needs (most planners hold 0-3 spans, and most
+questions are "is there plenty free?"):
 
-* ``avail_at`` O(log P); ``avail_during`` / ``avail_resources_during`` O(log P + w) where w
-  is the number of points inside the window (O(1) when the planner has no span at all, and
-  O(log P) when no span changes the state inside the window, the common "nothing planned in
-  the future" case).
-* ``add_span`` / ``rem_span`` / ``reduce_span`` O(log P + w) plus list insert/delete (a
-  memmove of P pointers).
-* ``avail_time_first`` O(log P + s) where s is the number of points scanned: the search slides
-  a window over the points and, when a point inside the window is too busy, jumps past it
-  (no start time before that busy point can work), so every point is looked at O(1) times.
+* spans live in a dict ``key -> [start, end, amount]``; the key is a span id handed out by
+  :meth:`add_span` or the caller's own key (a job id) given to :meth:`put`;
+* ``used`` = sum of every span's amount: when ``total - used`` already covers a request, it
+  fits at any time, O(1);
+* ``bounds`` = (latest start, earliest end): when every span covers the whole window the
+  usage there is ``used``, O(1);
+* the *scheduled points* (three parallel lists sorted by time: times, scheduled amount,
+  reference counts, searched with ``bisect``) are built only when a question needs them and
+  the planner holds more than a handful of spans; once built they are kept up to date by
+  every change (O(log P + w) plus a list insert/delete, a memmove of P pointers). Small
+  planners answer by scanning their few spans.
+
+Complexity, with P = number of points, w = points inside the window:
+
+* ``fits`` / ``free`` / ``avail_during``: O(1) on the fast paths, else O(log P + w) (w at C
+  speed) or O(s^2) for s <= SMALL spans.
+* ``put`` / ``pop``: O(1) without points, O(log P + w) with them.
+* ``avail_time_first``: O(log P + s) where s is the number of points scanned: the search
+  slides a window over the points and, when a point inside the window is too busy, jumps
+  past it (no start time before that busy point can work).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fluxnetes.plan.errors import (
     PlannerInvalidError,
@@ -49,12 +60,18 @@ from fluxnetes.plan.errors import (
 #: signed 64-bit integer for tools that store them (SQL BIGINT, JSON readers in C).
 HORIZON: int = 2**62
 
+#: Planners with at most this many spans answer time questions by scanning the spans; above
+#: it they build (and then maintain) their scheduled points.
+SMALL: int = 8
+
+_NONE: list[int] = []  # placeholder of the point lists before they are built (never mutated)
+
 
 @dataclass(frozen=True, slots=True)
 class Span:
     """A planned amount over ``[start, start + duration)``."""
 
-    span_id: int
+    span_id: Hashable
     start: int
     duration: int
     amount: int
@@ -75,10 +92,68 @@ class Point:
     refs: int
 
 
-class Planner:
-    """Calendar of one resource quantity of capacity ``total`` over ``[base, base+horizon)``."""
+#: A span table: key -> (start, end, amount). The storage of every planner; also used bare,
+#: without a Planner object around it, by the matcher for the own planner of each vertex
+#: (hundreds of thousands of mostly empty calendars: a dict per vertex that has ever been
+#: used, which the cyclic GC can untrack, costs far less than an object).
+SpanTable = Mapping[Any, tuple[int, int, int]]
 
-    __slots__ = ("_base", "_end", "_next_id", "_refs", "_sched", "_spans", "_times", "_total")
+
+def max_overlap(spans: Iterable[tuple[int, int, int]], at: int, end: int) -> int:
+    """Largest total amount of ``(start, end, amount)`` spans in use at an instant of
+    ``[at, end)``: the usage only rises where a span starts, so look at ``at`` and at every
+    start inside the window. For small tables (the points of a Planner beat it above
+    :data:`SMALL` spans)."""
+    rel = [s for s in spans if s[0] < end and s[1] > at and s[2]]
+    if not rel:
+        return 0
+    if len(rel) == 1:
+        return rel[0][2]
+    best = 0
+    for p in {at if s[0] < at else s[0] for s in rel}:
+        tot = 0
+        for s in rel:
+            if s[0] <= p < s[1]:
+                tot += s[2]
+        if tot > best:
+            best = tot
+    return best
+
+
+def table_free(spans: SpanTable, total: int, used: int, at: int, end: int) -> int:
+    """Fewest units free at an instant of ``[at, end)`` in a span table holding ``used``
+    units in all (its sum, which the caller keeps: 0 answers at once)."""
+    if not used:
+        return total
+    return total - max_overlap(spans.values(), at, end)
+
+
+def table_overlaps(spans: SpanTable, at: int, end: int) -> bool:
+    """Does any span of the table (whatever its amount) intersect ``[at, end)``?"""
+    return any(s[0] < end and s[1] > at for s in spans.values())
+
+
+class Planner:
+    """Calendar of one resource quantity of capacity ``total`` over ``[base, base+horizon)``.
+
+    Two ways to use it: the checked API (:meth:`add_span` returns an id, refuses what does
+    not fit, validates every argument), or the keyed, trusted API the matcher's hot paths use
+    (:meth:`put` / :meth:`pop` / :meth:`fits` / :meth:`free`, end-based windows, no checks
+    beyond the key). Read-only, it is a mapping ``key -> (start, end, amount)``.
+    """
+
+    __slots__ = (
+        "_base",
+        "_bounds",
+        "_end",
+        "_next_id",
+        "_refs",
+        "_sched",
+        "_spans",
+        "_times",
+        "_total",
+        "used",
+    )
 
     def __init__(self, total: int, base: int = 0, horizon: int = HORIZON) -> None:
         if total < 0:
@@ -88,13 +163,17 @@ class Planner:
         self._total = total
         self._base = base
         self._end = base + horizon
-        # Parallel lists sorted by time. The base point holds one permanent reference so it
-        # is never deleted.
-        self._times: list[int] = [base]
-        self._sched: list[int] = [0]
-        self._refs: list[int] = [1]
-        # span id -> [start, end, amount]; mutable so reduce_span can update in place
-        self._spans: dict[int, list[int]] = {}
+        self._spans: dict[Hashable, tuple[int, int, int]] = {}
+        #: sum of the amounts of every span (any time)
+        self.used = 0
+        # (latest start, earliest end) of the spans; None = recompute when needed
+        self._bounds: tuple[int, int] | None = None
+        # scheduled points (None until needed); the base point holds one permanent reference
+        # (lists are only allocated when built: most planners never need them, and fewer
+        # container objects per planner keep the cyclic GC cheap on large graphs)
+        self._times: list[int] | None = None
+        self._sched: list[int] = _NONE
+        self._refs: list[int] = _NONE
         self._next_id = 1
 
     # ------------------------------------------------------------------ properties
@@ -119,12 +198,188 @@ class Planner:
         """Number of live spans."""
         return len(self._spans)
 
-    def __contains__(self, span_id: object) -> bool:
-        return span_id in self._spans
+    def __contains__(self, key: object) -> bool:
+        return key in self._spans
+
+    def __getitem__(self, key: Hashable) -> tuple[int, int, int]:
+        return self._spans[key]
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._spans)
+
+    def get(self, key: Hashable) -> tuple[int, int, int] | None:
+        """(start, end, amount) of the span ``key``, None if absent."""
+        return self._spans.get(key)
+
+    def keys(self) -> Iterable[Hashable]:
+        """Span keys (so that ``dict(planner)`` gives ``key -> (start, end, amount)``)."""
+        return self._spans.keys()
 
     def is_idle(self) -> bool:
         """True when no span is planned at all (every query is then O(1))."""
         return not self._spans
+
+    # ------------------------------------------------------------------ scheduled points
+    def _points(self) -> list[int]:
+        """The point times, building the point lists from the spans if needed."""
+        times = self._times
+        if times is not None:
+            return times
+        delta: dict[int, int] = {self._base: 0}
+        refs: dict[int, int] = {self._base: 1}
+        for s, e, a in self._spans.values():
+            delta[s] = delta.get(s, 0) + a
+            delta[e] = delta.get(e, 0) - a
+            refs[s] = refs.get(s, 0) + 1
+            refs[e] = refs.get(e, 0) + 1
+        times = sorted(delta)
+        sched = []
+        cur = 0
+        for t in times:
+            cur += delta[t]
+            sched.append(cur)
+        self._times = times
+        self._sched = sched
+        self._refs = [refs[t] for t in times]
+        return times
+
+    def _schedule(self, start: int, end: int, amount: int) -> None:
+        """Add a span to the built points (creating its start/end points if needed; a new
+        point copies the state in force there)."""
+        times = self._times
+        assert times is not None
+        sched = self._sched
+        refs = self._refs
+        i = bisect_left(times, start)
+        if i == len(times) or times[i] != start:
+            # i >= 1 because start >= base and the base point is at index 0
+            times.insert(i, start)
+            sched.insert(i, sched[i - 1])
+            refs.insert(i, 0)
+        j = bisect_left(times, end, i + 1)
+        if j == len(times) or times[j] != end:
+            times.insert(j, end)
+            sched.insert(j, sched[j - 1])
+            refs.insert(j, 0)
+        if j - i == 1:
+            sched[i] += amount
+        else:
+            sched[i:j] = [x + amount for x in sched[i:j]]
+        refs[i] += 1
+        refs[j] += 1
+
+    def _unschedule(self, start: int, end: int, amount: int) -> None:
+        """Take a span off the built points; points nobody references any more go (the
+        state there equals the previous point's)."""
+        times = self._times
+        assert times is not None
+        sched = self._sched
+        refs = self._refs
+        i = bisect_left(times, start)
+        j = bisect_left(times, end, i + 1)
+        if j - i == 1:
+            sched[i] -= amount
+        else:
+            sched[i:j] = [x - amount for x in sched[i:j]]
+        refs[j] -= 1
+        if not refs[j]:
+            del times[j], sched[j], refs[j]
+        refs[i] -= 1
+        if not refs[i]:
+            del times[i], sched[i], refs[i]
+
+    def _shift(self, start: int, end: int, delta: int) -> None:
+        """Add ``delta`` to the scheduled amount of the built points in [start, end)."""
+        times = self._points()
+        i = bisect_left(times, start)
+        j = bisect_left(times, end, i)
+        sched = self._sched
+        if j - i == 1:
+            sched[i] += delta
+        else:
+            sched[i:j] = [x + delta for x in sched[i:j]]
+
+    # ------------------------------------------------------------------ trusted, keyed API
+    def put(self, key: Hashable, start: int, end: int, amount: int) -> None:
+        """Record ``amount`` (>= 0) over ``[start, end)`` under ``key`` without checking that
+        it fits (the caller knows it does). The key must be new."""
+        if key in self._spans:
+            raise PlannerInvalidError(f"span {key!r} already exists")
+        self._put(key, start, end, amount)
+
+    def _put(self, key: Hashable, start: int, end: int, amount: int) -> None:
+        """put() for a key known to be new (PlannerMulti checked it)."""
+        spans = self._spans
+        if spans:
+            b = self._bounds
+            if b is not None:
+                self._bounds = (b[0] if b[0] > start else start, b[1] if b[1] < end else end)
+        else:
+            self._bounds = (start, end)
+        spans[key] = (start, end, amount)
+        self.used += amount
+        if self._times is not None:
+            self._schedule(start, end, amount)
+
+    def pop(self, key: Hashable) -> tuple[int, int, int] | None:
+        """Remove the span ``key``, restoring exactly what it took; returns it (None if the
+        planner has no such span)."""
+        rec = self._spans.pop(key, None)
+        if rec is None:
+            return None
+        start, end, amount = rec
+        self.used -= amount
+        self._bounds = None
+        if self._times is not None:
+            if self._spans:
+                self._unschedule(start, end, amount)
+            else:
+                # empty again: drop the points (rebuilt if ever needed)
+                self._times = None
+                self._sched = self._refs = _NONE
+        return rec
+
+    def free(self, at: int, end: int) -> int:
+        """Fewest units free at any instant of ``[at, end)`` (negative only after an
+        overcommitting :meth:`update_total`)."""
+        total = self._total
+        spans = self._spans
+        if not spans or not self.used:
+            return total
+        times = self._times
+        if times is None:
+            b = self._bounds
+            if b is None:
+                b = self._bounds = (
+                    max(s[0] for s in spans.values()),
+                    min(s[1] for s in spans.values()),
+                )
+            if b[0] <= at and b[1] >= end:
+                return total - self.used  # every span covers the whole window
+            if len(spans) <= SMALL:
+                return total - max_overlap(spans.values(), at, end)
+            times = self._points()
+        i = bisect_right(times, at) - 1
+        j = bisect_left(times, end, i + 1)
+        return total - (self._sched[i] if j == i + 1 else max(self._sched[i:j]))
+
+    def fits(self, at: int, end: int, amount: int) -> bool:
+        """Are ``amount`` units free over the whole window ``[at, end)``?"""
+        total = self._total
+        if total - self.used >= amount:
+            return amount <= total
+        return self._fits_busy(at, end, amount)
+
+    def _fits_busy(self, at: int, end: int, amount: int) -> bool:
+        """fits() once the O(1) "plenty free" check failed."""
+        if amount == self._total and self._times is None:
+            # all of it: nothing at all may be planned in the window (unit resources:
+            # nodes, cores), cheaper than the largest overlap
+            for s in self._spans.values():  # noqa: SIM110 - a plain loop beats any() here
+                if s[0] < end and s[1] > at and s[2]:
+                    return False
+            return True
+        return self.free(at, end) >= amount
 
     # ------------------------------------------------------------------ validation helpers
     def _check_window(self, t: int, duration: int) -> int:
@@ -137,14 +392,14 @@ class Planner:
             )
         return end
 
-    # ------------------------------------------------------------------ queries
+    # ------------------------------------------------------------------ checked queries
     def avail_at(self, t: int) -> int:
         """Free amount in force at ``t`` (never negative)."""
         if t < self._base or t >= self._end:
             raise PlannerInvalidError(
                 f"time {t} is outside the planner horizon [{self._base}, {self._end})"
             )
-        rem = self._total - self._sched[bisect_right(self._times, t) - 1]
+        rem = self.free(t, t + 1)
         return rem if rem > 0 else 0
 
     def avail_during(self, t: int, duration: int, amount: int) -> bool:
@@ -157,46 +412,71 @@ class Planner:
         end = self._check_window(t, duration)
         if amount < 0:
             raise PlannerInvalidError(f"amount must be >= 0, got {amount}")
-        return self._fits(t, end, amount)
-
-    def _fits(self, t: int, end: int, amount: int) -> bool:
-        """avail_during without argument checks (callers validated the window)."""
-        limit = self._total - amount
-        if limit < 0:
-            return False
-        sched = self._sched
-        if len(sched) == 1:
-            return sched[0] <= limit
-        times = self._times
-        i = bisect_right(times, t) - 1
-        n = len(times)
-        while i < n and times[i] < end:
-            if sched[i] > limit:
-                return False
-            i += 1
-        return True
+        return self.fits(t, end, amount)
 
     def avail_resources_during(self, t: int, duration: int) -> int:
         """Minimum free amount over ``[t, t + duration)`` (never negative)."""
         end = self._check_window(t, duration)
-        times = self._times
-        i = bisect_right(times, t) - 1
-        j = bisect_left(times, end, i + 1)
-        rem = self._total - max(self._sched[i:j])
+        rem = self.free(t, end)
         return rem if rem > 0 else 0
 
+    def first_fit(
+        self, on_or_after: int, duration: int, amount: int, *, exclude: Hashable = None
+    ) -> int | None:
+        """Trusted avail_time_first(include_start=True, exclude=...) for hot callers (the
+        queue's profile): no argument checks; None when ``amount`` exceeds the total."""
+        if amount > self._total:
+            return None
+        rec = self._spans.get(exclude) if exclude is not None else None
+        limit = self._total - amount
+        if rec is None or not rec[2]:
+            return self._first_fit(on_or_after, duration, limit, True)
+        c = rec[2]
+        if self._total - self.used + c >= amount:
+            return on_or_after if on_or_after + duration <= self._end else None
+        times = self._points()
+        sched = self._sched
+        i = bisect_left(times, rec[0])
+        j = bisect_left(times, rec[1], i)
+        sched[i:j] = [x - c for x in sched[i:j]]
+        self.used -= c
+        try:
+            return self._first_fit(on_or_after, duration, limit, True)
+        finally:
+            self.used += c
+            sched[i:j] = [x + c for x in sched[i:j]]
+
     def avail_time_first(
-        self, on_or_after: int, duration: int, amount: int, *, include_start: bool = False
+        self,
+        on_or_after: int,
+        duration: int,
+        amount: int,
+        *,
+        include_start: bool = False,
+        exclude: Hashable = None,
     ) -> int | None:
         """Earliest scheduled point ``t >= on_or_after`` such that ``amount`` units are free
         over ``[t, t + duration)`` and the window ends within the horizon; None if none.
 
         Only existing points are candidates (as in Fluxion). With ``include_start=True``,
         ``on_or_after`` itself is also a candidate even when no point sits there.
+        ``exclude``: answer as if that span were not planned (e.g. "could this reservation
+        move earlier?"); its points stay candidates, which cannot change the answer (the
+        state does not change there, so an earlier candidate fits as well).
         Raises PlannerRangeError when ``amount`` exceeds the total.
         """
         self._check_search(on_or_after, duration, amount)
-        return self._first_fit(on_or_after, duration, self._total - amount, include_start)
+        rec = self._spans.get(exclude) if exclude is not None else None
+        if rec is None or not rec[2]:
+            return self._first_fit(on_or_after, duration, self._total - amount, include_start)
+        self._points()
+        self._shift(rec[0], rec[1], -rec[2])
+        self.used -= rec[2]
+        try:
+            return self._first_fit(on_or_after, duration, self._total - amount, include_start)
+        finally:
+            self.used += rec[2]
+            self._shift(rec[0], rec[1], rec[2])
 
     def avail_times(
         self, on_or_after: int, duration: int, amount: int, *, include_start: bool = False
@@ -235,13 +515,15 @@ class Planner:
         candidate in ``(k, j]`` can succeed either (their windows contain ``j`` or start at
         it), so the search resumes at ``j + 1``.
         """
-        times = self._times
+        times = self._points()
         sched = self._sched
         n = len(times)
         horizon_end = self._end
         if t_is_candidate:
             if t + duration > horizon_end:
                 return None
+            if self._total - self.used >= self._total - limit:
+                return t  # fits whatever the time
             i = bisect_right(times, t) - 1
             wend = t + duration
             j = i
@@ -280,12 +562,12 @@ class Planner:
 
     def next_point_after(self, t: int) -> int | None:
         """First scheduled point strictly after ``t`` (None if none)."""
-        times = self._times
+        times = self._points()
         k = bisect_right(times, t)
         return times[k] if k < len(times) else None
 
-    # ------------------------------------------------------------------ spans
-    def span(self, span_id: int) -> Span:
+    # ------------------------------------------------------------------ checked spans
+    def span(self, span_id: Hashable) -> Span:
         """The span with that id (raises PlannerSpanNotFoundError)."""
         rec = self._spans.get(span_id)
         if rec is None:
@@ -293,20 +575,8 @@ class Planner:
         return Span(span_id, rec[0], rec[1] - rec[0], rec[2])
 
     def spans(self) -> list[Span]:
-        """All live spans, by id."""
-        return [Span(sid, r[0], r[1] - r[0], r[2]) for sid, r in sorted(self._spans.items())]
-
-    def _point_index(self, t: int) -> int:
-        """Index of the point at ``t``, creating it (copying the state in force) if needed."""
-        times = self._times
-        k = bisect_left(times, t)
-        if k < len(times) and times[k] == t:
-            return k
-        # k >= 1 because t >= base and the base point is at index 0
-        times.insert(k, t)
-        self._sched.insert(k, self._sched[k - 1])
-        self._refs.insert(k, 0)
-        return k
+        """All live spans, in the order they were planned."""
+        return [Span(sid, r[0], r[1] - r[0], r[2]) for sid, r in self._spans.items()]
 
     def add_span(self, start: int, duration: int, amount: int) -> int:
         """Plan ``amount`` units over ``[start, start + duration)``; returns the span id.
@@ -321,57 +591,24 @@ class Planner:
             raise PlannerRangeError(
                 f"span of {amount} exceeds the planner total {self._total}: it never fits"
             )
-        if not self.avail_during(start, duration, amount):
+        if not self.fits(start, end, amount):
             raise PlannerNoFitError(
                 f"{amount} units are not free over [{start}, {end}) "
                 f"(only {self.avail_resources_during(start, duration)} of {self._total})"
             )
-        i = self._point_index(start)
-        j = self._point_index(end)
-        sched = self._sched
-        if j - i == 1:
-            sched[i] += amount
-        else:
-            sched[i:j] = [s + amount for s in sched[i:j]]
-        self._refs[i] += 1
-        self._refs[j] += 1
         sid = self._next_id
+        while sid in self._spans:
+            sid += 1
         self._next_id = sid + 1
-        self._spans[sid] = [start, end, amount]
+        self.put(sid, start, end, amount)
         return sid
 
-    def _unschedule(self, start: int, end: int, amount: int) -> None:
-        times = self._times
-        i = bisect_left(times, start)
-        j = bisect_left(times, end, i)
-        sched = self._sched
-        if j - i == 1:
-            sched[i] -= amount
-        else:
-            sched[i:j] = [s - amount for s in sched[i:j]]
-
-    def _release_point(self, t: int) -> None:
-        times = self._times
-        k = bisect_left(times, t)
-        refs = self._refs
-        refs[k] -= 1
-        if refs[k] == 0:
-            # nothing starts or ends here any more: the state equals the previous point's
-            del times[k]
-            del self._sched[k]
-            del refs[k]
-
-    def rem_span(self, span_id: int) -> None:
+    def rem_span(self, span_id: Hashable) -> None:
         """Remove a span, restoring exactly what it took."""
-        rec = self._spans.pop(span_id, None)
-        if rec is None:
+        if self.pop(span_id) is None:
             raise PlannerSpanNotFoundError(f"no span with id {span_id}")
-        start, end, amount = rec
-        self._unschedule(start, end, amount)
-        self._release_point(end)
-        self._release_point(start)
 
-    def reduce_span(self, span_id: int, amount: int) -> int:
+    def reduce_span(self, span_id: Hashable, amount: int) -> int:
         """Release ``amount`` units of a span (partial release); returns what the span still
         holds. Releasing everything removes the span (then 0 is returned). 0 is a no-op."""
         rec = self._spans.get(span_id)
@@ -382,11 +619,13 @@ class Planner:
                 f"cannot release {amount} units from span {span_id} holding {rec[2]}"
             )
         if amount == rec[2]:
-            self.rem_span(span_id)
+            self.pop(span_id)
             return 0
         if amount:
-            self._unschedule(rec[0], rec[1], amount)
-            rec[2] -= amount
+            if self._times is not None:
+                self._shift(rec[0], rec[1], -amount)
+            rec = self._spans[span_id] = (rec[0], rec[1], rec[2] - amount)
+            self.used -= amount
         return rec[2]
 
     # ------------------------------------------------------------------ elasticity
@@ -399,7 +638,8 @@ class Planner:
         """
         if new_total < 0:
             raise PlannerInvalidError(f"total must be >= 0, got {new_total}")
-        if not allow_overcommit:
+        if not allow_overcommit and self.used > new_total:
+            self._points()
             peak = max(self._sched)
             if peak > new_total:
                 raise PlannerNoFitError(
@@ -412,13 +652,14 @@ class Planner:
         """Scheduled points in time order (remaining may be negative only after an
         overcommitting update_total)."""
         total = self._total
+        times = self._points()
         return [
             Point(t, s, total - s, r)
-            for t, s, r in zip(self._times, self._sched, self._refs, strict=True)
+            for t, s, r in zip(times, self._sched, self._refs, strict=True)
         ]
 
     def __repr__(self) -> str:
         return (
             f"Planner(total={self._total}, base={self._base}, horizon={self.horizon}, "
-            f"spans={len(self._spans)}, points={len(self._times)})"
+            f"spans={len(self._spans)}, used={self.used})"
         )
