@@ -299,7 +299,8 @@ class Scheduler:
       placement can start earlier; otherwise it is cancelled and matched again (it can
       only move earlier, since its old slot is still free). This is the classic
       conservative-backfilling compression (Mu'alem & Feitelson): no reservation is ever
-      delayed. Times equal a reset cycle's; on multi-core nodes the nodes kept may differ.
+      delayed. Counted reservations only: pinned ones are recomputed every cycle (qmanager),
+      since keeping a placement changes which nodes later jobs may backfill on.
     * ``incremental`` (``incremental=True``) - nothing was released and every new job
       sorts after the jobs already walked: only the new jobs are walked; the old ones would
       get exactly the same answers since nothing they could use was freed. Assumes no
@@ -417,11 +418,16 @@ class Scheduler:
         pending_ids = {job.id for job in order}
         for job_id in [j for j in self.reservations if j not in pending_ids]:
             self._cancel_reservation(job_id)
+        # Compression only for counted reservations (a number of cores from a time, held in
+        # the profile). A pinned reservation also fixes *which* nodes are held: keeping it
+        # while a reset would re-place it elsewhere changes what later jobs can backfill, so
+        # pinned reservations are always recomputed, exactly as qmanager does.
         compress = (
             prefix is not None
             and self.profile is not None
             and walk is not None
             and not walk.unreservable
+            and self._policy.reservation_style == "counted"
         )
         keep: dict[str, Any] | None = None
         if compress:
