@@ -199,8 +199,8 @@ def test_schedule_properties(raw: list[tuple[int, int, int, int]], policy: str, 
         (o.job.id, o.start, o.shares) for o in run.outcomes]
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=job_lists, policy=st.sampled_from(["fcfs", "easy", "conservative"]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=job_lists, policy=st.sampled_from(["fcfs", "easy", "conservative", "hybrid:2"]))
 def test_shortcuts_never_change_a_decision(raw: list[tuple[int, int, int, int]], policy: str) -> None:
     # on one-core nodes, the core profile / incremental / compress shortcuts must give the
     # same times as plain qmanager cycles that ask the matcher everything

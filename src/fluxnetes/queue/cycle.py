@@ -301,7 +301,7 @@ class Scheduler:
       conservative-backfilling compression (Mu'alem & Feitelson): no reservation is ever
       delayed. Counted reservations only: pinned ones are recomputed every cycle (qmanager),
       since keeping a placement changes which nodes later jobs may backfill on.
-    * ``incremental`` (``incremental=True``) - nothing was released and every new job
+    * ``incremental`` (``incremental=True``, counted reservations) - nothing was released and every new job
       sorts after the jobs already walked: only the new jobs are walked; the old ones would
       get exactly the same answers since nothing they could use was freed. Assumes no
       running job outlives its duration (true in the simulator: jobs end at their limit).
@@ -398,6 +398,7 @@ class Scheduler:
             prefix is not None
             and walk is not None
             and self.incremental
+            and self._policy.reservation_style == "counted"  # see compress below
             and not self._released
             and all(int(res.at) > now for res in self.reservations.values())
         ):
@@ -418,10 +419,12 @@ class Scheduler:
         pending_ids = {job.id for job in order}
         for job_id in [j for j in self.reservations if j not in pending_ids]:
             self._cancel_reservation(job_id)
-        # Compression only for counted reservations (a number of cores from a time, held in
-        # the profile). A pinned reservation also fixes *which* nodes are held: keeping it
-        # while a reset would re-place it elsewhere changes what later jobs can backfill, so
-        # pinned reservations are always recomputed, exactly as qmanager does.
+        # Compression (and the incremental walk above) only for counted reservations (a
+        # number of cores from a time, held in the profile). A pinned reservation also fixes
+        # *which* nodes are held, and the matcher's choice depends on `now` (e.g. `first`
+        # orders by availability): keeping it while a reset would re-place it elsewhere
+        # changes what later jobs can backfill, so pinned reservations are recomputed every
+        # cycle, exactly as qmanager does.
         compress = (
             prefix is not None
             and self.profile is not None
