@@ -1,4 +1,5 @@
-"""Shared pytest wiring: the `k8s` marker and the session-scoped `k8s_cluster` fixture.
+"""Shared pytest wiring: the `k8s` marker and the session-scoped `k8s_cluster` fixture; the
+store fixtures (`store_url`, `store`, on SQLite and PostgreSQL) and `unfreeze_gc`.
 
 Tests that need the local control plane either request `k8s_cluster` (they are then marked
 `k8s` automatically) or carry `@pytest.mark.k8s`. When the binaries built by
@@ -13,16 +14,20 @@ Shape: 4 nodes (16 cpu, 64Gi, 4 nvidia.com/gpu) in 2 zones with 1 rack each
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from fluxnetes.devcluster.paths import missing_message, toolchain
+from test_store_helpers import fresh_pg_database, pg_url
 
 if TYPE_CHECKING:
     from fluxnetes.devcluster import Cluster
+    from fluxnetes.store import Store
 
 K8S_FIXTURE = "k8s_cluster"
 
@@ -67,3 +72,46 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.down()
+
+
+# -- the store, on each backend ----------------------------------------------------------------
+
+_STORE_BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param(
+        "postgresql",
+        id="postgresql",
+        marks=[
+            pytest.mark.postgres,
+            pytest.mark.skipif(pg_url() is None, reason="FLUXNETES_TEST_PG_URL is not set"),
+        ],
+    ),
+]
+
+
+@pytest.fixture(params=_STORE_BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new empty store database: a SQLite file, then a fresh PostgreSQL database (dropped
+    afterwards) when FLUXNETES_TEST_PG_URL is set."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        yield from fresh_pg_database()
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """An open Store (schema created) on `store_url`, closed afterwards."""
+    from fluxnetes.store import Store
+
+    s = Store.open(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def unfreeze_gc() -> Iterator[None]:
+    """The queue service freezes the collector's view (gc.freeze) for speed; give the rest of
+    the test session a normal collector back (`pytestmark = pytest.mark.usefixtures(...)`)."""
+    yield
+    gc.unfreeze()

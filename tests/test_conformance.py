@@ -10,6 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from fluxnetes.match.session import replay_cases
+from helpers import cli_app
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -35,14 +36,7 @@ def test_replay_all_sessions_match_exactly() -> None:
 def _app() -> typer.Typer:
     from fluxnetes.cli import match_cmd
 
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    match_cmd.register(app)
-    return app
+    return cli_app(match_cmd)
 
 
 def test_cli_replay_reports_and_exits_nonzero_on_mismatch(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ kube-apiserver with FluxJob objects created by the test."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fluxnetes.cli.ctl_cmd import ctl, explain_job, node_rows, queue_rows
+from helpers import fluxjob_namespace, patch_fluxjob_status
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -195,17 +195,7 @@ def test_explain_unsatisfiable_and_waiting_for_turn() -> None:
 
 @pytest.fixture
 def cluster_with_jobs(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
-    try:
-        cluster = request.getfixturevalue("k8s_cluster")
-    except pytest.FixtureLookupError:
-        pytest.skip("no k8s_cluster fixture (tests/conftest.py) in this checkout")
-    crd = (ROOT / "deploy/crds/fluxjobs.fluxnetes.io.yaml").read_text()
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd)
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/fluxjobs.fluxnetes.io"
-    )
-    ns = f"fx-ctl-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
+    cluster, ns = fluxjob_namespace(request, "fx-ctl")
     node_names = sorted(
         n["metadata"]["name"] for n in cluster.kubectl_json("get", "nodes")["items"]
     )
@@ -258,17 +248,7 @@ def cluster_with_jobs(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str
             else:
                 obj["spec"]["group"] = name
             cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(obj))
-            cluster.kubectl(
-                "patch",
-                "fluxjob",
-                name,
-                "-n",
-                ns,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                json.dumps({"status": status}),
-            )
+            patch_fluxjob_status(cluster, ns, name, status)
         # the running job's pods, bound where its status says, plus one foreign pod
         for i, n in enumerate(node_names[:2]):
             p = pod(f"running-{i}", n, "4", "8Gi", fluxjob=f"{ns}/running")
@@ -405,17 +385,7 @@ def test_ctl_errors_are_clear(cluster_with_jobs: tuple[Any, str]) -> None:
     )
     assert result.exit_code == 1
     assert f"FluxJob {ns}/nope not found" in result.output and "blocked" in result.output
-    cluster.kubectl(
-        "patch",
-        "fluxjob",
-        "small",
-        "-n",
-        ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"phase": "Completed"}}),
-    )
+    patch_fluxjob_status(cluster, ns, "small", {"phase": "Completed"})
     result = CliRunner().invoke(
         ctl, ["cancel", f"{ns}/small", "--kubeconfig", str(cluster.kubeconfig)]
     )

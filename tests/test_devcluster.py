@@ -40,6 +40,8 @@ from fluxnetes.devcluster import (
 from fluxnetes.devcluster import pki as pkimod
 from fluxnetes.devcluster.cluster import ClusterState
 from fluxnetes.devcluster.nodes import is_ready
+from fluxnetes.devcluster.paths import BINARIES
+from helpers import cli_app
 
 
 # -- node shapes -------------------------------------------------------------------------------
@@ -253,14 +255,7 @@ def test_attach_without_a_cluster_is_a_clear_error(tmp_path: Path) -> None:
 
 # -- CLI (its own app: only the `dev` group is under test here) --------------------------------
 def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    dev_cmd.register(app)
-    return app
+    return cli_app(dev_cmd)
 
 
 def test_cli_rejects_bad_options_without_traceback(tmp_path: Path) -> None:
@@ -294,14 +289,7 @@ def test_cli_build_with_everything_present_does_nothing(
     home = tmp_path / "k8s"
     tools = toolchain(home)
     tools.bin_dir.mkdir(parents=True)
-    for name in (
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "kwok",
-        "kubectl",
-    ):
+    for name in BINARIES:
         exe = tools.binary(name)
         exe.write_text("#!/bin/sh\n")
         exe.chmod(0o755)

@@ -28,6 +28,7 @@ from fluxnetes.devcluster import (
     procs,
     toolchain,
 )
+from helpers import cli_app
 
 pytestmark = pytest.mark.k8s
 
@@ -301,18 +302,9 @@ def test_crd_objects_are_validated_created_and_watched(
 
 # -- lifecycle of a cluster of its own ---------------------------------------------------------
 def _cli_app():  # type: ignore[no-untyped-def]
-    import typer
-
     from fluxnetes.cli import dev_cmd
 
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    dev_cmd.register(app)
-    return app
+    return cli_app(dev_cmd)
 
 
 def test_cli_up_status_down_leaves_no_process_and_no_port(tmp_path: Path) -> None:

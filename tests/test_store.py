@@ -4,7 +4,6 @@ on PostgreSQL (the PostgreSQL cases skip only when FLUXNETES_TEST_PG_URL is unse
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,34 +20,8 @@ from fluxnetes.store import (
     check_transition,
     check_url,
 )
-from test_store_helpers import fresh_pg_database, jobspec_text, pg_url
-
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param(
-        "postgresql",
-        id="postgresql",
-        marks=[
-            pytest.mark.postgres,
-            pytest.mark.skipif(pg_url() is None, reason="FLUXNETES_TEST_PG_URL is not set"),
-        ],
-    ),
-]
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        yield from fresh_pg_database()
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = Store.open(store_url)
-    yield s
-    s.close()
+from helpers import cli_app
+from test_store_helpers import jobspec_text
 
 
 def sub(name: str, **kw: object) -> Submission:
@@ -274,14 +247,11 @@ def test_group_is_provisional_until_all_its_pods_were_seen(store: Store) -> None
 def test_store_cli_migrate_status_and_jobs(store_url: str) -> None:
     import json
 
-    import typer
     from typer.testing import CliRunner
 
     from fluxnetes.cli import store_cmd
 
-    app = typer.Typer()
-    store_cmd.register(app)
-    app.callback()(lambda: None)
+    app = cli_app(store_cmd)
     runner = CliRunner()
     res = runner.invoke(app, ["store", "migrate", "--store", store_url])
     assert res.exit_code == 0, res.output

@@ -4,14 +4,12 @@ scheduling continues. Also two workers writing at once. SQLite and PostgreSQL.""
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,27 +17,13 @@ import pytest
 from fluxnetes.queue.policy import QueuePolicy
 from fluxnetes.store import JobState, Store
 from fluxnetes.store.service import QueueService
-from test_store import BACKENDS
-from test_store_helpers import check_store, fresh_pg_database, make_matcher
+from test_store_helpers import check_store, make_matcher
 
 WORKER = str(Path(__file__).with_name("test_store_helpers.py"))
 NODES, CORES, TOTAL, BATCH = 4, 4, 200, 5
 
 
-@pytest.fixture(autouse=True)
-def _unfreeze_gc() -> Iterator[None]:
-    """The service freezes the collector's view (gc.freeze) for speed; give the rest of the
-    test session a normal collector back."""
-    yield
-    gc.unfreeze()
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        yield from fresh_pg_database()
+pytestmark = pytest.mark.usefixtures("unfreeze_gc")
 
 
 def worker(url: str, seed: int) -> subprocess.Popen[bytes]:
@@ -70,12 +54,12 @@ def finish(store: Store) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(url: str) -> None:
+def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(store_url: str) -> None:
     rng = random.Random(os.getpid())
-    Store.open(url).close()  # schema first: the kills target the submission stream
+    Store.open(store_url).close()  # schema first: the kills target the submission stream
     rounds = -(-TOTAL // BATCH)
     for round_ in range(5):
-        p = worker(url, seed=round_)
+        p = worker(store_url, seed=round_)
         assert p.stdout is not None
         for _ in range(rng.randint(1, rounds - 2)):  # let it get somewhere in the stream...
             assert p.stdout.readline().startswith(b"round")
@@ -83,13 +67,13 @@ def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(url: st
         p.send_signal(signal.SIGKILL)
         p.wait()
         assert p.returncode == -signal.SIGKILL
-        store = Store(url)
+        store = Store(store_url)
         check_store(store, NODES, CORES)
         store.close()
-    p = worker(url, seed=99)  # runs to the end: resubmits everything, idempotently
+    p = worker(store_url, seed=99)  # runs to the end: resubmits everything, idempotently
     _out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()
-    store = Store(url)
+    store = Store(store_url)
     check_store(store, NODES, CORES)
     names = sorted(j.name for j in store.jobs())
     assert names == sorted(f"job{i}" for i in range(TOTAL))  # every job exactly once
@@ -101,13 +85,13 @@ def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(url: st
 
 
 @pytest.mark.slow
-def test_two_processes_writing_at_once_do_not_corrupt_the_queue(url: str) -> None:
-    Store.open(url).close()
-    procs = [worker(url, seed=s) for s in (1, 2)]
+def test_two_processes_writing_at_once_do_not_corrupt_the_queue(store_url: str) -> None:
+    Store.open(store_url).close()
+    procs = [worker(store_url, seed=s) for s in (1, 2)]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()
-    store = Store(url)
+    store = Store(store_url)
     check_store(store, NODES, CORES)
     assert len(store.jobs()) == TOTAL  # both submitted every job; each exists once
     finish(store)

@@ -4,11 +4,9 @@ store, failures roll back, outages are survived. SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,6 @@ from hypothesis import strategies as st
 from fluxnetes.queue.policy import QueuePolicy
 from fluxnetes.store import JobState, Store, StoreUnavailable, Submission
 from fluxnetes.store.service import QueueService, wait_for_store
-from test_store import BACKENDS
 from test_store_helpers import (
     fresh_pg_database,
     jobspec_text,
@@ -32,25 +29,7 @@ from test_store_helpers import (
 NODES, CORES = 4, 4
 
 
-@pytest.fixture(autouse=True)
-def _unfreeze_gc() -> Iterator[None]:
-    """The service freezes the collector's view (gc.freeze) for speed; give the rest of the
-    test session a normal collector back."""
-    yield
-    gc.unfreeze()
-
-
-@pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        s = Store.open(f"sqlite:///{tmp_path / 'store.db'}")
-        yield s
-        s.close()
-    else:
-        for url in fresh_pg_database():
-            s = Store.open(url)
-            yield s
-            s.close()
+pytestmark = pytest.mark.usefixtures("unfreeze_gc")
 
 
 class Clock:

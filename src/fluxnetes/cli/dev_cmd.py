@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from fluxnetes.cli.common import error_exit
+
 DirOption = Annotated[
     Path | None,
     typer.Option(
@@ -18,13 +20,6 @@ DirOption = Annotated[
         "Default: $FLUXNETES_DEV_DIR or ~/.cache/fluxnetes/dev.",
     ),
 ]
-
-
-def _err(message: str, code: int = 1) -> typer.Exit:
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
-    return typer.Exit(code)
 
 
 def build() -> None:
@@ -42,19 +37,19 @@ def build() -> None:
         return
     script = repo_build_script()
     if script is None:
-        raise _err(
+        raise error_exit(
             "hack/build-k8s.sh not found (fluxnetes is not running from a source checkout); "
             f"missing: {', '.join(missing)}. Run the script from a fluxnetes checkout, or set "
             "FLUXNETES_K8S_HOME to a directory with bin/ and stages/ built by it."
         )
     if shutil.which("go") is None:
-        raise _err(
+        raise error_exit(
             "the Go toolchain (>= 1.26) is needed to build the binaries: `go` is not on PATH"
         )
     typer.echo(f"building into {k8s_home()} with {script} (about 7 min the first time)")
     rc = subprocess.call(["bash", str(script)])
     if rc != 0:
-        raise _err(f"{script} failed (exit {rc}); see its output above", rc)
+        raise error_exit(f"{script} failed (exit {rc}); see its output above", rc)
 
 
 def up(
@@ -81,7 +76,7 @@ def up(
     try:
         shape.validate()
     except NodeSpecError as exc:
-        raise _err(str(exc), 2) from None
+        raise error_exit(str(exc), 2) from None
     start = time.monotonic()
     try:
         cluster = Cluster.up(
@@ -93,7 +88,7 @@ def up(
             )
         )
     except ClusterError as exc:
-        raise _err(str(exc)) from None
+        raise error_exit(str(exc)) from None
     elapsed = time.monotonic() - start
     t = cluster.timings
     typer.echo(
@@ -123,7 +118,7 @@ def down(directory: DirOption = None) -> None:
         with dir_lock(cluster.dir):
             killed = cluster.down()
     except ClusterError as exc:
-        raise _err(str(exc)) from None
+        raise error_exit(str(exc)) from None
     note = f" (killed after timeout: {', '.join(killed)})" if killed else ""
     typer.echo(f"dev cluster in {cluster.dir} stopped{note}")
 
@@ -138,7 +133,7 @@ def status(directory: DirOption = None) -> None:
     try:
         cluster = Cluster.attach(directory)
     except ClusterError as exc:
-        raise _err(str(exc), 3) from None
+        raise error_exit(str(exc), 3) from None
     st = cluster.status()
     console = Console()
     table = Table(title=f"dev cluster {st.dir}")

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from fluxnetes.cli.common import error_exit
+
 StoreOption = Annotated[
     str | None,
     typer.Option(
@@ -15,14 +17,6 @@ StoreOption = Annotated[
         "$FLUXNETES_STORE_URL, else a SQLite file in the user data directory.",
     ),
 ]
-
-
-def _err(message: str, code: int = 1) -> typer.Exit:
-    from rich.console import Console
-    from rich.markup import escape
-
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
 
 
 def _url(store: str | None) -> str:
@@ -37,9 +31,9 @@ def _url(store: str | None) -> str:
             return store
         return Settings.from_env().store_url
     except StoreConfigError as e:
-        raise _err(str(e)) from None
+        raise error_exit(str(e)) from None
     except ValidationError as e:
-        raise _err(f"FLUXNETES_STORE_URL: {e.errors()[0]['msg']}") from None
+        raise error_exit(f"FLUXNETES_STORE_URL: {e.errors()[0]['msg']}") from None
 
 
 def migrate(store: StoreOption = None) -> None:
@@ -52,7 +46,7 @@ def migrate(store: StoreOption = None) -> None:
         typer.echo(f"{redact(url)}: schema at revision {s.revision()}")
         s.close()
     except StoreUnavailable as e:
-        raise _err(str(e)) from None
+        raise error_exit(str(e)) from None
 
 
 def status(
@@ -68,11 +62,11 @@ def status(
     try:
         rev = s.revision()
         if rev is None:
-            raise _err(f"{redact(url)}: no schema yet (run `fluxnetes store migrate`)")
+            raise error_exit(f"{redact(url)}: no schema yet (run `fluxnetes store migrate`)")
         counts = {k.value: v for k, v in s.counts().items()}
         allocs = s.allocations()
     except StoreUnavailable as e:
-        raise _err(str(e)) from None
+        raise error_exit(str(e)) from None
     finally:
         s.close()
     doc = {
@@ -114,13 +108,13 @@ def jobs(
         valid = {s.value for s in JobState}
         bad = [x for x in state if x not in valid]
         if bad:
-            raise _err(f"--state: {bad[0]!r} is not one of {', '.join(sorted(valid))}")
+            raise error_exit(f"--state: {bad[0]!r} is not one of {', '.join(sorted(valid))}")
         states = state
     s = Store(_url(store))
     try:
         rows = s.jobs(states)[-limit:][::-1]
     except StoreUnavailable as e:
-        raise _err(str(e)) from None
+        raise error_exit(str(e)) from None
     finally:
         s.close()
     from rich.console import Console

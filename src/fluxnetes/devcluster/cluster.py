@@ -535,16 +535,6 @@ def _untaint_request(node: dict[str, Any]) -> Request:
     )
 
 
-_KWOK_CONFIG = """\
-apiVersion: config.kwok.x-k8s.io/v1alpha1
-kind: KwokConfiguration
-options:
-  nodePlayStageParallelism: 16
-  podPlayStageParallelism: 16
-  nodeLeaseParallelism: 16
-"""
-
-
 def _load_state(directory: Path) -> ClusterState | None:
     path = directory / STATE_FILE
     if not path.is_file():

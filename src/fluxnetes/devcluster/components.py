@@ -117,10 +117,6 @@ def argv(
 
 # kwok plays node and pod stages 4 at a time by default: too slow to bring up 1,000 nodes or to
 # run thousands of pods through their phases
-
-
-# kwok plays node and pod stages 4 at a time by default: too slow to bring up 1,000 nodes or to
-# run thousands of pods through their phases
 KWOK_CONFIG = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration

@@ -20,6 +20,15 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 _VALIDITY = datetime.timedelta(days=3650)
 
 
+def _private_key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """Unencrypted PKCS#8 PEM, the form every Kubernetes component reads."""
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
 @dataclass(frozen=True)
 class CertKey:
     cert: x509.Certificate
@@ -31,11 +40,7 @@ class CertKey:
 
     @property
     def key_pem(self) -> bytes:
-        return self.key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+        return _private_key_pem(self.key)
 
     def write(self, cert_path: Path, key_path: Path) -> None:
         cert_path.write_bytes(self.cert_pem)
@@ -58,18 +63,20 @@ def new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def new_ca(common_name: str) -> CertKey:
-    key = new_key()
-    name = _name(common_name)
-    cert = (
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, *, ca: bool
+) -> x509.CertificateBuilder:
+    """What a CA and a leaf certificate share: names, key, serial, validity, basic constraints
+    and key usage (a CA also signs certificates and CRLs)."""
+    return (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
+        .subject_name(subject)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(_now())
         .not_valid_after(_now() + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -77,13 +84,21 @@ def new_ca(common_name: str) -> CertKey:
                 key_encipherment=False,
                 data_encipherment=False,
                 key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
+                key_cert_sign=ca,
+                crl_sign=ca,
                 encipher_only=False,
                 decipher_only=False,
             ),
             critical=True,
         )
+    )
+
+
+def new_ca(common_name: str) -> CertKey:
+    key = new_key()
+    name = _name(common_name)
+    cert = (
+        _builder(name, name, key, ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -108,28 +123,7 @@ def issue(
         [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     )
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name, organizations))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now())
-        .not_valid_after(_now() + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(_name(common_name, organizations), ca.cert.subject, key, ca=False)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
@@ -204,13 +198,7 @@ def write_cluster_pki(directory: Path, advertise_ip: str, service_ip: str) -> Cl
         pki.admin_crt, pki.admin_key
     )
     sa = new_key()
-    pki.sa_key.write_bytes(
-        sa.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    pki.sa_key.write_bytes(_private_key_pem(sa))
     pki.sa_key.chmod(0o600)
     pki.sa_pub.write_bytes(
         sa.public_key().public_bytes(

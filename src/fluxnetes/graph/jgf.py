@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 from fluxnetes.graph.model import (
     DOWN,
@@ -250,15 +250,7 @@ def _read_jgf(obj: dict[str, Any] | str | bytes, graph: ResourceGraph | None, co
             raise GraphError(f"vertex {vid}: duplicate containment path {p} (also vertex {seen_paths[p]})")
         seen_paths[p] = vid
     for j, e in enumerate(edges):
-        if not isinstance(e, dict):
-            raise GraphError(f"graph.edges[{j}]: must be an object")
-        s, t = e.get("source"), e.get("target")
-        if not isinstance(s, str) or not isinstance(t, str):
-            raise GraphError(f"edge {j} ({s!r} -> {t!r}): source and target must be vertex id strings")
-        if s not in by_id:
-            raise GraphError(f"edge {j} ({s} -> {t}): source '{s}' is not a vertex of this document")
-        if t not in by_id:
-            raise GraphError(f"edge {j} ({s} -> {t}): target '{t}' is not a vertex of this document")
+        s, t = _edge_ends(j, e, by_id)
         emeta = e.get("metadata") or {}
         if not isinstance(emeta, dict):
             raise GraphError(f"edge {j} ({s} -> {t}): metadata must be an object")
@@ -331,7 +323,6 @@ def _read_new(out: ResourceGraph, nodes: list[Any], edges: list[Any], by_id: dic
             tgt = by_id[t]
         except (KeyError, TypeError):
             _edge_error(j, e, by_id)
-            raise  # pragma: no cover - _edge_error always raises
         emeta = e.get("metadata")
         if emeta:
             if not isinstance(emeta, dict):
@@ -403,7 +394,17 @@ def _read_new(out: ResourceGraph, nodes: list[Any], edges: list[Any], by_id: dic
     return out
 
 
-def _edge_error(j: int, e: Any, by_id: dict[str, Vertex]) -> None:
+def _edge_ends(j: int, e: Any, by_id: dict[str, Vertex]) -> tuple[str, str]:
+    """The source and target ids of edge ``j``, both vertices of ``by_id``; else a GraphError."""
+    if isinstance(e, dict):
+        s, t = e.get("source"), e.get("target")
+        if isinstance(s, str) and isinstance(t, str) and s in by_id and t in by_id:
+            return s, t
+    _edge_error(j, e, by_id)
+
+
+def _edge_error(j: int, e: Any, by_id: dict[str, Vertex]) -> NoReturn:
+    """Raise the GraphError naming what is wrong with edge ``j`` (one that is known bad)."""
     if not isinstance(e, dict):
         raise GraphError(f"graph.edges[{j}]: must be an object")
     s, t = e.get("source"), e.get("target")

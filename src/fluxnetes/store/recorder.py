@@ -17,21 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fluxnetes.store.states import JobState
-from fluxnetes.store.store import NodeAmount, Store, Submission
+from fluxnetes.store.store import NodeAmount, Store, Submission, node_amount
 
 
 def _nodes(allocation: Any) -> list[NodeAmount]:
-    return [
-        NodeAmount(
-            name=str(n.name),
-            path=str(getattr(n, "path", "") or ""),
-            cores=int(getattr(n, "cores", 0) or 0),
-            gpus=int(getattr(n, "gpus", 0) or 0),
-            memory=int(getattr(n, "memory", 0) or 0),
-            extra=dict(getattr(n, "extra", None) or {}),
-        )
-        for n in getattr(allocation, "nodes", ())
-    ]
+    return [node_amount(n) for n in getattr(allocation, "nodes", ())]
 
 
 def _r(allocation: Any) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fluxnetes.store.db import StoreUnavailable, redact
-from fluxnetes.store.store import AllocationRecord, JobRecord, NodeAmount, Store
+from fluxnetes.store.store import AllocationRecord, JobRecord, NodeAmount, Store, node_amount
 
 log = logging.getLogger("fluxnetes.store.service")
 
@@ -249,17 +249,6 @@ class CycleReport:
     failed: dict[int, str] = field(default_factory=dict)  # bad jobspec text
 
 
-def _node_amount(share: Any) -> NodeAmount:
-    return NodeAmount(
-        name=str(share.name),
-        path=str(getattr(share, "path", "") or ""),
-        cores=int(getattr(share, "cores", 0) or 0),
-        gpus=int(getattr(share, "gpus", 0) or 0),
-        memory=int(getattr(share, "memory", 0) or 0),
-        extra=dict(getattr(share, "extra", None) or {}),
-    )
-
-
 class QueueService:
     """Loads queued jobs, runs the pure cycle, persists its decisions; recovers from the store.
 
@@ -436,7 +425,7 @@ class QueueService:
                             int(res.at),
                             int(res.duration),
                             rv1,
-                            [_node_amount(n) for n in res.nodes],
+                            [node_amount(n) for n in res.nodes],
                         )
                     )
                     report.started.append(jid)

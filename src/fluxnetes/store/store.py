@@ -164,6 +164,19 @@ class NodeAmount:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def node_amount(share: Any) -> NodeAmount:
+    """A NodeAmount from a matcher's per-node share (a fluxnetes.match.NodeShare or alike, read
+    by attribute); a missing or empty amount counts as 0."""
+    return NodeAmount(
+        name=str(share.name),
+        path=str(getattr(share, "path", "") or ""),
+        cores=int(getattr(share, "cores", 0) or 0),
+        gpus=int(getattr(share, "gpus", 0) or 0),
+        memory=int(getattr(share, "memory", 0) or 0),
+        extra=dict(getattr(share, "extra", None) or {}),
+    )
+
+
 @dataclass(frozen=True)
 class AllocationRecord:
     job_id: int
