@@ -216,9 +216,11 @@ async def apiserver_webhook_view(kube: Kube) -> dict[str, Any]:
 
 
 async def start_operator(
-    args: argparse.Namespace, cluster: Cluster, mode: str
+    args: argparse.Namespace, cluster: Cluster, mode: str, extra: list[str] | None = None,
+    label: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    log = open(Path(args.workdir) / f"operator-{mode}.log", "wb")  # noqa: SIM115
+    label = label or mode
+    log = open(Path(args.workdir) / f"operator-{label}.log", "wb")  # noqa: SIM115
     argv = [
         sys.executable,
         "-m",
@@ -232,9 +234,10 @@ async def start_operator(
         "INFO",
         "--job-mode",
         mode,
+        *(extra or []),
     ]
     op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    path = Path(args.workdir) / f"operator-{mode}.log"
+    path = Path(args.workdir) / f"operator-{label}.log"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and "operator ready" not in path.read_text():
         await asyncio.sleep(0.5)
@@ -257,20 +260,29 @@ def _cpu_seconds(op: subprocess.Popen[bytes] | None) -> float:
 async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     kube = await Kube.from_config(str(cluster.kubeconfig))
     results: dict[str, Any] = {}
+    per_round: dict[str, dict[str, list[dict[str, Any]]]] = {}
     workloads = [("single_pod_jobs", args.jobs, 1), ("gang_jobs_of_10", args.gang_jobs, 10)]
-    runs = [("default_scheduler", "")] + [
-        (f"fluxnetes_{mode}" if len(args.job_modes) > 1 else "fluxnetes", mode)
-        for mode in args.job_modes
-    ]
+    runs: list[tuple[str, str, list[str]]] = [("default_scheduler", "", [])]
+    if args.variant:  # label=operator args (e.g. before/after a change, in the same run)
+        for v in args.variant:
+            label, _, extra = v.partition("=")
+            runs.append((f"fluxnetes_{label}", "suspend", extra.split()))
+    else:
+        runs += [
+            (f"fluxnetes_{mode}" if len(args.job_modes) > 1 else "fluxnetes", mode, [])
+            for mode in args.job_modes
+        ]
     op = None
     try:
-        for label, mode in runs:
+        # rounds alternate the runs so that a change of the machine's load (shared cores)
+        # hits every label alike; each label reports its median round
+        for label, mode, extra in runs * args.rounds:
             if op is not None:  # each mode gets a fresh operator
                 op.send_signal(signal.SIGTERM)
                 op.wait(timeout=30)
                 op = None
             if mode:
-                op = await start_operator(args, cluster, mode)
+                op = await start_operator(args, cluster, mode, extra, label)
             for name, jobs, size in workloads:
                 if jobs <= 0:
                     continue
@@ -290,9 +302,17 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 if op is not None:
                     r["operator_cpu_seconds"] = round(_cpu_seconds(op) - cpu0, 2)  # incl. webhook process
                 print(label, name, r, flush=True)
-                results.setdefault(name, {})[label] = r
+                per_round.setdefault(name, {}).setdefault(label, []).append(r)
                 await kube.delete(NAMESPACES, ns)
                 await asyncio.sleep(5)
+        for name, labels in per_round.items():
+            for label, rs in labels.items():
+                ordered = sorted(rs, key=lambda x: x["pods_per_second"])
+                median = dict(ordered[(len(ordered) - 1) // 2])
+                if len(rs) > 1:
+                    median["pods_per_second_rounds"] = [x["pods_per_second"] for x in rs]
+                    median["load_average_1m_rounds"] = [x["load_average_1m_before"] for x in rs]
+                results.setdefault(name, {})[label] = median
         results["apiserver_webhook_latency"] = await apiserver_webhook_view(kube)
     finally:
         if op is not None:
@@ -330,6 +350,14 @@ def main() -> None:
         type=lambda t: t.split(","),
         help="operator --job-mode values to run, comma separated",
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL=ARGS: run the operator with these extra `fluxnetes run` arguments as "
+        "fluxnetes_LABEL (repeatable; replaces --job-modes), e.g. before/after in one run",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     args = ap.parse_args()
     out: dict[str, Any] = {
@@ -341,7 +369,9 @@ def main() -> None:
             "gang_jobs": args.gang_jobs,
             "gang_size": 10,
             "webhook_requests": args.webhook_requests,
-            "job_modes": args.job_modes,
+            "rounds": args.rounds,
+            "job_modes": args.job_modes if not args.variant else None,
+            "variants": dict(v.partition("=")[::2] for v in args.variant) or None,
         },
         "machine": {
             "cpu_count": os.cpu_count(),

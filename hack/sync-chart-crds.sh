@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Copy the CRDs (deploy/crds, the single source) into the chart's crds/ directory, which helm
-# installs before the templates. tests/test_chart.py fails when the two differ.
+# The CRDs have one source: src/fluxnetes/k8s/crds/ (inside the Python package, so an installed
+# wheel can install them: `fluxnetes run` does out of cluster). Copy them into deploy/crds (for
+# `kubectl apply -f deploy/crds`) and the chart's crds/ directory (helm installs it before the
+# templates). tests/test_chart.py fails when any copy differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p deploy/chart/crds
-rm -f deploy/chart/crds/*.yaml
-cp deploy/crds/*.yaml deploy/chart/crds/
-echo "sync-chart-crds: $(ls deploy/crds/*.yaml | wc -l) CRD file(s) copied into deploy/chart/crds"
+SRC=src/fluxnetes/k8s/crds
+for dst in deploy/crds deploy/chart/crds; do
+  mkdir -p "$dst"
+  rm -f "$dst"/*.yaml
+  cp "$SRC"/*.yaml "$dst"/
+done
+echo "sync-chart-crds: $(ls "$SRC"/*.yaml | wc -l) CRD file(s) copied from $SRC into deploy/crds and deploy/chart/crds"

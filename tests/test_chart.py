@@ -54,6 +54,11 @@ ALLOWED = [
     ("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
     ("update", "mutatingwebhookconfigurations.admissionregistration.k8s.io/fluxnetes.io", None),
     ("get", "validatingwebhookconfigurations.admissionregistration.k8s.io/fluxnetes.io", None),
+    ("create", "validatingadmissionpolicies.admissionregistration.k8s.io", None),
+    ("update", "validatingadmissionpolicies.admissionregistration.k8s.io/fluxnetes.io-gate", None),
+    ("create", "validatingadmissionpolicybindings.admissionregistration.k8s.io", None),
+    ("get", "validatingadmissionpolicybindings.admissionregistration.k8s.io/fluxnetes.io-gate", None),
+    ("update", "validatingadmissionpolicybindings.admissionregistration.k8s.io/fluxnetes.io-gate", None),
     ("create", "leases.coordination.k8s.io", "OWN"),
     ("update", "leases.coordination.k8s.io/fluxnetes-leader", "OWN"),
     ("get", "secrets/fluxnetes-webhook-cert", "OWN"),
@@ -78,6 +83,8 @@ FORBIDDEN = [
     ("update", "customresourcedefinitions.apiextensions.k8s.io/other.example.com", None),
     ("update", "mutatingwebhookconfigurations.admissionregistration.k8s.io/someone-else", None),
     ("list", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
+    ("update", "validatingadmissionpolicies.admissionregistration.k8s.io/someone-else", None),
+    ("delete", "validatingadmissionpolicybindings.admissionregistration.k8s.io/someone-else", None),
     ("create", "namespaces", None),
     ("get", "namespaces/kube-system", None),
     ("create", "clusterroles.rbac.authorization.k8s.io", None),
@@ -146,17 +153,36 @@ def assert_restricted(pod_spec: dict[str, Any]) -> None:
 # -- the CRD has one source ------------------------------------------------------------------
 
 
-def test_chart_crds_are_copies_of_deploy_crds() -> None:
-    src = sorted(p.name for p in (ROOT / "deploy" / "crds").glob("*.yaml"))
-    dst = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
-    assert src, "deploy/crds holds no CRD"
-    assert src == dst, (
-        "deploy/chart/crds differs from deploy/crds: run `bash hack/sync-chart-crds.sh`"
+def test_crd_copies_are_identical_to_the_packaged_source() -> None:
+    """src/fluxnetes/k8s/crds (shipped in the wheel) is the source; deploy/crds and the
+    chart's crds/ are byte-identical copies made by hack/sync-chart-crds.sh."""
+    source = ROOT / "src" / "fluxnetes" / "k8s" / "crds"
+    src = sorted(p.name for p in source.glob("*.yaml"))
+    assert src, "src/fluxnetes/k8s/crds holds no CRD"
+    for copy in (ROOT / "deploy" / "crds", CHART / "crds"):
+        dst = sorted(p.name for p in copy.glob("*.yaml"))
+        assert src == dst, f"{copy} differs from {source}: run `bash hack/sync-chart-crds.sh`"
+        for name in src:
+            assert filecmp.cmp(source / name, copy / name, shallow=False), (
+                f"{copy / name} is stale: run `bash hack/sync-chart-crds.sh`"
+            )
+
+
+def test_crd_ships_in_the_package() -> None:
+    """pyproject's package-data includes the CRD, and the operator reads that packaged copy."""
+    import fnmatch
+    import tomllib
+
+    from fluxnetes.k8s import fluxjob
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "fluxnetes"
+    ]
+    rel = f"k8s/crds/{fluxjob.CRD_FILE}"
+    assert any(fnmatch.fnmatch(rel, g) for g in globs), (rel, globs)
+    assert fluxjob.crd_manifest() == yaml.safe_load(
+        (ROOT / "src/fluxnetes/k8s/crds" / fluxjob.CRD_FILE).read_text()
     )
-    for name in src:
-        assert filecmp.cmp(ROOT / "deploy/crds" / name, CHART / "crds" / name, shallow=False), (
-            f"deploy/chart/crds/{name} is stale: run `bash hack/sync-chart-crds.sh`"
-        )
 
 
 # -- rendering -------------------------------------------------------------------------------

@@ -1,36 +1,63 @@
-"""The operator's store journal (SQLite; no cluster)."""
+"""The operator's store journal: the queue's memory (SQLite; no cluster)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.journal import Journal
+from fluxnetes.k8s.journal import GroupRecord, Journal
 from fluxnetes.k8s.shares import Share
 
-
-def test_journal_records_phases_allocations_and_releases(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'j.db'}"
-    j = Journal(url)
-    common = dict(namespace="ns", name="job-a", uid="u1", kind="Job", jobspec="version: 1", size=2,
-                  duration=60, priority=0)
-    j.phase(**common, phase=Phase.PENDING, reason="queued", now=10)
-    j.phase(**common, phase=Phase.RUNNING, reason="allocated", now=11, at=11,
-            shares=[Share("n1", cores=2, memory=100), Share("n2", cores=2, memory=100)])
-    j.release_nodes(namespace="ns", name="job-a", uid="u1", nodes=["n1"], now=12, reason="pods ended")
-    j.phase(**common, phase=Phase.COMPLETED, reason="all pods finished", now=13)
-    j.close()
-    rec = j.store.find("ns", "job-a", "u1")
-    assert rec is not None and str(rec.state) == "completed"
-    assert [str(e.to_state) for e in j.store.events(rec.id)] == ["provisional", "pending", "running", "completed"]
-    assert all(a.job_id != rec.id for a in j.store.allocations())  # released with the job
+SHARES = (Share("n1", cores=2, memory=100), Share("n2", cores=2, memory=100))
 
 
-def test_journal_survives_illegal_transitions(tmp_path: Path) -> None:
+def rec(name: str = "job-a", **kw: object) -> GroupRecord:
+    base = GroupRecord(namespace="ns", name=name, uid=f"u-{name}", kind="Job", jobspec="version: 1", size=2,
+                       duration=60, priority=0, submit=10, phase=Phase.PENDING, reason="queued")
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_journal_records_submission_phases_allocations_and_releases(tmp_path: Path) -> None:
     j = Journal(f"sqlite:///{tmp_path / 'j.db'}")
-    common = dict(namespace="ns", name="pod-x", uid="p1", kind="Pod", jobspec="", size=1, duration=0, priority=0)
-    j.phase(**common, phase=Phase.CANCELLED, reason="deleted", now=1)
-    j.phase(**common, phase=Phase.PENDING, reason="queued", now=2)  # terminal: logged, ignored
+    j.record(rec(priority=5), now=10)
+    j.record(rec(phase=Phase.RUNNING, reason="allocated", start=11, shares=SHARES), now=11)
+    j.release_nodes(rec(), ["n1"], now=12, reason="pods ended")
+    j.record(rec(phase=Phase.COMPLETED, reason="all pods finished", shares=SHARES), now=13)
     j.close()
-    rec = j.store.find("ns", "pod-x", "p1")
-    assert rec is not None and str(rec.state) == "cancelled"
+    r = j.store.find("ns", "job-a", "u-job-a")
+    assert r is not None and str(r.state) == "completed"
+    assert (r.submit_time, r.priority, r.size, r.duration, r.jobspec) == (10, 5, 2, 60, "version: 1")
+    assert [str(e.to_state) for e in j.store.events(r.id)] == ["pending", "running", "completed"]
+    assert all(a.job_id != r.id for a in j.store.allocations())  # released with the job
+
+
+def test_a_completion_whose_start_was_not_written_is_bridged(tmp_path: Path) -> None:
+    """The operator may decide start and end before the store saw the start (or recover a
+    running group from its FluxJob): the store goes through running, legally."""
+    j = Journal(f"sqlite:///{tmp_path / 'j.db'}")
+    j.record(rec(phase=Phase.PROVISIONAL, reason="waiting"), now=9)
+    j.record(rec(phase=Phase.COMPLETED, reason="all pods finished", start=11, shares=SHARES), now=13)
+    j.record(rec(name="b", phase=Phase.RESERVED, reason="reserved"), now=14)
+    j.close()
+    r = j.store.find("ns", "job-a", "u-job-a")
+    assert r is not None and str(r.state) == "completed" and r.start_time == 11
+    assert [str(e.to_state) for e in j.store.events(r.id)] == ["provisional", "pending", "running", "completed"]
+    b = j.store.find("ns", "b", "u-b")
+    assert b is not None and [str(e.to_state) for e in j.store.events(b.id)] == ["pending", "reserved"]
+
+
+def test_terminal_rows_never_change_and_live_jobs_come_back_in_queue_order(tmp_path: Path) -> None:
+    j = Journal(f"sqlite:///{tmp_path / 'j.db'}")
+    j.record(rec(name="x", phase=Phase.CANCELLED, reason="deleted"), now=1)
+    j.record(rec(name="x", phase=Phase.PENDING, reason="queued"), now=2)  # terminal: ignored
+    j.record(rec(name="late", submit=30), now=30)
+    j.record(rec(name="early", submit=20), now=30)
+    j.record(rec(name="urgent", submit=40, priority=9), now=40)
+    assert j.drain()
+    x = j.store.find("ns", "x", "u-x")
+    assert x is not None and str(x.state) == "cancelled"
+    assert [r.name for r in j.live_jobs()] == ["urgent", "early", "late"]
+    j.cancel(j.live_jobs()[0].id, now=50, reason="its objects are gone")
+    j.close()
+    assert [r.name for r in j.live_jobs()] == ["early", "late"]

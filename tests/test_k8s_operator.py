@@ -496,8 +496,15 @@ def test_two_replicas_only_the_leader_schedules(k8s_cluster: Any, ns: str, opera
 
 
 def test_restart_while_jobs_flow_completes_each_job_once(k8s_cluster: Any, ns: str,
-                                                          operator: OperatorProc) -> None:
+                                                          operator: OperatorProc, tmp_path: Path) -> None:
+    """With a store (the queue's memory): SIGKILL while jobs flow; afterwards every job ran
+    once, nothing was ever overbooked, and the store holds every job exactly once, completed,
+    with no allocation left."""
     import threading
+
+    url = f"sqlite:///{tmp_path / 'flow.db'}"
+    operator.kill(signal.SIGTERM)
+    operator.start("--store", url)
 
     nodes = {n["metadata"]["name"]: n for n in k8s_cluster.kubectl_json("get", "nodes")["items"]}
     from fluxnetes.k8s.resources import node_allocatable, pod_request
@@ -526,7 +533,7 @@ def test_restart_while_jobs_flow_completes_each_job_once(k8s_cluster: Any, ns: s
         time.sleep(2)
         operator.kill(signal.SIGKILL)
         apply(k8s_cluster, ns, docs[100:])  # submitted while the operator is down
-        operator.start()
+        operator.start("--store", url)
 
         def all_complete() -> bool:
             jobs = k8s_cluster.kubectl_json("get", "jobs", "-n", ns)["items"]
@@ -535,14 +542,39 @@ def test_restart_while_jobs_flow_completes_each_job_once(k8s_cluster: Any, ns: s
                 for j in jobs)
 
         wait("all 200 jobs complete", all_complete, timeout=300, interval=2)
+        jobs = k8s_cluster.kubectl_json("get", "jobs", "-n", ns)["items"]
+        assert all(j["status"].get("succeeded") == 1 and not j["status"].get("failed") for j in jobs)
+        ps = pods(k8s_cluster, ns)
+        assert len(ps) == total  # one pod per job: nothing ran twice
+        assert violations == []
+
+        from fluxnetes.store import Store
+
+        store = Store(url)
+        # jobs created while no webhook answered (failurePolicy Ignore) ran unmanaged, as
+        # foreign pods: fluxnetes' queue (and so the store) holds exactly the managed ones
+        uids = {j["metadata"]["uid"] for j in jobs
+                if (j["spec"]["template"]["metadata"].get("labels") or {}).get("fluxnetes.io/managed") == "true"}
+        assert len(uids) >= 100
+
+        def stored() -> list[Any] | None:
+            rows = [r for r in store.jobs() if r.namespace == ns]
+            return rows if len(rows) >= len(uids) and all(str(r.state) == "completed" for r in rows) else None
+
+        rows = wait("the store to record every job completed", stored, timeout=60, interval=1)
+        assert len(rows) == len(uids) and len({r.name for r in rows}) == len(uids)  # each job exactly once
+        assert {r.uid for r in rows} == uids
+        assert all(r.kind == "Job" and r.start_time is not None and r.end_time is not None for r in rows)
+        ids = {r.id for r in rows}
+        assert not [a for a in store.allocations() if a.job_id in ids]  # nothing held by ended jobs
+        for r in rows:  # every job's history is one legal chain ending in completed
+            states = [str(e.to_state) for e in store.events(r.id)]
+            assert states[-1] == "completed" and states.count("running") == 1, (r.name, states)
     finally:
         stop.set()
         checker.join(timeout=10)
-    jobs = k8s_cluster.kubectl_json("get", "jobs", "-n", ns)["items"]
-    assert all(j["status"].get("succeeded") == 1 and not j["status"].get("failed") for j in jobs)
-    ps = pods(k8s_cluster, ns)
-    assert len(ps) == total  # one pod per job: nothing ran twice
-    assert violations == []
+        operator.kill(signal.SIGTERM)
+        operator.start()
 
 
 def test_store_records_every_decision(k8s_cluster: Any, ns: str, operator: OperatorProc, tmp_path: Path) -> None:
@@ -563,7 +595,8 @@ def test_store_records_every_decision(k8s_cluster: Any, ns: str, operator: Opera
 
         rec = wait("store says completed", recorded, timeout=30)
         states = [str(e.to_state) for e in store.events(rec.id)]
-        assert states[:3] == ["provisional", "pending", "running"] and states[-1] == "completed"
+        # a Job is a complete group at creation: it enters the store pending (no provisional step)
+        assert states == ["pending", "running", "completed"], states
     finally:
         operator.kill(signal.SIGTERM)
         operator.start()
@@ -587,3 +620,114 @@ def test_job_mode_gate_places_without_suspending(k8s_cluster: Any, ns: str, oper
     finally:
         operator.kill(signal.SIGTERM)
         operator.start()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """/metrics as {'name{labels}': value} (labels as printed by prometheus_client)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def _readyz(port: int) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        return int(urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_metrics_and_json_logs_follow_a_job(k8s_cluster: Any, ns: str, operator: OperatorProc) -> None:
+    """`fluxnetes run` honours FLUXNETES_METRICS_PORT / FLUXNETES_LOG_FORMAT as the chart sets
+    them; after a Job ran, the numbers on /metrics moved and the log lines name the job."""
+    import os
+
+    port = _free_port()
+    operator.kill(signal.SIGTERM)
+    env = {"FLUXNETES_METRICS_PORT": str(port), "FLUXNETES_LOG_FORMAT": "json"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        operator.start()
+        # "operator ready" was logged (nodes and pods synced): /readyz follows within a moment
+        wait("/readyz", lambda: _readyz(port) == 200, timeout=10, interval=0.2)
+        before = _scrape(port)
+        apply(k8s_cluster, ns, [job("metered", 2, "2")])
+        wait("job complete", lambda: job_complete(k8s_cluster, ns, "metered"))
+        wait("FluxJob completed", lambda: phase(k8s_cluster, ns, "job-metered") == "Completed")
+
+        def moved() -> dict[str, float] | None:
+            m = _scrape(port)
+            done = (m.get("fluxnetes_queue_jobs{state=\"Pending\"}") == 0
+                    and m.get("fluxnetes_queue_jobs{state=\"Completed\"}", 0) >= 1
+                    and m.get("fluxnetes_releases_total{kind=\"full\"}", 0) >= 1)
+            return m if done else None
+
+        after = wait("metrics to settle", moved, timeout=30)
+        assert after["fluxnetes_allocations_total"] >= before.get("fluxnetes_allocations_total", 0) + 1
+        assert after["fluxnetes_allocated_pods_total"] >= before.get("fluxnetes_allocated_pods_total", 0) + 2
+        assert after["fluxnetes_scheduling_cycle_duration_seconds_count"] >= 1
+        assert after["fluxnetes_match_duration_seconds_count"] >= 1
+        assert after["fluxnetes_match_outcomes_total{outcome=\"allocated\"}"] >= 1
+        assert after["fluxnetes_leader"] == 1
+        assert after["fluxnetes_nodes{status=\"up\"}"] >= 4
+        assert after.get("fluxnetes_webhook_duration_seconds_count{kind=\"Job\",webhook=\"mutate\"}", 0) >= 1
+        # the Job's pods were born gated (template mutated) and skipped the pod webhook; a lone pod does not
+        pod_key = "fluxnetes_webhook_duration_seconds_count{kind=\"Pod\",webhook=\"mutate\"}"
+        apply(k8s_cluster, ns, [pod("lone", "1")])
+        wait("the pod webhook's answer time", lambda: _scrape(port).get(pod_key, 0) >= after.get(pod_key, 0) + 1,
+             timeout=10)
+        lines = [json.loads(line) for line in operator.log.read_text().splitlines() if line.startswith("{")]
+        mine = [r for r in lines if r.get("job") == f"{ns}/job-metered"]
+        assert mine and all(r["group"] == "job-metered" and r["namespace"] == ns for r in mine)
+        assert {r.get("phase") for r in mine} >= {"Pending", "Running", "Completed"}
+    finally:
+        operator.kill(signal.SIGTERM)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        operator.start()
+
+
+def test_missing_permission_is_a_clear_error_not_a_hang(k8s_cluster: Any, tmp_path: Path) -> None:
+    """An identity without the permissions fluxnetes needs: the operator names the refused
+    request and what to grant, and exits (status 2) instead of waiting forever."""
+    sa_ns = f"fx-nobody-{uuid.uuid4().hex[:6]}"
+    k8s_cluster.kubectl("create", "namespace", sa_ns)
+    try:
+        k8s_cluster.kubectl("create", "serviceaccount", "nobody", "-n", sa_ns)
+        token = k8s_cluster.kubectl("create", "token", "nobody", "-n", sa_ns, "--duration=1h").stdout.strip()
+        kc = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+        kc["users"] = [{"name": "nobody", "user": {"token": token}}]
+        for ctx in kc["contexts"]:
+            ctx["context"]["user"] = "nobody"
+        kubeconfig = tmp_path / "nobody.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(kc))
+        res = subprocess.run(
+            [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(kubeconfig),
+             "--webhook-port", "0", "--namespace", OP_NS, "--log-format", "text"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+    finally:
+        k8s_cluster.kubectl("delete", "namespace", sa_ns, "--wait=false", check=False)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "permission denied" in res.stderr and "RBAC" in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]

@@ -39,6 +39,13 @@ def test_webhook_config_scope() -> None:
     exprs = pods["namespaceSelector"]["matchExpressions"]
     assert exprs[0] == {"key": names.LABEL_ENABLED, "operator": "In", "values": ["true"]}
     assert {"kube-system", "flux-ns"} <= set(exprs[1]["values"])
+    # pods born gated (from a template the workload webhook mutated) skip the pod webhook
+    assert {"key": names.LABEL_MANAGED, "operator": "NotIn", "values": ["true"]} in pods["objectSelector"][
+        "matchExpressions"]
+    assert m["webhooks"][1]["objectSelector"] == {"matchExpressions": [
+        {"key": names.LABEL_ENABLED, "operator": "NotIn", "values": ["false"]}]}
+    every = webhook_config.mutating(target, webhook_config.Scope(admit_template_pods=True), b"CA")
+    assert every["webhooks"][0]["objectSelector"] == m["webhooks"][1]["objectSelector"]
     v = webhook_config.validating(target, scope, b"CA")
     assert v["webhooks"][0]["objectSelector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
     svc = webhook_config.WebhookTarget(service_name="fluxnetes", service_namespace="flux-ns")

@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     def run(
         kubeconfig: Annotated[str | None, typer.Option(help="kubeconfig file (default: in-cluster, then ~/.kube/config)")] = None,
         context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
-        store: Annotated[str | None, typer.Option(help="store URL: every decision is also written there (sqlite:///file.db, postgresql+psycopg://...)")] = None,
+        store: Annotated[str | None, typer.Option(help="store URL, the queue's memory: every group and decision is written there and the queue resumes from it after a restart (sqlite:///file.db, postgresql+psycopg://..., or 'default' = a SQLite file in the user data dir)")] = None,
         policy: Annotated[str, typer.Option(help="queue policy: fcfs, easy, conservative, hybrid:N")] = "easy",
         match_policy: Annotated[str, typer.Option(help="match policy: first, low, high, lonode, hinode, lonodex, hinodex, firstnodex")] = "lonode",
         namespace: Annotated[str, typer.Option(help="the operator's own namespace (Lease, certificate Secret)")] = "fluxnetes-system",
@@ -26,7 +26,12 @@ def register(app: typer.Typer) -> None:
         rack_label: Annotated[str, typer.Option(help="node label naming the rack")] = "fluxnetes.io/rack",
         on_node_lost: Annotated[str, typer.Option(help="groups on a lost node: fail or requeue")] = "fail",
         job_mode: Annotated[str, typer.Option(help="Jobs: suspend (created suspended, resumed when allocated) or gate (only their pods are gated)")] = "suspend",
+        admit_template_pods: Annotated[bool, typer.Option(help="also send pods born gated (from a template fluxnetes already gated) through the pod webhook: one admission call more per pod, for clusters where a controller may strip template labels")] = False,
+        coalesce: Annotated[float, typer.Option(help="seconds a burst of arrivals waits for the rest before its scheduling cycle (0 = a cycle per batch of events)")] = 0.05,
+        event_rate: Annotated[float, typer.Option(help="Normal Events per second at most (Warnings are never dropped; every decision is also in the FluxJob's conditions)")] = 20.0,
         log_level: Annotated[str, typer.Option(help="log level")] = "INFO",
+        log_format: Annotated[str | None, typer.Option(help="json or text (default: $FLUXNETES_LOG_FORMAT, else json unless stderr is a terminal)")] = None,
+        metrics_port: Annotated[int | None, typer.Option(help="serve /metrics, /healthz, /readyz on this port (default: $FLUXNETES_METRICS_PORT; 0 = off)")] = None,
     ) -> None:
         """Run the fluxnetes operator (out of cluster with --kubeconfig, or in cluster)."""
         import logging
@@ -49,13 +54,50 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be fail or requeue", param_hint="--on-node-lost")
         if job_mode not in ("suspend", "gate"):
             raise typer.BadParameter("must be suspend or gate", param_hint="--job-mode")
+        if store is not None and store.strip().lower() == "default":
+            from fluxnetes.config import default_store_url
+
+            store = default_store_url()
+        if store:
+            from fluxnetes.store import StoreConfigError, check_url
+
+            try:
+                check_url(store)
+            except StoreConfigError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--store") from None
+        if not 0 <= coalesce <= 5:
+            raise typer.BadParameter("must be between 0 and 5 seconds", param_hint="--coalesce")
+        if event_rate < 0:
+            raise typer.BadParameter("must be >= 0", param_hint="--event-rate")
         if "=" not in namespace_label:
             raise typer.BadParameter("must be key=value", param_hint="--namespace-label")
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        import os
+
+        from fluxnetes.logging import configure_from_env, configure_logging
+
+        try:
+            if log_format is not None:
+                configure_logging(log_level, log_format.strip().lower())
+            else:
+                configure_from_env(log_level)
+        except ValueError as exc:
+            hint = "--log-level" if "level" in str(exc) else ("--log-format" if log_format is not None
+                                                             else "FLUXNETES_LOG_FORMAT")
+            raise typer.BadParameter(str(exc), param_hint=hint) from None
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        if metrics_port is None:
+            raw = os.environ.get("FLUXNETES_METRICS_PORT", "").strip()
+            if raw and (not raw.isdigit() or int(raw) > 65535):
+                raise typer.BadParameter(f"must be a port number 0-65535, got {raw!r}",
+                                         param_hint="FLUXNETES_METRICS_PORT")
+            metrics_port = int(raw) if raw else None
+        elif not 0 <= metrics_port <= 65535:
+            raise typer.BadParameter("must be a port number 0-65535", param_hint="--metrics-port")
         main(OperatorConfig(
             kubeconfig=kubeconfig, context=context, store=store, policy=policy, match_policy=match_policy,
             namespace=namespace, namespace_label=namespace_label, webhook_port=webhook_port,
             webhook_host=webhook_host, webhook_url=webhook_url, service_name=service_name,
             failure_policy=failure_policy, leader_elect=leader_elect, rack_label=rack_label,
-            on_node_lost=on_node_lost, job_mode=job_mode,
+            on_node_lost=on_node_lost, job_mode=job_mode, metrics_port=metrics_port or None,
+            admit_template_pods=admit_template_pods, coalesce_seconds=coalesce, event_rate=event_rate,
         ))

@@ -24,6 +24,7 @@ class OperatorConfig:
     webhook_url: str | None = None  # what the API server calls; default https://127.0.0.1:PORT
     service_name: str | None = None  # in cluster: the Service in front of the webhook
     failure_policy: str = "Ignore"
+    admit_template_pods: bool = False  # see webhook_config.Scope
     # leadership
     leader_elect: bool = True
     lease_name: str = "fluxnetes-leader"
@@ -34,4 +35,11 @@ class OperatorConfig:
     # gate: Jobs run at once but their pods are gated (fewer API round trips per Job)
     job_mode: str = "suspend"
     cycle_interval: float = 2.0
+    # a burst of arrivals waits this long for the rest before its cycle (0: a cycle per event batch)
+    coalesce_seconds: float = 0.05
+    # Normal Events per second (API server load); decisions stay in the FluxJob conditions
+    event_rate: float = 20.0
+    # /metrics, /healthz, /readyz on this port (None or 0: not served)
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
     api_concurrency: int = 64

@@ -56,12 +56,15 @@ from fluxnetes.k8s.kube import (
 from fluxnetes.k8s.placement import ANN_SLOT, place_patch
 from fluxnetes.k8s.resources import GPU, PodResources
 from fluxnetes.k8s.workloads import KINDS, WorkloadKind, kind_of
+from fluxnetes.logging import log_context
+from fluxnetes.metrics import METRICS
 
 log = logging.getLogger(__name__)
 
 OWNER_RESOURCES = {k.kind: Resource(k.api_version, k.plural) for k in KINDS.values() if k.owns_pods}
 QUEUED = (Phase.PENDING, Phase.RESERVED)
-EVENT_RATE, EVENT_BURST = 50.0, 300.0  # Events per second (Warnings are never dropped)
+# Normal Events per second, burst (Warnings are never dropped); --event-rate overrides the rate
+EVENT_RATE, EVENT_BURST = 20.0, 200.0
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -84,6 +87,48 @@ def _parse_time(s: object) -> int | None:
         return int(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp())
     except ValueError:
         return None
+
+
+class TimedMatcher:
+    """The matcher as the queue sees it: every match it asks for is timed and its outcome
+    counted (fluxnetes_match_duration_seconds, fluxnetes_match_outcomes_total); everything
+    else goes straight through."""
+
+    def __init__(self, matcher: Any) -> None:
+        self._m = matcher
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._m, name)
+
+    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            res = fn(*args, **kwargs)
+        except Exception:
+            METRICS.match_outcomes.labels(outcome="error").inc()
+            raise
+        finally:
+            METRICS.match_seconds.observe(time.perf_counter() - t0)
+        status = str(getattr(res, "status", "")).rsplit(".", 1)[-1].lower()
+        METRICS.match_outcomes.labels(outcome=status or "unknown").inc()
+        return res
+
+    def allocate(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self._m.allocate, *args, **kwargs)
+
+    def allocate_orelse_reserve(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self._m.allocate_orelse_reserve, *args, **kwargs)
+
+
+def _event_time(obj: Mapping[str, Any], etype: str) -> int | None:
+    """When the change a watch event reports happened (seconds; None if unknown)."""
+    meta = obj.get("metadata") or {}
+    if etype == "ADDED":
+        return _parse_time(meta.get("creationTimestamp"))
+    times = [_parse_time(meta.get("deletionTimestamp"))]
+    times += [_parse_time(c.get("lastTransitionTime")) for c in (obj.get("status") or {}).get("conditions") or []]
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
 
 
 @dataclass
@@ -110,6 +155,8 @@ class Group:
     fj_status: dict[str, Any] = field(default_factory=dict)
     fj_uid: str = ""
     store_uid: str = ""
+    store_id: int | None = None
+    alloc: list[shares.Share] = field(default_factory=list)  # what it was given when it started
 
     @property
     def key(self) -> tuple[str, str]:
@@ -152,6 +199,9 @@ class Controller:
         self.ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
+        self._informer_runs: list[asyncio.Task[Any]] = []
+        self._counts_dirty = True
+        self.store_ok = True  # False while a configured store cannot be reached (/readyz)
         self.cycles = 0
         self._flushing = False
         self.reconciled = False
@@ -161,6 +211,8 @@ class Controller:
             from fluxnetes.k8s.journal import Journal
 
             self.journal = Journal(config.store)
+        # live store rows no group has claimed yet (after a restart): (namespace, name) -> record
+        self.store_only: dict[tuple[str, str], Any] = {}
 
     # ---------------------------------------------------------------- helpers
     def now(self) -> int:
@@ -175,7 +227,7 @@ class Controller:
         # a token bucket (like client-go's event recorder) keeps a burst of thousands of jobs
         # from flooding the API server; every decision is also in the FluxJob's conditions
         now = time.monotonic()
-        self._tokens = min(EVENT_BURST, self._tokens + (now - self._tokens_at) * EVENT_RATE)
+        self._tokens = min(EVENT_BURST, self._tokens + (now - self._tokens_at) * self.config.event_rate)
         self._tokens_at = now
         if self._tokens < 1 and etype == "Normal":
             self.events_dropped += 1
@@ -216,17 +268,33 @@ class Controller:
     def set_phase(self, g: Group, phase: Phase, reason: str) -> None:
         if g.phase != phase or g.reason != reason:
             changed = g.phase != phase
+            before = g.phase
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
             self._wake.set()
+            self._counts_dirty = True
+            if changed and before == Phase.RUNNING:
+                METRICS.releases.labels(kind="full").inc()  # the group gave everything back
+            if changed:
+                with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
+                    log.info("%s: %s -> %s: %s", g.qid, before, phase, reason,
+                             extra={"phase": str(phase), "previous": str(before), "reason": reason,
+                                    "size": g.spec.size, "jobid": g.jobid})
             if changed and self.journal is not None:
-                if not g.store_uid:
-                    g.store_uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
-                self.journal.phase(
-                    namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
-                    kind=g.spec.owner.kind if g.spec.owner else "Pod", jobspec=_dump_jobspec(g.jobspec),
-                    size=g.spec.size, duration=g.spec.duration, priority=g.spec.priority, phase=phase,
-                    reason=reason, now=self.now(), shares=list(g.held.values()), at=g.start or 0)
+                self.journal.record(self.group_record(g), self.now())
+
+    def group_record(self, g: Group) -> Any:
+        """A snapshot of the group for the store (see journal.GroupRecord)."""
+        from fluxnetes.k8s.journal import GroupRecord
+
+        if not g.store_uid:
+            g.store_uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
+        return GroupRecord(
+            namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
+            kind=g.spec.owner.kind if g.spec.owner else "Pod", jobspec=_dump_jobspec(g.jobspec),
+            size=g.spec.size, duration=g.spec.duration, priority=g.spec.priority, submit=g.submit or self.now(),
+            phase=g.phase, reason=g.reason, start=g.start or 0,
+            shares=tuple(g.held.values()) if g.held else tuple(g.alloc), store_id=g.store_id)
 
     def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
         if ref is None:
@@ -250,8 +318,9 @@ class Controller:
 
         graph = from_k8s_nodes(list(self.nodes.values()), rack_label=self.config.rack_label)
         self.matcher = Matcher(graph, policy=self.config.match_policy)
-        self.scheduler = Scheduler(self.matcher, QueuePolicy.parse(self.config.policy))
+        self.scheduler = Scheduler(TimedMatcher(self.matcher), QueuePolicy.parse(self.config.policy))
         self.node_down = {n: _node_down(obj) for n, obj in self.nodes.items()}
+        self.update_node_gauge()
 
     def make_jobspec(self, g: Group) -> Any:
         from fluxnetes.jobspec import PodRequest, jobspec_from_pods, parse_jobspec
@@ -275,12 +344,15 @@ class Controller:
         self.foreign.setdefault(node, {})[uid] = req
         self.foreign_node[uid] = node
         self.foreign_dirty.add(node)
+        METRICS.foreign_allocations.inc()
+        METRICS.foreign_pods.set(len(self.foreign_node))
 
     def remove_foreign(self, uid: str) -> None:
         node = self.foreign_node.pop(uid, None)
         if node is not None:
             self.foreign.get(node, {}).pop(uid, None)
             self.foreign_dirty.add(node)
+            METRICS.foreign_pods.set(len(self.foreign_node))
 
     def flush_foreign(self) -> None:
         """Re-record the foreign allocation of every node whose foreign pods changed."""
@@ -322,6 +394,8 @@ class Controller:
     def enqueue(self, g: Group) -> None:
         if g.phase != Phase.PROVISIONAL:
             return
+        if self.store_only:
+            self.claim_store_record(g)
         g.submit = g.submit or self.now()
         self.set_phase(g, Phase.PENDING, "queued")
         self.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued")
@@ -439,13 +513,13 @@ class Controller:
         if rest.empty:
             g.held.pop(node, None)
             if g.held and self.journal is not None:
-                self.journal.release_nodes(namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
-                                           nodes=[node], now=self.now(), reason="its pods ended")
+                self.journal.release_nodes(self.group_record(g), [node], self.now(), "its pods ended")
         else:
             g.held[node] = rest
         if not g.held:
             self.release_all(g)
         elif not part.empty:
+            METRICS.releases.labels(kind="partial").inc()
             try:
                 self.matcher.partial_cancel(g.jobid, shares.to_match([part]))
             except Exception as exc:
@@ -480,8 +554,11 @@ class Controller:
         try:
             await self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH)
         except ApiError as exc:
-            log.info("placing %s/%s on %s: %s", m.get("namespace"), m.get("name"), node, exc)
+            METRICS.reconcile_error("placement")
+            with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace, pod=m.get("name"), node=node):
+                log.info("placing %s/%s on %s: %s", m.get("namespace"), m.get("name"), node, exc)
             return
+        METRICS.allocated_pods.inc()
         self.event(self.pod_ref(pod), "Normal", "Scheduled",
                    f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
 
@@ -496,12 +573,15 @@ class Controller:
         try:
             await self.kube.patch(res, g.spec.owner.name, body, g.spec.namespace)
         except ApiError as exc:
-            log.warning("resuming %s: %s", g.qid, exc)
+            METRICS.reconcile_error("job")
+            with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
+                log.warning("resuming %s: %s", g.qid, exc)
 
     def start_group(self, g: Group, res: Any) -> None:
         g.jobid = res.jobid
         held = shares.from_match(res.nodes)
         g.held = {s.node: s for s in held}
+        g.alloc = list(held)
         from fluxnetes.jobspec.pods import cores_for
 
         g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
@@ -509,6 +589,7 @@ class Controller:
         g.released = set()
         g.start = self.now()
         g.expected_start = None
+        METRICS.allocations.inc()
         nodes = ",".join(sorted(set(g.slots)))
         self.set_phase(g, Phase.RUNNING, f"allocated on {nodes}")
         self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
@@ -657,6 +738,8 @@ class Controller:
         name = str(_meta(node).get("name", ""))
         if etype == "DELETED":
             self.nodes.pop(name, None)
+            self.node_down.pop(name, None)
+            self.update_node_gauge()
             if self.matcher is not None:
                 with contextlib.suppress(Exception):
                     self.matcher.remove_subgraph(name)
@@ -686,6 +769,7 @@ class Controller:
         elif (old.get("status") or {}).get("allocatable") != (node.get("status") or {}).get("allocatable"):
             self.rebuild()
         self.node_down[name] = down
+        self.update_node_gauge()
         self.scheduler.invalidate()
         self.dirty = True
 
@@ -774,10 +858,74 @@ class Controller:
                 g.released = set(int(i) for i in st.get("released") or [])
                 g.held = {s.node: s for s in (shares.Share.from_dict(d) for d in st.get("shares") or [])}
                 g.resumed = True
+                g.alloc = list(g.held.values())
                 self.record_group(g)
             elif phase == Phase.RESERVED:
                 g.phase = Phase.PENDING
             self.groups[gs.key] = g
+
+    def recover_store(self) -> None:
+        """The queue's memory after a restart: live store rows, matched with the groups
+        recovered from FluxJobs. The store gives the queue order (submit time) and allocations
+        whose FluxJob status was not written before the crash; rows no group matches wait in
+        ``store_only`` for their objects (replayed pods and owners) and are cancelled by
+        ``reconcile_store`` if none shows up."""
+        assert self.journal is not None
+        allocs = self.journal.allocations()
+        for rec in self.journal.live_jobs():
+            key = (rec.namespace, rec.name)
+            g = self.groups.get(key)
+            if g is None or g.store_id is not None:
+                older = self.store_only.get(key)
+                if older is not None:  # two live rows for one name: the newer one counts
+                    self.journal.cancel(older.id, self.now(), "superseded by a newer submission")
+                self.store_only[key] = rec
+                continue
+            self.adopt_store_record(g, rec, allocs.get(rec.id))
+        log.info("store: %d live jobs read back, %d wait for their objects",
+                 sum(1 for g in self.groups.values() if g.store_id is not None), len(self.store_only))
+
+    def adopt_store_record(self, g: Group, rec: Any, alloc: Any) -> None:
+        g.store_id, g.store_uid = rec.id, rec.uid
+        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
+        g.submit = rec.submit_time  # the queue's order survives the restart
+        if str(rec.state) == "running" and g.phase != Phase.RUNNING and alloc is not None and alloc.nodes:
+            # allocated before the crash, FluxJob status not written yet: the store knows
+            from fluxnetes.jobspec.pods import cores_for
+
+            held = [shares.Share(node=n.name, cores=n.cores, gpus=n.gpus, memory=n.memory, extra=dict(n.extra))
+                    for n in alloc.nodes]
+            g.phase, g.reason = Phase.RUNNING, "allocated (recovered from the store)"
+            g.held, g.alloc = {s.node: s for s in held}, held
+            g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
+            g.slot_pod, g.released = [None] * len(g.slots), set()
+            g.start, g.resumed, g.fj_dirty = alloc.at, True, True
+            g.jobid = self.matcher.next_jobid
+            self.record_group(g)
+
+    def claim_store_record(self, g: Group) -> None:
+        """A group re-created from cluster objects takes over its store row (same object)."""
+        rec = self.store_only.get(g.key)
+        if rec is None:
+            return
+        uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
+        if rec.uid != uid and g.spec.owner is not None:
+            return  # another object with the same name: the old row is cancelled at reconcile
+        del self.store_only[g.key]
+        g.store_id, g.store_uid, g.submit = rec.id, rec.uid, rec.submit_time
+        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
+
+    def reconcile_store(self) -> None:
+        """After the post-restart reconcile: the store follows the cluster."""
+        if self.journal is None:
+            return
+        now = self.now()
+        for g in self.groups.values():
+            if g.phase != Phase.PROVISIONAL:
+                self.journal.record(self.group_record(g), now)
+        for rec in self.store_only.values():
+            self.journal.cancel(rec.id, now, "its objects are gone (found after a restart)")
+        self.store_only.clear()
 
     # ---------------------------------------------------------------- cycle
     def run_cycle(self) -> None:
@@ -791,7 +939,8 @@ class Controller:
         if not pending:
             return
         self.cycles += 1
-        result = self.scheduler.cycle(pending, now)
+        with METRICS.time_cycle():
+            result = self.scheduler.cycle(pending, now)
         by_id = {g.qid: g for g in self.groups.values() if g.phase in QUEUED}
         for job, res in result.started:
             self.start_group(by_id[job.id], res)
@@ -851,7 +1000,9 @@ class Controller:
                 g.fj_exists = False
                 if g.phase.final:
                     return  # its owner is gone and took it along
-            log.info("FluxJob %s/%s: %s", ns, name, exc)
+            METRICS.reconcile_error("fluxjob")
+            with log_context(job=g.qid, group=g.spec.name, namespace=ns):
+                log.info("FluxJob %s/%s: %s", ns, name, exc)
             g.fj_dirty = True
 
     async def _flush_once(self) -> None:
@@ -869,6 +1020,22 @@ class Controller:
 
     # ---------------------------------------------------------------- main loop
     def handle(self, ev: Event) -> None:
+        kind = ev[0]
+        try:
+            self._handle(ev)
+        except Exception:
+            # one bad object must not stop the operator: count it, log it, go on
+            METRICS.reconcile_error(kind.lower())
+            m = _meta(ev[2])
+            log.exception("handling %s %s %s/%s failed", ev[1], kind, m.get("namespace", ""), m.get("name", ""))
+            return
+        if kind in ("Pod", "Node") and self.reconciled:
+            at = _event_time(ev[2], ev[1])
+            now = self.clock()
+            if at is not None and now - at < 300:  # changes seen live, not replayed history
+                METRICS.observe_sync_lag(kind.lower(), at, now)
+
+    def _handle(self, ev: Event) -> None:
         kind, etype, obj = ev
         if kind == "Pod":
             self.on_pod(etype, obj)
@@ -893,9 +1060,21 @@ class Controller:
 
     async def start(self) -> None:
         """Start watching; returns once the cluster view is complete and state recovered."""
-        for inf in self.informers:
-            self.spawn(inf.run())
-        await asyncio.gather(*(inf.synced.wait() for inf in self.informers))
+        runs = [asyncio.ensure_future(inf.run()) for inf in self.informers]
+        for task in runs:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        synced: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(inf.synced.wait() for inf in self.informers)))
+        # an informer that dies (e.g. a permission is missing) ends the start instead of a hang
+        waits: list[asyncio.Future[Any]] = [synced, *runs]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in runs:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                synced.cancel()
+                raise task.exception()  # type: ignore[misc]
+        await synced
+        self._informer_runs = runs
         # initial view straight from the caches; the queued ADDED events replay harmlessly
         for inf in self.informers:
             if inf.kind == "Node":
@@ -911,6 +1090,8 @@ class Controller:
         self.build_matcher()
         fjs = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "FluxJob")
         self.recover(fjs)
+        if self.journal is not None:
+            self.recover_store()
         self.ready.set()
         log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
 
@@ -941,10 +1122,16 @@ class Controller:
     async def run(self) -> None:
         await self.start()
         replay = self.queue.qsize()  # the initial lists, queued before ready
-        last_cycle = 0.0
+        last_cycle = last_chores = 0.0
+        coalesce = self.config.coalesce_seconds
         while True:
+            # a burst of arrivals is matched in one cycle (at most one per `coalesce` seconds)
+            # instead of one cycle per event: fewer passes over the queue, starts written together
+            timeout = self.config.cycle_interval
+            if self.dirty or self.foreign_dirty:
+                timeout = max(0.0, last_cycle + coalesce - time.monotonic())
             try:
-                ev = await asyncio.wait_for(self.queue.get(), timeout=self.config.cycle_interval)
+                ev = await asyncio.wait_for(self.queue.get(), timeout=timeout)
                 self.handle(ev)
                 replay -= 1
                 while not self.queue.empty() and len(self._tasks) < 4096:
@@ -952,19 +1139,44 @@ class Controller:
                     replay -= 1
             except TimeoutError:
                 pass
+            for task in self._informer_runs:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]  # e.g. a permission was revoked
             if replay <= 0 and not self.reconciled:
                 self.reconciled = True
                 self.reconcile()
+                self.reconcile_store()
             now = time.monotonic()
-            if self.dirty or self.foreign_dirty or now - last_cycle >= self.config.cycle_interval:
+            since = now - last_cycle
+            if since >= self.config.cycle_interval or ((self.dirty or self.foreign_dirty) and since >= coalesce):
                 try:
                     self.run_cycle()
                 except Exception:
+                    METRICS.reconcile_error("cycle")
                     log.exception("scheduling cycle failed")
                 last_cycle = now
+            if now - last_chores < coalesce and now != last_cycle:
+                continue  # the O(groups) chores below run at most once per window
+            last_chores = now
+            if self._counts_dirty:
+                self.update_queue_gauge()
+            if self.journal is not None:
+                self.store_ok = self.journal.ok
             if not self._flushing and any(g.fj_dirty for g in self.groups.values()):
                 self._flushing = True
                 self.spawn(self._flush_once())
+
+    def update_queue_gauge(self) -> None:
+        counts: dict[str, int] = {}
+        for g in self.groups.values():
+            counts[str(g.phase)] = counts.get(str(g.phase), 0) + 1
+        METRICS.set_queue_lengths(counts)
+        self._counts_dirty = False
+
+    def update_node_gauge(self) -> None:
+        down = sum(1 for d in self.node_down.values() if d)
+        METRICS.nodes.labels(status="up").set(len(self.node_down) - down)
+        METRICS.nodes.labels(status="down").set(down)
 
     async def stop(self) -> None:
         for t in list(self._tasks):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,16 +31,13 @@ class Phase(enum.StrEnum):
 
 
 def crd_manifest() -> dict[str, Any]:
-    """The FluxJob CRD, read from deploy/crds (source tree) or the packaged copy."""
-    here = Path(__file__).resolve()
-    for candidate in (
-        here.parents[3] / "deploy" / "crds" / CRD_FILE,
-        here.parent.parent / "data" / "crds" / CRD_FILE,
-    ):
-        if candidate.exists():
-            doc: dict[str, Any] = yaml.safe_load(candidate.read_text())
-            return doc
-    raise FileNotFoundError(f"FluxJob CRD {CRD_FILE} not found")
+    """The FluxJob CRD. Its one source is inside the package (``fluxnetes/k8s/crds/``), so an
+    installed wheel can install it; deploy/crds and the chart's crds/ are copies made by
+    hack/sync-chart-crds.sh."""
+    from importlib.resources import files
+
+    doc: dict[str, Any] = yaml.safe_load((files("fluxnetes.k8s") / "crds" / CRD_FILE).read_text())
+    return doc
 
 
 def rfc3339(seconds: int | float) -> str:

@@ -80,6 +80,8 @@ class Informer:
                 if exc.status == 410:
                     rv = ""
                     continue
+                if exc.forbidden:
+                    raise  # a missing permission: the operator reports it and exits (no silent hang)
                 log.warning("%s watch failed: %s", self.kind, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10)

@@ -1,11 +1,19 @@
-"""``--store URL``: every group decision of the operator, written to the fluxnetes store.
+"""``--store URL``: the queue's memory in the fluxnetes store (SQLite file or PostgreSQL).
 
-The operator's authoritative state is the FluxJob status (it lives in etcd next to the pods it
-describes, so it can never disagree with the cluster's own backup/restore). The store gets the
-same decisions as a durable, queryable log (``fluxnetes store jobs``, its append-only events
-table, PostgreSQL for dashboards): submissions, phase changes with reasons, allocations with
-their per-node amounts, partial releases. Writes happen on one worker thread, in order, so a
-slow database never stalls scheduling; a store outage is logged once and the operator goes on.
+With a store, every group enters it (submission with its jobspec, size, duration, priority
+and submit time) and every decision of the operator is a store transition with its event
+(pending, reserved, running with the allocation's per-node amounts, partial releases,
+completed / failed / cancelled / unsatisfiable). After a restart the controller reads the live
+jobs back (``live_jobs``, ``allocations``): the queue resumes in the store's order (priority,
+then submit time), allocations the FluxJob status did not record yet are restored, and
+everything is reconciled with the cluster (FluxJobs, bound pods; objects gone -> cancelled).
+
+Writes run on one worker thread, in order, so the database never stalls the event loop; a
+store outage is logged once, ``ok`` turns False (the operator's /readyz follows it) and the
+writes are retried until the store answers again (nothing is dropped). Transitions the store
+would refuse as illegal are bridged through the legal path (e.g. a job that completed while
+its start was still being written is started, then completed) or skipped when the store is
+already in a terminal state.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from fluxnetes.k8s.fluxjob import Phase
@@ -26,91 +36,178 @@ _STATE = {
     Phase.RUNNING: "running", Phase.COMPLETED: "completed", Phase.FAILED: "failed",
     Phase.CANCELLED: "cancelled", Phase.UNSATISFIABLE: "unsatisfiable",
 }
+LIVE = ("provisional", "pending", "reserved", "running")
+TERMINAL = ("completed", "failed", "cancelled", "unsatisfiable")
 
 
+@dataclass(frozen=True)
+class GroupRecord:
+    """What the store needs to know about a group at one decision (a snapshot: the worker
+    thread never reads the controller's mutable state)."""
+
+    namespace: str
+    name: str
+    uid: str
+    kind: str
+    jobspec: str
+    size: int
+    duration: int
+    priority: int
+    submit: int
+    phase: Phase
+    reason: str
+    start: int = 0
+    shares: tuple[Share, ...] = ()  # what it holds now (running) or held when it ended
+    store_id: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.namespace, self.name, self.uid)
+
+
+@dataclass
 class Journal:
-    def __init__(self, url: str) -> None:
+    url: str
+    store: Any = None
+    ok: bool = True
+    _ids: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    _q: queue.Queue[Callable[[], None] | None] = field(default_factory=queue.Queue)
+    _thread: threading.Thread | None = None
+    retry_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
         from fluxnetes.store import Store
 
-        self.store = Store.open(url)
-        self._ids: dict[tuple[str, str, str], int] = {}
-        self._q: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._failing = False
-        self._thread = threading.Thread(target=self._work, name="fluxnetes-journal", daemon=True)
+        self.store = Store.open(self.url)  # migrations; StoreUnavailable names the database
+        self._thread = threading.Thread(target=self._work, name="fluxnetes-store", daemon=True)
         self._thread.start()
 
+    # ------------------------------------------------------------------ worker
     def _work(self) -> None:
+        from fluxnetes.store import StoreUnavailable
+
         while True:
             op = self._q.get()
             if op is None:
                 return
-            try:
-                op()
-                if self._failing:
-                    log.info("store writes work again")
-                self._failing = False
-            except Exception as exc:
-                if not self._failing:
-                    log.warning("store write failed (later ones are logged at debug): %s", exc)
-                else:
-                    log.debug("store write failed: %s", exc)
-                self._failing = True
+            while True:
+                try:
+                    op()
+                    if not self.ok:
+                        log.info("store writes work again")
+                    self.ok = True
+                    break
+                except StoreUnavailable as exc:  # retried until it answers: nothing is dropped
+                    if self.ok:
+                        log.warning("store unavailable, retrying: %s", exc)
+                    self.ok = False
+                    time.sleep(self.retry_seconds)
+                except Exception as exc:  # a refused write (a bug): logged, the next one goes on
+                    log.warning("store write failed: %s", exc)
+                    break
 
     def close(self) -> None:
         self._q.put(None)
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
-    def _id(self, key: tuple[str, str, str], sub: Any, now: int) -> int:
-        jid = self._ids.get(key)
-        if jid is None:
-            found = self.store.find(*key)
-            jid = found.id if found is not None else self.store.submit_many(
-                [sub], now, state=_state("provisional"))[0]
-            self._ids[key] = jid
-        return jid
+    def drain(self, timeout: float = 30) -> bool:
+        """Wait until every write queued so far is done (tests, clean shutdown)."""
+        done = threading.Event()
+        self._q.put(done.set)
+        return done.wait(timeout)
 
-    def phase(self, *, namespace: str, name: str, uid: str, kind: str, jobspec: str, size: int,
-              duration: int, priority: int, phase: Phase, reason: str, now: int,
-              shares: Sequence[Share] = (), at: int = 0) -> None:
-        """Record the group (first time) and its new phase."""
-        from fluxnetes.store import NodeAmount, Submission
+    # ------------------------------------------------------------------ reads (at start)
+    def live_jobs(self) -> list[Any]:
+        """Jobs not in a terminal state, in queue order (priority desc, submit time, id)."""
+        jobs = self.store.jobs(LIVE)
+        return sorted(jobs, key=lambda j: (-j.priority, j.submit_time, j.id))
 
-        sub = Submission(namespace=namespace, name=name, jobspec=jobspec or "{}", size=max(1, size),
-                         duration=max(0, duration), priority=priority, kind=kind or "Pod", uid=uid)
-        key = (namespace, name, uid)
-        target = _STATE[phase]
+    def allocations(self) -> dict[int, Any]:
+        return {a.job_id: a for a in self.store.allocations()}
 
+    def remember(self, key: tuple[str, str, str], store_id: int) -> None:
+        self._ids[key] = store_id
+
+    # ------------------------------------------------------------------ writes
+    def record(self, rec: GroupRecord, now: int) -> None:
+        """Bring the group's store row to ``rec.phase`` (submitting it the first time)."""
+        self._q.put(lambda: self._record(rec, now))
+
+    def cancel(self, store_id: int, now: int, reason: str) -> None:
         def op() -> None:
-            jid = self._id(key, sub, now)
-            current = self.store.get(jid).state
-            if str(current) == target:
-                return
-            if phase == Phase.RUNNING:
-                nodes = [NodeAmount(name=s.node, cores=s.cores, gpus=s.gpus, memory=s.memory, extra=dict(s.extra))
-                         for s in shares]
-                if str(current) == "provisional":
-                    self.store.transition(jid, _state("pending"), now, "queued")
-                self.store.start(jid, now, at=at or now, duration=duration, nodes=nodes, reason=reason)
-            else:
-                if str(current) == "provisional" and target in ("reserved", "unsatisfiable"):
-                    self.store.transition(jid, _state("pending"), now, "queued")
-                self.store.transition(jid, _state(target), now, reason)
+            from fluxnetes.store import JobState
+
+            cur = str(self.store.get(store_id).state)
+            if cur not in TERMINAL:
+                self.store.transition(store_id, JobState.CANCELLED, now, reason)
 
         self._q.put(op)
 
-    def release_nodes(self, *, namespace: str, name: str, uid: str, nodes: Sequence[str], now: int,
-                      reason: str) -> None:
-        key = (namespace, name, uid)
-
+    def release_nodes(self, rec: GroupRecord, nodes: Sequence[str], now: int, reason: str) -> None:
         def op() -> None:
-            jid = self._ids.get(key)
-            if jid is not None:
+            jid = self._ids.get(rec.key) or rec.store_id
+            if jid is not None and str(self.store.get(jid).state) == "running":
                 self.store.release_nodes(jid, nodes, now, reason)
 
         self._q.put(op)
 
+    def _id(self, rec: GroupRecord) -> int:
+        from fluxnetes.store import JobState, Submission
 
-def _state(name: str) -> Any:
-    from fluxnetes.store import JobState
+        jid = self._ids.get(rec.key) or rec.store_id
+        if jid is None:
+            found = self.store.find(*rec.key)
+            if found is not None:
+                jid = found.id
+            else:
+                sub = Submission(namespace=rec.namespace, name=rec.name, jobspec=rec.jobspec or "{}",
+                                 size=max(1, rec.size), duration=max(0, rec.duration), priority=rec.priority,
+                                 kind=rec.kind or "Pod", uid=rec.uid)
+                state = JobState.PROVISIONAL if rec.phase == Phase.PROVISIONAL else JobState.PENDING
+                jid = self.store.submit_many([sub], rec.submit, state=state)[0]
+            self._ids[rec.key] = jid
+        return jid
 
-    return JobState(name)
+    def _record(self, rec: GroupRecord, now: int) -> None:
+        from fluxnetes.store import JobState, NodeAmount
+
+        jid = self._id(rec)
+        target = _STATE[rec.phase]
+        cur = str(self.store.get(jid).state)
+        if cur == target or cur in TERMINAL or rec.phase == Phase.PROVISIONAL:
+            return  # nothing to do; terminal rows never change; pending -> provisional is no decision
+
+        def step(state: str, reason: str) -> None:
+            nonlocal cur
+            self.store.transition(jid, JobState(state), now, reason)
+            cur = state
+
+        def start() -> None:
+            nonlocal cur
+            if cur == "provisional":
+                step("pending", "queued")
+            nodes = [NodeAmount(name=s.node, cores=s.cores, gpus=s.gpus, memory=s.memory, extra=dict(s.extra))
+                     for s in rec.shares]
+            self.store.start(jid, now, at=rec.start or now, duration=rec.duration, nodes=nodes,
+                             reason=rec.reason if rec.phase == Phase.RUNNING else "allocated")
+            cur = "running"
+
+        if target == "running":
+            if cur == "running":
+                return
+            start()
+        elif target == "completed":
+            if cur != "running":
+                if not rec.shares:
+                    log.warning("store: %s/%s completed without a recorded allocation", rec.namespace, rec.name)
+                    return
+                start()  # it started while its start was being written: record both
+            step("completed", rec.reason)
+        elif target in ("reserved", "unsatisfiable"):
+            if cur == "provisional":
+                step("pending", "queued")
+            if cur != target:
+                step(target, rec.reason)
+        else:  # pending, failed, cancelled: legal from every live state
+            step(target, rec.reason)

@@ -26,13 +26,25 @@ MERGE_PATCH = "application/merge-patch+json"
 
 class ApiError(Exception):
     def __init__(self, status: int, body: Any, method: str, path: str) -> None:
-        self.status, self.body = status, body
+        self.status, self.body, self.method, self.path = status, body, method, path
         msg = body.get("message") if isinstance(body, Mapping) else str(body)[:300]
         super().__init__(f"{method} {path}: HTTP {status}: {msg}")
 
     @property
     def reason(self) -> str:
         return str(self.body.get("reason", "")) if isinstance(self.body, Mapping) else ""
+
+    @property
+    def forbidden(self) -> bool:
+        """The identity lacks a permission (403) or is not recognised (401): retrying won't help."""
+        return self.status in (401, 403)
+
+    def permission_hint(self) -> str:
+        """A one-line explanation for the log: what was refused and what to grant."""
+        msg = self.body.get("message") if isinstance(self.body, Mapping) else str(self.body)[:300]
+        return (f"permission denied: {self.method} {self.path} was refused ({msg}). The operator's identity "
+                "needs this permission: install or upgrade the chart's RBAC (deploy/chart/templates/rbac.yaml, "
+                "docs/configuration.md \"RBAC\") or grant it to the identity given by --kubeconfig")
 
 
 @dataclass(frozen=True)

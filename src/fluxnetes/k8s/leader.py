@@ -90,6 +90,10 @@ class LeaderElector:
                     log.info("leader election: %s leads (lease %s/%s)", self.identity, self.namespace, self.name)
                     self.leading.set()
                     break
+            except ApiError as exc:
+                if exc.forbidden:
+                    raise
+                log.warning("leader election: %r", exc)
             except Exception as exc:
                 log.warning("leader election: %r", exc)
             await asyncio.sleep(self.renew_seconds)

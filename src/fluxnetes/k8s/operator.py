@@ -146,6 +146,23 @@ class Operator:
         self.elector: LeaderElector | None = None
         self.operators: set[str] = set()
         self.webhook_url = ""
+        from fluxnetes.metrics import Health
+
+        self.health = Health()
+        self.metrics_server: Any = None
+        self.setup_done = False
+
+    def readiness(self) -> bool:
+        """/readyz: the leader once it has synced Nodes and pods (and reached its store, when
+        one is configured); a standby once its webhook serves (that is all it does)."""
+        if self.controller is not None:
+            return self.controller.ready.is_set() and self.controller.store_ok
+        return self.setup_done and self.elector is not None and not self.elector.leading.is_set()
+
+    async def _track_readiness(self) -> None:
+        while True:
+            self.health.ready = self.readiness()
+            await asyncio.sleep(0.5)
 
     async def setup(self) -> None:
         cfg = self.config
@@ -169,7 +186,8 @@ class Operator:
                 self.webhook_url = cfg.webhook_url or f"https://127.0.0.1:{port}"
                 target = webhook_config.WebhookTarget(url=self.webhook_url)
             scope = webhook_config.Scope(namespace_label=cfg.namespace_label, own_namespace=cfg.namespace,
-                                         failure_policy=cfg.failure_policy)
+                                         failure_policy=cfg.failure_policy,
+                                         admit_template_pods=cfg.admit_template_pods)
             await apply_config(kube, MUTATING, webhook_config.mutating(target, scope, bundle.ca_crt))
             policy, binding = webhook_config.gate_policy(scope, sorted(self.operators))
             try:
@@ -184,10 +202,27 @@ class Operator:
             await wait_webhook_ready(kube, cfg.namespace_label)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
+        from fluxnetes.metrics import METRICS, serve
+
         stop = stop or asyncio.Event()
-        await self.setup()
+        METRICS.leader.set(0)
+        if self.config.metrics_port:
+            self.metrics_server = serve(self.config.metrics_port, self.config.metrics_host, health=self.health)
+            log.info("metrics on http://%s:%d/metrics (/healthz, /readyz)", self.config.metrics_host,
+                     self.metrics_server.port)
+        tracker = asyncio.ensure_future(self._track_readiness())
+        try:
+            await self.setup()
+        except BaseException:
+            tracker.cancel()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+            if self.kube is not None:
+                await self.kube.close()
+            raise
+        self.setup_done = True
         assert self.kube is not None
-        tasks: list[asyncio.Task[Any]] = []
+        tasks: list[asyncio.Task[Any]] = [tracker]
         try:
             if self.config.leader_elect:
                 self.elector = LeaderElector(self.kube, self.config.namespace, self.config.lease_name,
@@ -195,11 +230,14 @@ class Operator:
                 tasks.append(asyncio.ensure_future(self.elector.run()))
                 lead = asyncio.ensure_future(self.elector.leading.wait())
                 stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait([lead, stopper], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([lead, stopper, tasks[-1]], return_when=asyncio.FIRST_COMPLETED)
                 lead.cancel()
                 stopper.cancel()
+                if tasks[-1].done() and not tasks[-1].cancelled() and tasks[-1].exception() is not None:
+                    raise tasks[-1].exception()  # type: ignore[misc]
                 if stop.is_set():
                     return
+            METRICS.leader.set(1)
             self.controller = Controller(self.kube, self.config)
             tasks.append(asyncio.ensure_future(self.controller.run()))
             waits = [asyncio.ensure_future(stop.wait()), tasks[-1]]
@@ -213,6 +251,8 @@ class Operator:
                 if d in tasks and d.exception() is not None:
                     raise d.exception()  # type: ignore[misc]
         finally:
+            METRICS.leader.set(0)
+            self.health.ready = False
             if self.controller is not None:
                 await self.controller.stop()
             for t in tasks:
@@ -222,6 +262,8 @@ class Operator:
                 await self.elector.release()
             if self.webhook is not None:
                 await self.webhook.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
             await self.kube.close()
 
 
@@ -242,4 +284,16 @@ def main(config: OperatorConfig) -> None:
                 loop.add_signal_handler(sig, stop.set)
         await Operator(config).run(stop)
 
-    asyncio.run(_run())
+    from fluxnetes.store import StoreConfigError, StoreUnavailable
+
+    try:
+        asyncio.run(_run())
+    except (StoreUnavailable, StoreConfigError) as exc:
+        log.error("store: %s", exc)  # the message names the database (password hidden)
+        raise SystemExit(2) from None
+    except ApiError as exc:
+        if not exc.forbidden:
+            raise
+        # a missing RBAC permission is a configuration error, not a bug: say which, and exit
+        log.error(exc.permission_hint())
+        raise SystemExit(2) from None

@@ -15,17 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Histogram
 
 from fluxnetes.k8s import admission, webhook_config
 from fluxnetes.k8s.certs import CertBundle
 
 log = logging.getLogger(__name__)
 
-WEBHOOK_SECONDS = Histogram(
-    "fluxnetes_webhook_seconds", "Time spent answering one admission review", ["path"],
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
-)
+Observe = Callable[[str, str, float], None]  # (object kind, webhook, seconds)
+
+
+def _observe_here(kind: str, webhook: str, seconds: float) -> None:
+    from fluxnetes.metrics import METRICS
+
+    METRICS.webhook_seconds.labels(kind=kind, webhook=webhook).observe(seconds)
 
 
 def ssl_context(bundle: CertBundle) -> ssl.SSLContext:
@@ -40,9 +42,10 @@ def ssl_context(bundle: CertBundle) -> ssl.SSLContext:
     return ctx
 
 
-def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True) -> web.Application:
+def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True,
+             observe: Observe = _observe_here) -> web.Application:
     def handler(path: str, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
-        hist = WEBHOOK_SECONDS.labels(path)
+        webhook = "validate" if path == "validate" else "mutate"
 
         async def handle(request: web.Request) -> web.Response:
             t0 = time.perf_counter()
@@ -59,7 +62,8 @@ def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True
                 uid = str((review.get("request") or {}).get("uid", ""))
                 body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                    "response": {"uid": uid, "allowed": True}})
-            hist.observe(time.perf_counter() - t0)
+            kind = str(((review.get("request") or {}).get("kind") or {}).get("kind") or "unknown")
+            observe(kind, webhook, time.perf_counter() - t0)
             return web.Response(body=body, content_type="application/json")
 
         return handle
@@ -80,10 +84,11 @@ def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True
 
 class WebhookServer:
     def __init__(self, host: str, port: int, bundle: CertBundle,
-                 operators: Callable[[], Collection[str]], *, suspend_jobs: bool = True) -> None:
+                 operators: Callable[[], Collection[str]], *, suspend_jobs: bool = True,
+                 observe: Observe = _observe_here) -> None:
         self.host, self.port, self.bundle = host, port, bundle
         self.suspend_jobs = suspend_jobs
-        self._app = make_app(operators, suspend_jobs)
+        self._app = make_app(operators, suspend_jobs, observe)
         self._runner = web.AppRunner(self._app, access_log=None)
         self._thread: threading.Thread | None = None
         self._proc: Any = None
@@ -135,6 +140,9 @@ class WebhookServer:
             raise RuntimeError(f"webhook process failed: {msg}")
         self.port = int(msg)
         log.info("webhook serving on https://%s:%d (process %d)", self.host, self.port, self._proc.pid)
+        # the child sends its answer times in batches; they land in this process's metrics
+        threading.Thread(target=_relay_observations, args=(parent,), name="fluxnetes-webhook-metrics",
+                         daemon=True).start()
         return self.port
 
     async def start_in_thread(self) -> int:
@@ -168,9 +176,11 @@ def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[s
     import os
     import signal
 
+    pending: list[tuple[str, str, float]] = []
+
     async def main() -> None:
         server = WebhookServer(host, port, CertBundle.from_secret_data(data), lambda: frozenset(operators),
-                               suspend_jobs=suspend_jobs)
+                               suspend_jobs=suspend_jobs, observe=lambda k, w, s: pending.append((k, w, s)))
         try:
             conn.send(await server.start())
         except Exception as exc:
@@ -178,7 +188,25 @@ def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[s
             return
         parent = os.getppid()
         while os.getppid() == parent:  # the operator is gone (even SIGKILLed): stop serving
-            await asyncio.sleep(1)
+            await asyncio.sleep(0.5)
+            if pending:
+                batch = pending[:]
+                del pending[:len(batch)]
+                try:
+                    conn.send(batch)
+                except OSError:
+                    return
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(main())
+
+
+def _relay_observations(conn: Any) -> None:
+    """Parent side: record the webhook process's answer times until the pipe closes."""
+    while True:
+        try:
+            batch = conn.recv()
+        except (EOFError, OSError):
+            return
+        for kind, webhook, seconds in batch:
+            _observe_here(kind, webhook, seconds)

@@ -53,6 +53,11 @@ class Scope:
     failure_policy: str = "Ignore"
     timeout_seconds: int = 5
     extra_excluded: list[str] = field(default_factory=list)
+    # pods made from a template the workload webhook already gated and labelled (Jobs,
+    # ReplicaSets, StatefulSets) carry fluxnetes.io/managed=true and the gate at birth: they
+    # skip the pod webhook (one admission call less per pod; the pod-creation rate of the Job
+    # controller was the operator's bottleneck). True sends them through it anyway.
+    admit_template_pods: bool = False
 
     def namespace_selector(self) -> dict[str, Any]:
         key, _, value = self.namespace_label.partition("=")
@@ -75,6 +80,12 @@ def _common(scope: Scope) -> dict[str, Any]:
 
 def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str, Any]:
     not_disabled = {"matchExpressions": [{"key": names.LABEL_ENABLED, "operator": "NotIn", "values": ["false"]}]}
+    pods_selector = not_disabled if scope.admit_template_pods else {"matchExpressions": [
+        *not_disabled["matchExpressions"],
+        # already gated at birth (template mutated at the workload's admission). A pod labelled
+        # so by hand is not gated: kube-scheduler places it and fluxnetes counts it as foreign.
+        {"key": names.LABEL_MANAGED, "operator": "NotIn", "values": ["true"]},
+    ]}
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -85,7 +96,7 @@ def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str,
                 "clientConfig": target.client_config(MUTATE_PODS_PATH, ca_bundle),
                 "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                            "resources": ["pods"], "scope": "Namespaced"}],
-                "objectSelector": not_disabled,
+                "objectSelector": pods_selector,
                 "reinvocationPolicy": "Never",
                 **_common(scope),
             },

@@ -30,10 +30,18 @@ def gate_template_patch(obj: Mapping[str, Any], base: str) -> JsonPatch:
     if not meta:
         ops.append({"op": "add", "path": f"{base}/metadata", "value": {}})
         meta = {}
-    if not meta.get("labels"):
-        ops.append({"op": "add", "path": f"{base}/metadata/labels", "value": {names.LABEL_MANAGED: "true"}})
+    labels = meta.get("labels") or {}
+    new_labels = {names.LABEL_MANAGED: "true"}
+    # what the pod webhook would add to each pod: its pods skip that webhook (webhook_config)
+    for src, dst in ((names.FLUENCE_GROUP, names.LABEL_GROUP), (names.COSCHED_GROUP, names.LABEL_GROUP),
+                     (names.FLUENCE_GROUP_SIZE, names.LABEL_GROUP_SIZE)):
+        if src in labels and dst not in labels and dst not in new_labels:
+            new_labels[dst] = labels[src]
+    if not labels:
+        ops.append({"op": "add", "path": f"{base}/metadata/labels", "value": new_labels})
     else:
-        ops.append({"op": "add", "path": f"{base}/metadata/labels/{_escape(names.LABEL_MANAGED)}", "value": "true"})
+        for k, v in new_labels.items():
+            ops.append({"op": "add", "path": f"{base}/metadata/labels/{_escape(k)}", "value": v})
     gates = (tmpl.get("spec") or {}).get("schedulingGates")
     if not gates:
         ops.append({"op": "add", "path": f"{base}/spec/schedulingGates", "value": [{"name": names.GATE}]})
