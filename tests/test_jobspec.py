@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fluxnetes.jobspec import (
     UINT_MAX,
@@ -177,3 +180,139 @@ def test_pods_builder_mapping() -> None:
 def test_text_cache_returns_same_object() -> None:
     text = json.dumps(spec([slot(3)]))
     assert parse_jobspec(text) is parse_jobspec(text)
+
+
+# ----------------------------------------------------------------------------- fast YAML path
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of equal types all the way down (True == 1 does not count)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _pyyaml(text: str) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=yaml.CSafeLoader)
+
+
+def test_fast_yaml_reads_the_shipped_jobspecs_like_pyyaml() -> None:
+    from fluxnetes.jobspec.fastyaml import load_simple
+
+    files = sorted((REPO / "examples" / "jobspecs").glob("*.yaml")) + sorted(
+        (REPO / "bench" / "jobspecs").glob("*.yaml"))
+    assert files
+    for f in files:
+        text = f.read_text()
+        fast = load_simple(text)
+        assert fast is not None, f  # the common shapes take the fast path
+        assert _same(fast, _pyyaml(text)), f
+
+
+@pytest.mark.parametrize("text", [
+    "a: yes\n", "a: on\n", "a: ~\n", "a: 010\n", "a: 1e3\n", "a: 2001-12-14\n", "a: .inf\n",
+    "a: 'it''s'\n", 'a: "x\\ty"\n', "a: &x 1\nb: *x\n", "a: !!str 1\n", "a: |\n  x\n",
+    "a: b\n  c\n", "a: 1\na: 2\n", "a:\tb\n", "--- \na: 1\n", "a: x#y\n", 'a: ["p, q"]\n',
+    "on: 1\n", "- a\nb: 1\n", "a:\n  - 1\n - 2\n", "", "# only a comment\n", "a: {b: 1}\n",
+    "a: [1, [2]]\n", "a: b: c\n", "a: \u00e9\n", "a:\u00a0b\n", "a: 1\r\nb: 2\r\n",
+])
+def test_fast_yaml_leaves_everything_unusual_to_pyyaml(text: str) -> None:
+    from fluxnetes.jobspec.fastyaml import load_simple
+
+    assert load_simple(text) is None
+
+
+def test_fast_yaml_keeps_pyyaml_errors() -> None:
+    with pytest.raises(JobspecError, match=r"not valid YAML/JSON: .*\(line 3, column 1\)"):
+        parse_jobspec("version: 9999\nresources: [\n")
+    with pytest.raises(JobspecError, match=r"resources\[0\]\.count: must be >= 1"):
+        parse_jobspec("version: 9999\nresources:\n- type: core\n  count: 0\ntasks: []\n")
+    with pytest.raises(JobspecError, match=r"resources\[0\]\.exclusive: must be a boolean"):
+        parse_jobspec("version: 9999\nresources:\n- type: node\n  count: 1\n  exclusive: yes please\n"
+                      "tasks: []\n")
+
+
+_ATOMS = ["true", "False", "NULL", "null", "yes", "On", "0", "-0", "7", "012", "1.5", "-2.25", "1e3",
+          "app", "node", "default", "nvidia.com/gpu", "a-b_c", "~", '"q"', "'s'", '"a b"', "'x''y'",
+          "[ app ]", "[1, 2]", "[]", "x # c", "x#y", "", "a: b", "-", "- z", "{a: 1}", ".5", "_"]
+
+
+@st.composite
+def _yamlish(draw: st.DrawFn) -> str:
+    """Random block-YAML-looking text: keys, dashes, atoms and indentation mixed freely."""
+    lines = []
+    for _ in range(draw(st.integers(1, 8))):
+        indent = " " * draw(st.sampled_from([0, 0, 1, 2, 2, 4, 6]))
+        head = draw(st.sampled_from(["", "- ", "- - ", "type: ", "count: ", "with:", "- with:",
+                                     "- type: ", "k: ", "# c ", "on: ", "a:b "]))
+        atom = draw(st.sampled_from(_ATOMS))
+        lines.append(indent + head + ("" if head.endswith(":") else atom))
+    return "\n".join(lines) + draw(st.sampled_from(["", "\n", "\n# end\n"]))
+
+
+@given(_yamlish())
+@settings(max_examples=600, deadline=None)
+def test_fast_yaml_agrees_with_pyyaml_on_random_text(text: str) -> None:
+    import yaml
+
+    from fluxnetes.jobspec.fastyaml import load_simple
+
+    fast = load_simple(text)
+    if fast is None:
+        return
+    try:
+        slow = _pyyaml(text)
+    except yaml.YAMLError:
+        raise AssertionError(f"fast path accepted invalid YAML {text!r}: {fast!r}") from None
+    assert _same(fast, slow), (text, fast, slow)
+
+
+_SCALARS = st.one_of(
+    st.integers(-10**6, 10**6), st.booleans(), st.none(),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=8),
+    st.sampled_from(["yes", "no", "on", "null", "true", "010", "1e3", "a #b", "x: y"]))
+_DOCS = st.recursive(_SCALARS, lambda kids: st.one_of(
+    st.lists(kids, max_size=4),
+    st.dictionaries(st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=6),
+                    kids, max_size=4)), max_leaves=20)
+
+
+@given(_DOCS, st.sampled_from([False, None]), st.sampled_from([2, 4]))
+@settings(max_examples=400, deadline=None)
+def test_fast_yaml_agrees_with_pyyaml_on_dumped_documents(doc: Any, flow: bool | None, indent: int) -> None:
+    import yaml
+
+    from fluxnetes.jobspec.fastyaml import load_simple
+
+    text = yaml.safe_dump(doc, default_flow_style=flow, indent=indent, sort_keys=False)
+    fast = load_simple(text)
+    if fast is not None:
+        assert _same(fast, _pyyaml(text)), (text, fast)
+
+
+@given(st.lists(st.integers(0, 300), max_size=40))
+def test_encode_idset_round_trips(ids: list[int]) -> None:
+    from fluxnetes.jobspec.constraints import encode_idset
+
+    text = encode_idset(ids)
+    assert expand_idset(text) == sorted(set(ids))
+    # ranges are maximal: no two parts are adjacent
+    parts = [p for p in text.split(",") if p]
+    bounds = [(int(p.split("-")[0]), int(p.split("-")[-1])) for p in parts]
+    assert all(b[0] > a[1] + 1 for a, b in itertools.pairwise(bounds))
+
+
+def test_encode_idset_examples() -> None:
+    from fluxnetes.jobspec.constraints import encode_idset
+
+    assert encode_idset([]) == ""
+    assert encode_idset([4]) == "4"
+    assert encode_idset(list(range(64))) == "0-63"
+    assert encode_idset({3, 1, 2, 7, 9, 8}) == "1-3,7-9"
+    assert encode_idset([5, 5, 6]) == "5-6"

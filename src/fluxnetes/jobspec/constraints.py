@@ -135,11 +135,15 @@ def expand_idset(s: str) -> list[int]:
 def encode_idset(ids: list[int] | set[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5" (sorted, ranges compressed)."""
     xs = sorted(set(ids))
+    n = len(xs)
+    if n and xs[-1] - xs[0] == n - 1:
+        # one contiguous run (whole sockets/nodes, consecutive ranks): the common case in R
+        return str(xs[0]) if n == 1 else f"{xs[0]}-{xs[-1]}"
     parts: list[str] = []
     i = 0
-    while i < len(xs):
+    while i < n:
         j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+        while j + 1 < n and xs[j + 1] == xs[j] + 1:
             j += 1
         parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
         i = j + 1

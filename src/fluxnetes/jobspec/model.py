@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from fluxnetes.jobspec.constraints import Constraint, parse_constraint
+from fluxnetes.jobspec.fastyaml import load_simple
 
 UINT_MAX = 4294967295
 
@@ -155,6 +156,11 @@ def _load_text(text: str) -> Any:
             return json.loads(text)
         except json.JSONDecodeError:
             pass  # YAML is a superset for flow style; let it report
+    # common small block shapes without PyYAML's Python-level construction (same result;
+    # anything outside the subset, including every error, goes to PyYAML below)
+    simple = load_simple(text)
+    if simple is not None:
+        return simple
     try:
         return yaml.load(text, Loader=yaml.CSafeLoader)
     except yaml.YAMLError as exc:

@@ -1004,30 +1004,33 @@ class Engine:
                 n += k
         if excl:
             n += 1
-            if meta.alloc_type != AT_SAT and record is not None:
-                self._add_plan(u, meta.jobid, meta.at, meta.end, needs, reserved)
+            if recording:
+                u.hold(jid, at, end, needs)  # == _add_plan, inline
+                if not reserved:
+                    u.alloc_n += 1
         if n > 0:
             fcounts = None
             if record is not None:
                 xs = u.xs  # x_checker tag (VState.tag, inline: once per vertex per commit)
                 if xs is None:
-                    u.xs = {meta.jobid: (meta.at, meta.end, 1)}
+                    u.xs = {jid: (at, end, 1)}
                 else:
-                    xs[meta.jobid] = (meta.at, meta.end, 1)
+                    xs[jid] = (at, end, 1)
                 f = u.f
                 if f is not None and dfu:
-                    fcounts = tuple(dfu.get(t, 0) for t in u.ftypes)
-                    f.put(meta.jobid, meta.at, meta.end, fcounts)
+                    fcounts = tuple([dfu.get(t, 0) for t in u.ftypes])
+                    f.put(jid, at, end, fcounts)
+            # is_pruning_type, inline (hot: once per emitted inner vertex and counted type)
             vt = v.type
-            if self.is_pruning_type(vt):
+            if vt in tracked or vt in leaf_types:
                 if excl:
-                    add = needs if (self.split_pools and v.size > 1 and not u.children) else v.size
+                    add = needs if (split and v.size > 1 and not u.children) else v.size
                 else:
                     add = v.size - needs
                 if add:
                     to_parent[vt] = to_parent.get(vt, 0) + add
             for t, cnum in dfu.items():
-                if self.is_pruning_type(t):
+                if t in tracked or t in leaf_types:
                     to_parent[t] = to_parent.get(t, 0) + cnum
             out.append(Entry(u, needs, excl, fcounts))
         return n

@@ -67,26 +67,38 @@ class _Runs:
     """A host's slots when they are runs of ``cnt`` unit leaves of one type, in policy
     order: built on demand instead of materialised (hosts x slots can be 10^5+)."""
 
-    __slots__ = ("cands", "cnt", "high")
+    __slots__ = ("cands", "cnt", "high", "memo")
 
     def __init__(self, cands: list[tuple[int, VState]], cnt: int, high: bool) -> None:
         self.cands = cands
         self.cnt = cnt
         self.high = high
+        # slots built since the last remove (select() reads the first ones several times);
+        # callers only read them (select copies the members out)
+        self.memo: dict[int, Slot] = {}
 
     def __len__(self) -> int:
         return len(self.cands) // self.cnt
 
     def __getitem__(self, i: int) -> Slot:
+        hit = self.memo.get(i)
+        if hit is not None:
+            return hit
         cnt = self.cnt
-        run = self.cands[i * cnt:(i + 1) * cnt]
-        score = 1 + sum(x[0] for x in run)
-        return (-score if self.high else score, i, [(c, 1) for _s, c in run])
+        score = 1
+        members: list[tuple[VState, int]] = []
+        for sc, c in self.cands[i * cnt:(i + 1) * cnt]:
+            score += sc
+            members.append((c, 1))
+        slot = (-score if self.high else score, i, members)
+        self.memo[i] = slot
+        return slot
 
     def remove(self, gone: set[int]) -> None:
         cnt = self.cnt
         for i in sorted(gone, reverse=True):
             del self.cands[i * cnt:(i + 1) * cnt]
+        self.memo.clear()  # positions shifted
 
 
 class _Host:
