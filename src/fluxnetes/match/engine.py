@@ -764,33 +764,22 @@ class Engine:
         leaf = self._leaf
         shape = [elem]
         cands: list[tuple[int, VState]] = []
-        if self.first:
-            want = nslots * cnt  # the dynamic explorer stops after nslots whole shares
-            for c in u.order:
-                cv = c.v
-                if cv.type != t:
-                    continue  # other types fail the slot walk (not pristine)
-                if c.children or cv.size != 1:
+        # `first` explores in availability order and stops after nslots whole shares (the
+        # dynamic explorer); the static policies look at every child.
+        children, want = (u.order, nslots * cnt) if self.first else (u.children, -1)
+        for c in children:
+            cv = c.v
+            if cv.type != t:
+                continue  # other types fail the slot walk (not pristine)
+            if c.children or cv.size != 1:
+                return None
+            ok, score, avail, _x = leaf(c, shape, False, True, ml)
+            if ok:
+                if avail != 1:
                     return None
-                ok, score, avail, _x = leaf(c, shape, False, True, ml)
-                if ok:
-                    if avail != 1:
-                        return None
-                    cands.append((score, c))
-                    if len(cands) >= want:
-                        break
-        else:
-            for c in u.children:
-                cv = c.v
-                if cv.type != t:
-                    continue
-                if c.children or cv.size != 1:
-                    return None
-                ok, score, avail, _x = leaf(c, shape, False, True, ml)
-                if ok:
-                    if avail != 1:
-                        return None
-                    cands.append((score, c))
+                cands.append((score, c))
+                if len(cands) == want:
+                    break
         if not cands:
             return False
         if self.high:

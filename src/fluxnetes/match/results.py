@@ -31,6 +31,17 @@ class NodeShare:
     memory: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
+    def add(self, rtype: str, amount: int) -> None:
+        """Count ``amount`` of a leaf resource of type ``rtype`` held on this node."""
+        if rtype == "core":
+            self.cores += amount
+        elif rtype == "gpu":
+            self.gpus += amount
+        elif rtype == "memory":
+            self.memory += amount
+        else:
+            self.extra[rtype] = self.extra.get(rtype, 0) + amount
+
 
 class AllocVertex(NamedTuple):
     """One emitted vertex of an allocation (what Fluxion's writers print)."""
@@ -135,15 +146,7 @@ def _shares_from_emitted(emitted: list[Any]) -> list[NodeShare]:
             p = p.parent
         if p is None:
             continue
-        host = nodes[id(p)]
-        if t == "core":
-            host.cores += e.needs
-        elif t == "gpu":
-            host.gpus += e.needs
-        elif t == "memory":
-            host.memory += e.needs
-        else:
-            host.extra[t] = host.extra.get(t, 0) + e.needs
+        nodes[id(p)].add(t, e.needs)
     return [nodes[k] for _u, k in sorted(order)]
 
 
@@ -167,17 +170,8 @@ def node_shares(verts: list[AllocVertex]) -> list[NodeShare]:
             if host is not None:
                 break
             p = parent.get(p, -1)
-        if host is None:
-            continue
-        t = a.type
-        if t == "core":
-            host.cores += a.size
-        elif t == "gpu":
-            host.gpus += a.size
-        elif t == "memory":
-            host.memory += a.size
-        else:
-            host.extra[t] = host.extra.get(t, 0) + a.size
+        if host is not None:
+            host.add(a.type, a.size)
     return [nodes[k] for k in sorted(nodes)]
 
 
