@@ -1,6 +1,8 @@
 """The operator, started out of cluster with nothing but the chart's ServiceAccount (a token
 from the TokenRequest API), does its job: it starts, serves and registers its webhook, takes
-the lease and places an opted-in pod. A verb the chart does not grant is refused.
+the lease and places an opted-in pod. A verb the chart does not grant is refused. Its webhook
+configurations are owned by the chart's ClusterRole: `kubectl delete -f dist/fluxnetes.yaml`
+takes them away. The manifests are dist/fluxnetes.yaml itself, as shipped.
 
 This test runs its own small control plane: the operator's webhook configurations are
 cluster-wide objects, and it must not fight an operator started by another test over them.
@@ -8,7 +10,6 @@ cluster-wide objects, and it must not fight an operator started by another test 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -20,7 +21,6 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-HELM = Path(os.environ.get("FLUXNETES_K8S_HOME", Path.home() / ".cache/fluxnetes/k8s")) / "bin/helm"
 NS = "fluxnetes-system"
 
 # `fluxnetes run`, without going through cli/main.py (which imports every command module)
@@ -39,8 +39,6 @@ app(["run", *sys.argv[1:]])
 def own_cluster(tmp_path: Path) -> Iterator[Any]:
     from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
 
-    if not HELM.exists():
-        pytest.skip(f"helm is not built ({HELM} missing): run `bash hack/build-helm.sh`")
     pytest.importorskip("fluxnetes.k8s.operator")
     cluster = Cluster.up(
         ClusterOptions(
@@ -81,26 +79,15 @@ def wait_for(what: str, check: Any, timeout: float = 90) -> Any:
 @pytest.mark.slow
 def test_operator_runs_with_the_chart_service_account(own_cluster: Any, tmp_path: Path) -> None:
     cluster = own_cluster
-    rendered = subprocess.run(
-        [
-            str(HELM),
-            "template",
-            "fluxnetes",
-            str(ROOT / "deploy/chart"),
-            "-n",
-            NS,
-            "--include-crds",
-            "--set",
-            "createNamespace=true",
-            "--set",
-            "replicas=1",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
+    # the shipped file, as a user applies it: server-side dry run (into its namespace, which a
+    # dry run cannot create), then for real
+    rendered = (ROOT / "dist/fluxnetes.yaml").read_text()
+    cluster.kubectl("create", "namespace", NS)
+    dry = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=rendered)
+    assert "deployment.apps/fluxnetes serverside-applied (server dry run)" in dry.stdout
+    assert cluster.kubectl("get", "deploy,sts", "-n", NS, "-o", "name").stdout == ""
     cluster.kubectl("apply", "--server-side", "-f", "-", input=rendered)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/fluxjobs.fluxnetes.io")
     # no image to run in the fake cluster: the operator runs here, as the chart's identity
     cluster.kubectl("scale", "deployment/fluxnetes", "-n", NS, "--replicas=0")
     kubeconfig = sa_kubeconfig(cluster, tmp_path / "sa.kubeconfig")
@@ -166,6 +153,13 @@ def test_operator_runs_with_the_chart_service_account(own_cluster: Any, tmp_path
         )
         assert fj["status"]["nodes"] == [node]
         assert proc.poll() is None, "the operator exited"
+        # read with the chart's identity (`get` on its own ClusterRole only): the owner
+        uid = cluster.kubectl_json("get", "clusterrole", "fluxnetes")["metadata"]["uid"]
+        for kind in OPERATOR_OBJECTS:
+            obj = cluster.kubectl_json("get", *kind)
+            assert [(r["kind"], r["name"], r["uid"]) for r in obj["metadata"]["ownerReferences"]] == [
+                ("ClusterRole", "fluxnetes", uid)
+            ], kind
     finally:
         proc.terminate()
         try:
@@ -189,3 +183,20 @@ def test_operator_runs_with_the_chart_service_account(own_cluster: Any, tmp_path
             check=False,
         )
         assert res.returncode != 0 and "forbidden" in res.stderr.lower(), (args, res.stderr)
+    # uninstall the way dist/fluxnetes.yaml is uninstalled: the garbage collector follows
+    cluster.kubectl("delete", "-f", "-", "--wait=false", input=rendered)
+    wait_for(
+        "the webhook configuration and gate policy to be garbage-collected",
+        lambda: not any(
+            cluster.kubectl("get", *kind, "--ignore-not-found", "-o", "name").stdout.strip()
+            for kind in OPERATOR_OBJECTS
+        ),
+        timeout=120,
+    )
+
+
+OPERATOR_OBJECTS = [
+    ("mutatingwebhookconfiguration", "fluxnetes.io"),
+    ("validatingadmissionpolicy", "fluxnetes.io-gate"),
+    ("validatingadmissionpolicybinding", "fluxnetes.io-gate"),
+]

@@ -328,11 +328,16 @@ def test_ctl_commands_against_the_apiserver(cluster_with_jobs: tuple[Any, str]) 
     jgf = json.loads(run(cluster, "graph").stdout)
     node_vertices = [v for v in jgf["graph"]["nodes"] if v["metadata"]["type"] == "node"]
     assert sorted(v["metadata"]["name"] for v in node_vertices) == names
+    assert yaml.safe_load(run(cluster, "graph", "-o", "yaml").stdout) == jgf
+    no_table = CliRunner().invoke(ctl, ["graph", "-o", "table", "--kubeconfig", str(cluster.kubeconfig)])
+    assert no_table.exit_code == 1 and "--output must be json or yaml" in no_table.output
 
     out = run(cluster, "cancel", "small", "-n", ns).stdout
     assert "deleted 1 pod(s) of group small" in out
     assert being_deleted(cluster, "pod", "small-pod", ns)
-    assert "deleted Job" in run(cluster, "cancel", f"{ns}/blocked").stdout
+    done = json.loads(run(cluster, "cancel", f"{ns}/blocked", "-o", "json").stdout)
+    assert done == {"job": f"{ns}/blocked", "phase": "Reserved", "deleted": [{"kind": "Job", "name": "blocked"}],
+                    "cancelled": True}
     assert being_deleted(cluster, "job", "blocked", ns)
 
 
@@ -375,6 +380,16 @@ def test_kubectl_finds_the_plugin(cluster_with_jobs: tuple[Any, str]) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert [r["name"] for r in json.loads(res.stdout)] == ["running", "blocked", "small"]
+    # `kubectl fluxnetes submit --dry-run` is `fluxnetes submit --dry-run` (docs/quickstart.md)
+    work = Path(__file__).resolve().parents[1] / "examples/k8s/pod.yaml"
+    res = subprocess.run(
+        [str(cluster.tools.binary("kubectl")), "fluxnetes", "submit", "--dry-run", str(work), "-o", "json",
+         "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    (verdict,) = json.loads(res.stdout)["verdicts"]
+    assert verdict["kind"] == "Pod" and verdict["outcome"] in ("now", "later", "unknown")
 
 
 @pytest.mark.k8s

@@ -41,6 +41,18 @@ app.kubernetes.io/component: operator
 {{- printf "%s-postgresql" (include "fluxnetes.fullname" .) -}}
 {{- end -}}
 
+{{/* "true" when the PostgreSQL password is made in the cluster (postgresql.auth.generateInCluster). */}}
+{{- define "fluxnetes.pgPasswordInCluster" -}}
+{{- if and .Values.postgresql.enabled .Values.postgresql.auth.generateInCluster -}}true{{- end -}}
+{{- end -}}
+
+{{/* The bundled PostgreSQL's URL with the given password (dict: root, password). */}}
+{{- define "fluxnetes.postgresURL" -}}
+{{- $v := .root.Values.postgresql.auth -}}
+{{- $host := printf "%s.%s.svc" (include "fluxnetes.postgresName" .root) .root.Release.Namespace -}}
+{{- printf "postgresql+psycopg://%s:%s@%s:5432/%s" $v.username .password $host $v.database -}}
+{{- end -}}
+
 {{/* Secret holding the store URL (key `url`) read by the operator. */}}
 {{- define "fluxnetes.storeSecret" -}}
 {{- if .Values.store.existingSecret -}}
@@ -95,6 +107,12 @@ seccompProfile:
 {{- end -}}
 {{- if and .Values.postgresql.enabled (or .Values.store.url .Values.store.existingSecret) -}}
 {{- fail "store: store.url/store.existingSecret point at an external database; set postgresql.enabled=false with them" -}}
+{{- end -}}
+{{- if and .Values.postgresql.auth.generateInCluster .Values.postgresql.auth.password -}}
+{{- fail "postgresql.auth.generateInCluster: the password is made in the cluster; leave postgresql.auth.password empty with it" -}}
+{{- end -}}
+{{- if not (regexMatch "^[A-Za-z0-9_]+$" .Values.postgresql.auth.username) -}}
+{{- fail (printf "postgresql.auth.username: letters, digits and _ only (it goes into the store URL), got %q" .Values.postgresql.auth.username) -}}
 {{- end -}}
 {{- if not (has .Values.scheduler.onNodeLost (list "fail" "requeue")) -}}
 {{- fail (printf "scheduler.onNodeLost: must be fail or requeue, got %q" .Values.scheduler.onNodeLost) -}}

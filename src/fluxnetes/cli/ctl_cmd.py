@@ -779,11 +779,19 @@ def graph_cmd(
     rack_label: Annotated[
         str, typer.Option(help="Node label that names a node's rack.")
     ] = "fluxnetes.io/rack",
+    output: Annotated[
+        Output, typer.Option("--output", "-o", help="json (JGF, the default) or yaml (the same document).")
+    ] = Output.json,
 ) -> None:
     """Export the resource graph built from the cluster's Nodes, as JGF (JSON)."""
     import json
 
+    import yaml
+
     from fluxnetes.graph import GraphError, from_k8s_nodes, write_jgf
+
+    if output is Output.table:
+        raise _fail(CtlError("graph: --output must be json or yaml (a graph is no table; see `nodes`)"))
 
     conn = Conn(kubeconfig, context, None)
     try:
@@ -791,7 +799,11 @@ def graph_cmd(
         graph = from_k8s_nodes(view.nodes, rack_label=rack_label)
     except (CtlError, GraphError) as exc:
         raise _fail(exc) from None
-    text = json.dumps(write_jgf(graph), indent=1)
+    doc = write_jgf(graph)
+    if output is Output.yaml:
+        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False).rstrip()
+    else:
+        text = json.dumps(doc, indent=1)
     if out is None:
         typer.echo(text)
     else:
@@ -805,12 +817,15 @@ def cancel_cmd(
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     namespace: NamespaceOpt = None,
+    output: OutputOpt = Output.table,
 ) -> None:
     """Cancel JOB, queued or running, like scancel (deletes its workload or its pods).
 
     The operator then releases what the job held at once and marks the FluxJob Cancelled.
     """
     conn = Conn(kubeconfig, context, namespace)
+    deleted: list[dict[str, str]] = []
+    lines: list[str] = []
     try:
         ns, name = _split_job(job, conn)
         view = fetch(conn, fluxjobs=ns)
@@ -826,7 +841,8 @@ def cancel_cmd(
         }
         if workload.get("kind") and workload.get("name"):
             _api(conn, "DELETE", _workload_path(ns, workload), background, "application/json")
-            typer.echo(f"deleted {workload['kind']} {ns}/{workload['name']}")
+            deleted.append({"kind": str(workload["kind"]), "name": str(workload["name"])})
+            lines.append(f"deleted {workload['kind']} {ns}/{workload['name']}")
         else:
             pods = _api(conn, "GET", f"/api/v1/namespaces/{ns}/pods").get("items") or []
             members = [p for p in pods if group_name_of(p) == name]
@@ -843,10 +859,15 @@ def cancel_cmd(
                     background,
                     "application/json",
                 )
-            typer.echo(f"deleted {len(members)} pod(s) of group {name}")
+                deleted.append({"kind": "Pod", "name": str(pname)})
+            lines.append(f"deleted {len(members)} pod(s) of group {name}")
     except CtlError as exc:
         raise _fail(exc) from None
-    typer.echo(f"fluxjob {ns}/{name} cancelled")
+    if output is Output.table:
+        for line in [*lines, f"fluxjob {ns}/{name} cancelled"]:
+            typer.echo(line)
+    else:
+        emit({"job": f"{ns}/{name}", "phase": phase, "deleted": deleted, "cancelled": True}, output)
 
 
 def group_name_of(pod: Mapping[str, Any]) -> str | None:
@@ -884,4 +905,10 @@ def _workload_path(ns: str, workload: Mapping[str, Any]) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    # `kubectl fluxnetes submit --dry-run FILE` too (the plugin is `fluxnetes ctl`): the very
+    # command of `fluxnetes submit`, registered once into this group
+    if not any(c.name == "submit" for c in ctl.registered_commands):
+        from fluxnetes.cli import submit_cmd
+
+        submit_cmd.register(ctl)
     app.add_typer(ctl, name="ctl")

@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         admit_template_pods: Annotated[bool, typer.Option(help="also send pods born gated (from a template fluxnetes already gated) through the pod webhook: one admission call more per pod, for clusters where a controller may strip template labels")] = False,
         coalesce: Annotated[float, typer.Option(help="seconds a burst of arrivals waits for the rest before its scheduling cycle (0 = a cycle per batch of events)")] = 0.05,
         event_rate: Annotated[float, typer.Option(help="Normal Events per second at most (Warnings are never dropped; every decision is also in the FluxJob's conditions)")] = 20.0,
+        owner_cluster_role: Annotated[str, typer.Option(help="ClusterRole of the installation (the chart's, `fluxnetes` for dist/fluxnetes.yaml) that owns the webhook configurations the operator creates, so that uninstalling removes them; read at start-up, needs `get` on it. '' or a missing/unreadable ClusterRole: no owner (logged), they stay until deleted by hand")] = "fluxnetes",
         log_level: Annotated[str, typer.Option(help="log level")] = "INFO",
         log_format: Annotated[str | None, typer.Option(help="json or text (default: $FLUXNETES_LOG_FORMAT, else json unless stderr is a terminal)")] = None,
         metrics_port: Annotated[int | None, typer.Option(help="serve /metrics, /healthz, /readyz on this port (default: $FLUXNETES_METRICS_PORT; 0 = off)")] = None,
@@ -100,4 +101,5 @@ def register(app: typer.Typer) -> None:
             failure_policy=failure_policy, leader_elect=leader_elect, rack_label=rack_label,
             on_node_lost=on_node_lost, job_mode=job_mode, metrics_port=metrics_port or None,
             admit_template_pods=admit_template_pods, coalesce_seconds=coalesce, event_rate=event_rate,
+            owner_cluster_role=owner_cluster_role.strip() or None,
         ))

@@ -25,6 +25,9 @@ class OperatorConfig:
     service_name: str | None = None  # in cluster: the Service in front of the webhook
     failure_policy: str = "Ignore"
     admit_template_pods: bool = False  # see webhook_config.Scope
+    # ClusterRole owning the webhook configurations (deleted with it: webhook_config.Owner);
+    # None or "": no owner, they outlive the operator
+    owner_cluster_role: str | None = None
     # leadership
     leader_elect: bool = True
     lease_name: str = "fluxnetes-leader"

@@ -29,6 +29,7 @@ from fluxnetes.k8s.kube import (
     VALIDATING,
     ApiError,
     Kube,
+    Resource,
 )
 from fluxnetes.k8s.leader import LeaderElector
 from fluxnetes.k8s.webhook import WebhookServer
@@ -36,6 +37,33 @@ from fluxnetes.k8s.webhook import WebhookServer
 log = logging.getLogger(__name__)
 
 SECRET_NAME = "fluxnetes-webhook-cert"
+CLUSTER_ROLES = Resource("rbac.authorization.k8s.io/v1", "clusterroles", namespaced=False)
+
+
+async def find_owner(kube: Kube, name: str | None) -> webhook_config.Owner | None:
+    """The installation's ClusterRole (see webhook_config.Owner), or None (logged) when it is
+    not named, does not exist or may not be read: the operator then works as before and its
+    webhook configurations outlive it until deleted by hand."""
+    if not name:
+        log.info("no owner ClusterRole (--owner-cluster-role ''): the webhook configurations will "
+                 "outlive the operator")
+        return None
+    try:
+        role = await kube.get_or_none(CLUSTER_ROLES, name)
+    except ApiError as exc:
+        if not exc.forbidden:
+            raise
+        log.warning("cannot read ClusterRole %s (HTTP %d): the webhook configurations get no owner and "
+                    "will outlive the installation (grant `get` on clusterroles/%s, as the chart does)",
+                    name, exc.status, name)
+        return None
+    if role is None:
+        log.warning("ClusterRole %s not found: the webhook configurations get no owner and will outlive "
+                    "the operator (normal out of cluster without the chart; see --owner-cluster-role)", name)
+        return None
+    owner = webhook_config.Owner(name=name, uid=str(role["metadata"]["uid"]))
+    log.info("webhook configurations owned by ClusterRole %s (deleted with it)", name)
+    return owner
 
 
 async def ensure_namespace(kube: Kube, name: str) -> None:
@@ -63,7 +91,8 @@ async def ensure_crd(kube: Kube) -> None:
     raise RuntimeError(f"CRD {name} did not become Established")
 
 
-async def ensure_cert(kube: Kube, namespace: str, hosts: list[str]) -> certs.CertBundle:
+async def ensure_cert(kube: Kube, namespace: str, hosts: list[str],
+                      owner: webhook_config.Owner | None = None) -> certs.CertBundle:
     """The serving certificate from the Secret (made or renewed if needed); replicas share it."""
     secret = await kube.get_or_none(SECRETS, SECRET_NAME, namespace)
     if secret is not None:
@@ -82,19 +111,19 @@ async def ensure_cert(kube: Kube, namespace: str, hosts: list[str]) -> certs.Cer
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            return await ensure_cert(kube, namespace, hosts)  # another replica renewed it
+            return await ensure_cert(kube, namespace, hosts, owner)  # another replica renewed it
     bundle = certs.make_bundle(hosts)
     body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": SECRET_NAME, "namespace": namespace,
                          "labels": {"app.kubernetes.io/managed-by": "fluxnetes"}},
             "data": {k: base64.b64encode(v).decode() for k, v in bundle.as_secret_data().items()}}
     try:
-        await kube.create(SECRETS, body, namespace)
+        await kube.create(SECRETS, webhook_config.owned(body, owner), namespace)
         return bundle
     except ApiError as exc:
         if exc.status != 409:
             raise
-        return await ensure_cert(kube, namespace, hosts)
+        return await ensure_cert(kube, namespace, hosts, owner)
 
 
 async def apply_config(kube: Kube, res: Any, body: dict[str, Any]) -> None:
@@ -113,15 +142,18 @@ async def whoami(kube: Kube) -> str:
     return str(((review.get("status") or {}).get("userInfo") or {}).get("username", ""))
 
 
-async def wait_webhook_ready(kube: Kube, namespace_label: str, timeout: float = 20) -> None:
+async def wait_webhook_ready(kube: Kube, namespace_label: str, timeout: float = 20,
+                             owner: webhook_config.Owner | None = None) -> None:
     """The API server picks webhook configurations up through an informer: wait until a
     dry-run pod create in an opted-in namespace comes back gated."""
     key, _, value = namespace_label.partition("=")
     ns = "fluxnetes-probe"
     if await kube.get_or_none(NAMESPACES, ns) is None:
         with contextlib.suppress(ApiError):
-            await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                           "metadata": {"name": ns, "labels": {key: value or "true"}}})
+            # owned like the webhook configurations: it goes with the installation
+            await kube.create(NAMESPACES, webhook_config.owned(
+                {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": ns, "labels": {key: value or "true"}}}, owner))
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": ns},
            "spec": {"containers": [{"name": "c", "image": "probe"}]}}
     loop = asyncio.get_running_loop()
@@ -173,10 +205,11 @@ class Operator:
         self.operators = {me} if me else set()
         log.info("operator identity: %s", me or "(unknown)")
         if cfg.webhook:
+            owner = await find_owner(kube, cfg.owner_cluster_role)
             hosts = ["127.0.0.1", "localhost"]
             if cfg.service_name:
                 hosts = [f"{cfg.service_name}.{cfg.namespace}.svc", f"{cfg.service_name}.{cfg.namespace}.svc.cluster.local", *hosts]
-            bundle = await ensure_cert(kube, cfg.namespace, hosts)
+            bundle = await ensure_cert(kube, cfg.namespace, hosts, owner)
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, bundle, lambda: self.operators,
                                          suspend_jobs=cfg.job_mode == "suspend")
             port = await self.webhook.start_in_process()
@@ -188,18 +221,20 @@ class Operator:
             scope = webhook_config.Scope(namespace_label=cfg.namespace_label, own_namespace=cfg.namespace,
                                          failure_policy=cfg.failure_policy,
                                          admit_template_pods=cfg.admit_template_pods)
-            await apply_config(kube, MUTATING, webhook_config.mutating(target, scope, bundle.ca_crt))
+            own = webhook_config.owned
+            await apply_config(kube, MUTATING, own(webhook_config.mutating(target, scope, bundle.ca_crt), owner))
             policy, binding = webhook_config.gate_policy(scope, sorted(self.operators))
             try:
-                await apply_config(kube, POLICIES, policy)
-                await apply_config(kube, POLICY_BINDINGS, binding)
+                await apply_config(kube, POLICIES, own(policy, owner))
+                await apply_config(kube, POLICY_BINDINGS, own(binding, owner))
                 await kube.delete(VALIDATING, webhook_config.NAME)
             except ApiError as exc:
                 if exc.status != 404:
                     raise
                 log.info("no ValidatingAdmissionPolicy API; protecting the gate with a webhook")
-                await apply_config(kube, VALIDATING, webhook_config.validating(target, scope, bundle.ca_crt))
-            await wait_webhook_ready(kube, cfg.namespace_label)
+                await apply_config(kube, VALIDATING,
+                                   own(webhook_config.validating(target, scope, bundle.ca_crt), owner))
+            await wait_webhook_ready(kube, cfg.namespace_label, owner=owner)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         from fluxnetes.metrics import METRICS, serve

@@ -10,6 +10,13 @@ blocked by a fluxnetes outage. The cost is that work created during an outage is
 it is then scheduled by kube-scheduler and fluxnetes counts it like any other foreign pod
 (nothing is double-booked). ``--failure-policy Fail`` is available for namespaces that must
 never run unqueued work; even then only opted-in namespaces are affected.
+
+Lifetime: these objects are created by the running operator, not by the chart, so nothing
+would delete them when the installation is removed (``helm uninstall``, ``kubectl delete -f
+dist/fluxnetes.yaml``). Each one therefore carries an ownerReference to the installation's
+ClusterRole (``Owner``; ``fluxnetes run --owner-cluster-role``): when that ClusterRole goes,
+the garbage collector of kube-controller-manager deletes them. Without an owner (an
+out-of-cluster run with no such ClusterRole) they stay until deleted by hand.
 """
 
 from __future__ import annotations
@@ -25,6 +32,33 @@ MUTATE_PODS_PATH = "/mutate-pods"
 MUTATE_WORKLOADS_PATH = "/mutate-workloads"
 VALIDATE_PODS_PATH = "/validate-pods"
 _SYSTEM_NAMESPACES = ["kube-system", "kube-public", "kube-node-lease"]
+OWNER_API_VERSION = "rbac.authorization.k8s.io/v1"
+OWNER_KIND = "ClusterRole"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The cluster-scoped object whose deletion takes the operator's own objects with it: the
+    installation's ClusterRole (the chart and dist/fluxnetes.yaml create it, the uninstall
+    deletes it). Cluster-scoped dependents may only name a cluster-scoped owner."""
+
+    name: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        # no blockOwnerDeletion: it would need delete rights on the ClusterRole, and nothing
+        # has to wait for these objects to go
+        return {"apiVersion": OWNER_API_VERSION, "kind": OWNER_KIND, "name": self.name, "uid": self.uid}
+
+
+def owned(body: dict[str, Any], owner: Owner | None) -> dict[str, Any]:
+    """``body`` with its ownerReferences set to ``owner`` (or removed when there is none)."""
+    meta = body.setdefault("metadata", {})
+    if owner is None:
+        meta.pop("ownerReferences", None)
+    else:
+        meta["ownerReferences"] = [owner.reference()]
+    return body
 
 
 @dataclass(frozen=True)
