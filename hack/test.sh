@@ -21,6 +21,13 @@ if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
   bash hack/build-helm.sh || echo "test.sh: helm could not be built; chart tests will skip" >&2
 fi
 
+if [ "${FLUXNETES_SKIP_IMAGE_BUILD:-0}" != "1" ]; then
+  # The operator image from the Dockerfile, without a container engine (docs/image.md; cached,
+  # seconds when nothing changed). Once it builds, the image tests must run, never skip.
+  bash hack/build-image.sh || { echo "test.sh: the operator image could not be built (hack/build-image.sh, above)" >&2; exit 1; }
+  export FLUXNETES_REQUIRE_IMAGE=1
+fi
+
 pg_start
 trap pg_stop EXIT
 set +e
