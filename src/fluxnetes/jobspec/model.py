@@ -20,6 +20,7 @@ from fluxnetes.jobspec.constraints import Constraint, parse_constraint
 from fluxnetes.jobspec.fastyaml import load_simple
 
 UINT_MAX = 4294967295
+_SAFE_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 _RESOURCE_KEYS = frozenset({"type", "count", "unit", "exclusive", "with", "label", "id"})
 _TOP_KEYS = ("version", "resources", "tasks", "attributes")
@@ -117,7 +118,9 @@ class Jobspec:
                 "tasks": tasks, "attributes": self.attributes}
 
     def to_yaml(self) -> str:
-        return str(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        # libyaml's emitter when PyYAML has it: the same text, ~10x faster (the operator writes
+        # a jobspec per group)
+        return str(yaml.dump(self.to_dict(), Dumper=_SAFE_DUMPER, sort_keys=False))
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -8,7 +8,6 @@ Credentials come from kubernetes_asyncio's kubeconfig / in-cluster loaders.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -17,6 +16,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class Kube:
         url = self.host + path
         if params:
             url += "?" + urlencode({k: v for k, v in params.items() if v is not None})
-        data = None if body is None else json.dumps(body)
+        data = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         if background:
             async with self._bg:
                 return await self.request(method, path, body, params=params, content_type=content_type,
@@ -150,11 +150,11 @@ class Kube:
             method, url, data=data, headers={"Content-Type": content_type},
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:
-            text = await resp.text()
+            raw = await resp.read()
             try:
-                payload = json.loads(text) if text else {}
-            except ValueError:
-                payload = text
+                payload = orjson.loads(raw) if raw else {}
+            except orjson.JSONDecodeError:
+                payload = raw.decode(errors="replace")
             if resp.status >= 400:
                 raise ApiError(resp.status, payload, method, path)
             return payload
@@ -230,8 +230,8 @@ class Kube:
                 raise ApiError(resp.status, await resp.text(), "WATCH", res.path())
             buf = b""
             async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                # one split per chunk (a chunk may hold hundreds of events in a burst)
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
