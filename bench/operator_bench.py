@@ -124,6 +124,32 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     }
 
 
+async def api_requests(kube: Kube) -> dict[str, float]:
+    """The API server's request counters: {"resource verb": count} (watches excluded)."""
+    out: dict[str, float] = {}
+    for line in (await kube.request_text("/metrics")).splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        f = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))
+        verb, res = f.get("verb", "").strip('"'), f.get("resource", "").strip('"')
+        sub = f.get("subresource", "").strip('"')
+        if verb == "WATCH":
+            continue
+        key = f"{res}{'/' + sub if sub else ''} {verb}"
+        out[key] = out.get(key, 0) + float(value)
+    return out
+
+
+async def wait_gone(kube: Kube, ns: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await kube.get_or_none(NAMESPACES, ns) is None:
+            return
+        await asyncio.sleep(1)
+    print(f"namespace {ns} still terminating after {timeout:.0f} s", file=sys.stderr)
+
+
 async def webhook_latency(n: int) -> dict[str, Any]:
     bundle = certs.make_bundle(["127.0.0.1"])
     server = WebhookServer("127.0.0.1", 0, bundle, lambda: {"operator"})
@@ -244,6 +270,23 @@ async def start_operator(
     return op
 
 
+COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def _component_cpu(cluster: Cluster) -> dict[str, float]:
+    """CPU seconds used so far by each of this cluster's processes (all share this machine's
+    cores: the split shows where a workload's time goes)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for name, pid in cluster.pids.items():
+        if name in COMPONENTS:
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(pid).cpu_times()
+                out[name] = t.user + t.system
+    return out
+
+
 def _cpu_seconds(op: subprocess.Popen[bytes] | None) -> float:
     if op is None:
         return 0.0
@@ -297,14 +340,36 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 await asyncio.sleep(1)
                 load = os.getloadavg()[0]
                 cpu0 = _cpu_seconds(op)
+                comp0 = _component_cpu(cluster)
+                req0 = await api_requests(kube)
+                prof = None
+                if args.pprof:  # the API server's CPU profile over the run's first seconds
+                    out = Path(args.pprof) / f"apiserver-{label}-{name}.pprof"
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    prof = await asyncio.create_subprocess_exec(
+                        str(cluster.tools.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get",
+                        "--raw", f"/debug/pprof/profile?seconds={args.pprof_seconds}",
+                        stdout=out.open("wb"))
                 r = await run_workload(kube, ns, jobs, size, args.timeout)
+                if prof is not None:
+                    await prof.wait()
+                comp1 = _component_cpu(cluster)
+                req1 = await api_requests(kube)
+                pods = jobs * size
+                per_pod = {k: round((v - req0.get(k, 0)) / pods, 2) for k, v in req1.items()}
+                r["api_requests_per_pod"] = dict(sorted(((k, v) for k, v in per_pod.items() if v >= 0.05),
+                                                        key=lambda kv: -kv[1]))
+                r["component_cpu_seconds"] = {k: round(comp1.get(k, 0.0) - comp0.get(k, 0.0), 2) for k in COMPONENTS}
                 r["load_average_1m_before"] = round(load, 2)
                 if op is not None:
                     r["operator_cpu_seconds"] = round(_cpu_seconds(op) - cpu0, 2)  # incl. webhook process
                 print(label, name, r, flush=True)
                 per_round.setdefault(name, {}).setdefault(label, []).append(r)
                 await kube.delete(NAMESPACES, ns)
-                await asyncio.sleep(5)
+                # the next run starts on a quiet cluster: the namespace controller deleting
+                # thousands of objects would otherwise load the API server during it
+                await wait_gone(kube, ns, 300)
+                await asyncio.sleep(2)
         for name, labels in per_round.items():
             for label, rs in labels.items():
                 ordered = sorted(rs, key=lambda x: x["pods_per_second"])
@@ -359,7 +424,12 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
+    ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
+                    "(needs FLUXNETES_DEV_PROFILING=1; read with `go tool pprof -top FILE`)")
+    ap.add_argument("--pprof-seconds", type=int, default=10)
     args = ap.parse_args()
+    if args.pprof:
+        os.environ["FLUXNETES_DEV_PROFILING"] = "1"
     out: dict[str, Any] = {
         "benchmark": "operator_bench",
         "parameters": {

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from operator_bench import JOBS, _cpu_seconds, job_body
+from operator_bench import JOBS, _cpu_seconds, api_requests, job_body
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
 from fluxnetes.k8s.kube import NAMESPACES, PODS, Kube
@@ -54,23 +54,6 @@ async def watch(kube: Kube, res: Any, ns: str, on: Any, stop: asyncio.Event) -> 
                     return
         except Exception:
             await asyncio.sleep(0.2)
-
-
-async def api_requests(kube: Kube) -> dict[str, float]:
-    """The API server's request counters: {"resource verb": count} (watches excluded)."""
-    out: dict[str, float] = {}
-    for line in (await kube.request_text("/metrics")).splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels, value = line.rsplit(" ", 1)
-        f = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))
-        verb, res = f.get("verb", "").strip('"'), f.get("resource", "").strip('"')
-        sub = f.get("subresource", "").strip('"')
-        if verb == "WATCH":
-            continue
-        key = f"{res}{'/' + sub if sub else ''} {verb}"
-        out[key] = out.get(key, 0) + float(value)
-    return out
 
 
 async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:

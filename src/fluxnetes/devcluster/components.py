@@ -4,6 +4,7 @@ admin kubeconfig."""
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,11 @@ POD_CIDR = "10.128.0.0/16"  # kwok's fake pod IPs; never dialled
 PORT_NAMES = ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler")
 # start order; stopped in reverse
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+# FLUXNETES_DEV_PROFILING=1 serves /debug/pprof on the components (for benchmark analysis:
+# `kubectl get --raw /debug/pprof/profile?seconds=10`); off by default, as in production
+def _profiling() -> str:
+    return "true" if os.environ.get("FLUXNETES_DEV_PROFILING") == "1" else "false"
 
 
 def argv(
@@ -66,7 +72,7 @@ def argv(
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--kubelet-preferred-address-types=InternalIP",
-            "--profiling=false",
+            f"--profiling={_profiling()}",
         ]
     common = [
         f"--kubeconfig={kc}",
@@ -74,7 +80,7 @@ def argv(
         f"--authorization-kubeconfig={kc}",
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
-        "--profiling=false",
+        f"--profiling={_profiling()}",
         # the default client rate limit (20 qps) makes untainting 1,000 new nodes take minutes
         "--kube-api-qps=500",
         "--kube-api-burst=1000",
