@@ -144,3 +144,46 @@ def test_index_fast_paths_give_the_walks_answers(desc: dict[str, Any], policy: s
             fast.cancel(a.jobid)
             walk.cancel(b.jobid)
     fast.check_invariants()
+
+
+@SETTINGS
+@given(descriptions(), st.sampled_from(["low", "high", "lonode", "hinode"]), st.data(),
+       st.lists(st.tuples(jobspecs(), st.booleans()), min_size=1, max_size=10))
+def test_index_fast_paths_follow_hostlist_constraints_like_the_walk(
+        desc: dict[str, Any], policy: str, data: Any, steps: list[tuple[Any, bool]]) -> None:
+    """A hostlist constraint (what the operator adds for pods' nodeSelector / taints) keeps the
+    index fast paths: hosts under excluded nodes are skipped, as the walk prunes them."""
+    from dataclasses import replace
+
+    from fluxnetes.jobspec.constraints import parse_constraint
+
+    fast = Matcher(from_description(desc), policy)
+    walk = Matcher(from_description(desc), policy)
+    walk._fast_policy = False
+    names = sorted(v.name for v in fast.graph.by_type.get("node", []))
+    allowed = data.draw(st.lists(st.sampled_from(names), unique=True) if names else st.just([]))
+    constraint = parse_constraint({"hostlist": allowed}, "c")
+    for spec, cancel in steps:
+        spec = replace(spec, constraint=constraint)
+        a, b = fast.allocate(spec), walk.allocate(spec)
+        assert (a.status, a.jobid, [(v.path, v.size, v.exclusive) for v in a.vertices]) == (
+            b.status, b.jobid, [(v.path, v.size, v.exclusive) for v in b.vertices])
+        if cancel and a.ok:
+            fast.cancel(a.jobid)
+            walk.cancel(b.jobid)
+    fast.check_invariants()
+
+
+def test_a_hostlist_constraint_keeps_the_fast_path() -> None:
+    from fluxnetes.jobspec.constraints import parse_constraint
+
+    m = Matcher(from_description({"node": {"sockets": 0, "cores": 4, "gpus": 0, "memory": 0},
+                                  "racks": [{"name": "rack0", "nodes": 4}]}), "lonode")
+    names = sorted(v.name for v in m.graph.by_type["node"])
+    spec = parse_jobspec({"version": 9999, "resources": [{"type": "slot", "count": 6, "label": "s", "with": [
+        {"type": "core", "count": 1}]}], "tasks": [{"command": ["a"], "slot": "s", "count": {"per_slot": 1}}],
+        "attributes": {"system": {"duration": 0, "constraints": {"hostlist": names[1:3]}}}})
+    assert spec.constraint == parse_constraint({"hostlist": names[1:3]}, "c")
+    res = m.allocate(spec)
+    assert res.ok and m.stats["fast"] == 1
+    assert {p for v in res.vertices if v.type == "core" for p in [v.path.split("/")[-2]]} <= set(names[1:3])

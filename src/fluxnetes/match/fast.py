@@ -17,9 +17,11 @@ preconditions hold (otherwise it falls back to the walk):
   walk picks the N eligible nodes with the best node score (id order); eligible = up, no job
   on it, and enough leaves for k slots when empty. Kept in a sorted list.
 
-Preconditions (checked by the matcher): a static policy with stable ties, no constraint, a
-match at ``now`` while every recorded job is active at ``now`` (started at or before it,
-ending after it) - then "free over the window" is simply "no job on it".
+Preconditions (checked by the matcher): a static policy with stable ties, a match at ``now``
+while every recorded job is active at ``now`` (started at or before it, ending after it) -
+then "free over the window" is simply "no job on it". A jobspec constraint (RFC 31) is a
+filter on node vertices, as in the walk: hosts / nodes whose node fails it are skipped
+(``allow``), and counts are taken against what remains.
 """
 
 from __future__ import annotations
@@ -61,6 +63,18 @@ def node_shape(resources: list[Resource]) -> tuple[Resource, Resource, list[Reso
 
 
 Slot = tuple[Any, int, list[tuple[VState, int]]]  # (key, position, members)
+Allow = Any  # a jobspec Constraint (``.match(vertex) -> bool``) or None: every node
+
+
+def _node_of(u: VState) -> Any:
+    """The node (or storage_node) vertex at or above ``u``, where the walk applies
+    constraints; None when there is none (then nothing is filtered)."""
+    x: VState | None = u
+    while x is not None:
+        if x.v.type in ("node", "storage_node"):
+            return x.v
+        x = x.parent
+    return None
 
 
 class _Runs:
@@ -128,6 +142,7 @@ class SlotIndex:
         self._order: dict[int, list[list[tuple[int, VState]]]] = {}
         self.ranked: SortedList = SortedList()
         self.total_slots = 0
+        self._node_vertex: dict[int, Any] = {}  # host dfs -> its node vertex (constraints)
         self._discover()
         for h in self.hosts:
             self._refresh(h)
@@ -329,15 +344,29 @@ class SlotIndex:
                 h.key = h.slots[0][0]
                 self.ranked.add((h.key, h.dfs, h))
 
-    def select(self, slot: Resource) -> list[tuple[VState, int]] | None:
+    def _allowed(self, allow: Allow) -> Any:
+        """The ranked hosts whose node passes ``allow`` (the walk prunes the others)."""
+        nodes = self._node_vertex
+        out = []
+        for entry in self.ranked:
+            h = entry[2]
+            nv = nodes.get(h.dfs, False)
+            if nv is False:
+                nv = nodes[h.dfs] = _node_of(h.vs)
+            if nv is None or allow.match(nv):
+                out.append(entry)
+        return out
+
+    def select(self, slot: Resource, allow: Allow = None) -> list[tuple[VState, int]] | None:
         """Members of the N best slots (the walk's root choice), or None if it fails."""
         self.picks: list[tuple[_Host, int]] = []
         self.sync()
-        n = calc_count(slot.count, self.total_slots)
+        ranked = self.ranked if allow is None else self._allowed(allow)
+        total = self.total_slots if allow is None else sum(e[2].total for e in ranked)
+        n = calc_count(slot.count, total)
         if n == 0:
             return None
         chosen: list[tuple[VState, int]] = []
-        ranked = self.ranked
         it = iter(ranked)
         nxt = next(it, None)
         heap: list[tuple[Any, int, int, _Host]] = []
@@ -456,12 +485,15 @@ class NodeIndex:
     def refresh_status(self) -> None:
         self.dirty.update(self.nodes)
 
-    def select(self, node_req: Resource) -> list[VState] | None:
+    def select(self, node_req: Resource, allow: Allow = None) -> list[VState] | None:
         if self.dirty:
             for k in self.dirty:
                 self._refresh(k)
             self.dirty.clear()
-        n = calc_count(node_req.count, len(self.ranked))
+        ranked = self.ranked
+        if allow is not None:
+            ranked = [key for key in ranked if allow.match(self.nodes[key[2]][0].v)]
+        n = calc_count(node_req.count, len(ranked))
         if n == 0:
             return None
-        return [self.nodes[key[2]][0] for key in self.ranked[:n]]
+        return [self.nodes[key[2]][0] for key in ranked[:n]]

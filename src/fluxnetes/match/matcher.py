@@ -323,7 +323,7 @@ class Matcher:
 
     def _try_fast(self, js: Jobspec, jid: int, now: int, duration: int, x_types: set[str]) -> MatchResult | None:
         """The static policies' answer from indexes (None: not applicable, use the walk)."""
-        if not self._fast_policy or js.constraint is not None or not self._all_active(now, duration):
+        if not self._fast_policy or not self._all_active(now, duration):
             return None
         shape = slot_shape(js.resources)
         eng = self.engine
@@ -334,7 +334,7 @@ class Matcher:
             idx = self._slot_idx.get(key)
             if idx is None:
                 idx = self._slot_idx[key] = SlotIndex(eng, frozenset(e.type for e in elems), elems)
-            members = idx.select(slot)
+            members = idx.select(slot, js.constraint)
             if members is None:
                 return MatchResult(MatchStatus.BUSY, jid)
             eng.mark_selection([(u, a, True) for u, a in members])
@@ -348,7 +348,7 @@ class Matcher:
             nidx = self._node_idx.get(key2)
             if nidx is None:
                 nidx = self._node_idx[key2] = NodeIndex(eng, slot, elems)
-            nodes = nidx.select(node_req)
+            nodes = nidx.select(node_req, js.constraint)
             if nodes is None:
                 return MatchResult(MatchStatus.BUSY, jid)
             eng.mark_selection([(nv, nv.v.size, True) for nv in nodes])
