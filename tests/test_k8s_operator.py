@@ -415,7 +415,8 @@ def test_only_the_operator_removes_the_gate(k8s_cluster: Any, ns: str) -> None:
         check=False,
     )
     assert res.returncode != 0 and "fluxnetes.io/gate" in res.stderr
-    assert phase(k8s_cluster, ns, "two") == "Provisional"
+    # FluxJob statuses are written status_interval (1 s) after a change
+    wait("FluxJob Provisional", lambda: phase(k8s_cluster, ns, "two") == "Provisional", timeout=20)
 
 
 def test_restart_after_sigkill_recovers_without_double_booking(

@@ -25,10 +25,12 @@ def register(app: typer.Typer) -> None:
         leader_elect: Annotated[bool, typer.Option(help="Lease-based leader election")] = True,
         rack_label: Annotated[str, typer.Option(help="node label naming the rack")] = "fluxnetes.io/rack",
         on_node_lost: Annotated[str, typer.Option(help="groups on a lost node: fail or requeue")] = "fail",
+        placement: Annotated[str, typer.Option(help="affinity: pods are gated, pinned to their node by a node affinity and bound by kube-scheduler; bind: pods get schedulerName fluxnetes and the operator binds them (fewer API writes per pod, no kube-scheduler checks)")] = "affinity",
         job_mode: Annotated[str, typer.Option(help="Jobs: suspend (created suspended, resumed when allocated) or gate (only their pods are gated)")] = "suspend",
         admit_template_pods: Annotated[bool, typer.Option(help="also send pods born gated (from a template fluxnetes already gated) through the pod webhook: one admission call more per pod, for clusters where a controller may strip template labels")] = False,
         coalesce: Annotated[float, typer.Option(help="seconds a burst of arrivals waits for the rest before its scheduling cycle (0 = a cycle per batch of events)")] = 0.05,
         event_rate: Annotated[float, typer.Option(help="Normal Events per second at most (Warnings are never dropped; every decision is also in the FluxJob's conditions)")] = 20.0,
+        status_interval: Annotated[float, typer.Option(help="seconds between a FluxJob's first change and its status write; later changes ride along (one write per burst of transitions; 0 = at once)")] = 1.0,
         owner_cluster_role: Annotated[str, typer.Option(help="ClusterRole of the installation (the chart's, `fluxnetes` for dist/fluxnetes.yaml) that owns the webhook configurations the operator creates, so that uninstalling removes them; read at start-up, needs `get` on it. '' or a missing/unreadable ClusterRole: no owner (logged), they stay until deleted by hand")] = "fluxnetes",
         log_level: Annotated[str, typer.Option(help="log level")] = "INFO",
         log_format: Annotated[str | None, typer.Option(help="json or text (default: $FLUXNETES_LOG_FORMAT, else json unless stderr is a terminal)")] = None,
@@ -55,6 +57,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be fail or requeue", param_hint="--on-node-lost")
         if job_mode not in ("suspend", "gate"):
             raise typer.BadParameter("must be suspend or gate", param_hint="--job-mode")
+        if placement not in ("affinity", "bind"):
+            raise typer.BadParameter("must be affinity or bind", param_hint="--placement")
         if store is not None and store.strip().lower() == "default":
             from fluxnetes.config import default_store_url
 
@@ -68,6 +72,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(str(exc), param_hint="--store") from None
         if not 0 <= coalesce <= 5:
             raise typer.BadParameter("must be between 0 and 5 seconds", param_hint="--coalesce")
+        if not 0 <= status_interval <= 60:
+            raise typer.BadParameter("must be between 0 and 60 seconds", param_hint="--status-interval")
         if event_rate < 0:
             raise typer.BadParameter("must be >= 0", param_hint="--event-rate")
         if "=" not in namespace_label:
@@ -101,5 +107,6 @@ def register(app: typer.Typer) -> None:
             failure_policy=failure_policy, leader_elect=leader_elect, rack_label=rack_label,
             on_node_lost=on_node_lost, job_mode=job_mode, metrics_port=metrics_port or None,
             admit_template_pods=admit_template_pods, coalesce_seconds=coalesce, event_rate=event_rate,
+            status_interval=status_interval, placement=placement,
             owner_cluster_role=owner_cluster_role.strip() or None,
         ))

@@ -5,7 +5,10 @@ Mutating (CREATE):
   Fluence/coscheduling group labels are copied to fluxnetes' spelling. Pods that are already
   bound (``nodeName``), mirror/static pods, DaemonSet pods and pods of another scheduler are
   left alone: the operator counts them as foreign allocations instead.
-- Job: created suspended, template gated. Deployment/ReplicaSet/StatefulSet: template gated.
+- Job: created suspended (and annotated ``fluxnetes.io/suspended-by: fluxnetes``, so the
+  operator knows the hold is its own to lift), template gated. A Job its user created with
+  ``spec.suspend: true`` keeps it and gets no such annotation: the operator waits for the user
+  to resume it (see workloads/job.py). Deployment/ReplicaSet/StatefulSet: template gated.
 - Bad grouping input (malformed group label, group size 0, unparsable duration or jobspec
   annotation) is refused with a message naming the field: the user sees it at ``kubectl
   apply`` instead of finding a pod waiting forever.
@@ -24,6 +27,7 @@ from typing import Any
 
 from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
+from fluxnetes.k8s.hold import GATE, hold_ops
 from fluxnetes.k8s.workloads import kind_of
 from fluxnetes.k8s.workloads.base import JsonPatch, _escape
 
@@ -56,8 +60,8 @@ def _skip_pod(pod: Mapping[str, Any]) -> bool:
     return owner is not None and owner.kind == "DaemonSet"
 
 
-def mutate_pod(pod: Mapping[str, Any]) -> JsonPatch:
-    """JSON patch gating a pod; raises GroupError for bad grouping input."""
+def mutate_pod(pod: Mapping[str, Any], hold: str = GATE) -> JsonPatch:
+    """JSON patch holding a pod (see k8s/hold.py); raises GroupError for bad grouping input."""
     if _skip_pod(pod):
         return []
     meta = pod.get("metadata") or {}
@@ -75,15 +79,11 @@ def mutate_pod(pod: Mapping[str, Any]) -> JsonPatch:
     else:
         for k, v in new_labels.items():
             ops.append({"op": "add", "path": f"/metadata/labels/{_escape(k)}", "value": v})
-    gates = spec.get("schedulingGates")
-    if not gates:
-        ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": names.GATE}]})
-    elif not any(g.get("name") == names.GATE for g in gates):
-        ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": names.GATE}})
+    ops.extend(hold_ops(spec, "", hold))
     return ops
 
 
-def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True) -> JsonPatch:
+def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = GATE) -> JsonPatch:
     kind = kind_of(str(obj.get("kind", "")))
     if kind is None:
         return []
@@ -97,12 +97,13 @@ def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True) -> Jso
     check_pod_template(tmeta, tspec)
     # the workload's own annotations may carry the duration too
     duration_of(meta, tspec, kind.deadline(obj))
-    return kind.mutate(obj, suspend=suspend_jobs)
+    return kind.mutate(obj, suspend=suspend_jobs, hold=hold)
 
 
-def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True) -> dict[str, Any]:
+def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = GATE) -> dict[str, Any]:
     """The mutating webhook: AdmissionReview in, AdmissionReview out. ``suspend_jobs=False``
-    (``--job-mode gate``): Jobs are not suspended, only their pods are gated."""
+    (``--job-mode gate``): Jobs are not suspended, only their pods are held. ``hold``: how
+    pods are held (k8s/hold.py: the gate, or fluxnetes' scheduler name)."""
     req = review.get("request") or {}
     uid = str(req.get("uid", ""))
     obj = req.get("object") or {}
@@ -110,9 +111,9 @@ def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True) -> dict[str,
         return _response(uid)
     try:
         if (req.get("kind") or {}).get("kind", obj.get("kind")) == "Pod":
-            ops = mutate_pod(obj)
+            ops = mutate_pod(obj, hold)
         else:
-            ops = mutate_workload(obj, suspend_jobs=suspend_jobs)
+            ops = mutate_workload(obj, suspend_jobs=suspend_jobs, hold=hold)
     except GroupError as exc:
         return _response(uid, allowed=False, message=f"fluxnetes: {exc}")
     return _response(uid, patch=ops)

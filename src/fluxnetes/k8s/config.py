@@ -37,11 +37,17 @@ class OperatorConfig:
     # suspend: Jobs are created suspended and resumed when allocated (no pod exists before);
     # gate: Jobs run at once but their pods are gated (fewer API round trips per Job)
     job_mode: str = "suspend"
+    # affinity: pods gated, pinned by node affinity, bound by kube-scheduler; bind: pods carry
+    # schedulerName fluxnetes and the operator binds them (k8s/hold.py)
+    placement: str = "affinity"
     cycle_interval: float = 2.0
     # a burst of arrivals waits this long for the rest before its cycle (0: a cycle per event batch)
     coalesce_seconds: float = 0.05
     # Normal Events per second (API server load); decisions stay in the FluxJob conditions
     event_rate: float = 20.0
+    # a FluxJob's status is written this long after its first change (later changes ride along):
+    # one write per burst of transitions instead of one per transition
+    status_interval: float = 1.0
     # /metrics, /healthz, /readyz on this port (None or 0: not served)
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"

@@ -12,6 +12,24 @@ State and where it comes from:
 - groups: one per FluxJob; their allocation (what is still held per node) is persisted in
   the FluxJob status, so a restarted operator re-records it (update_allocate) before
   scheduling anything.
+
+Restart windows (each forced by a test with FLUXNETES_DEBUG_EXIT_AT): an allocation the store
+recorded but the cluster does not show yet (no FluxJob status, no pod placed, Job still held)
+is taken up again on exactly the store's nodes (``adopt_allocation``), or matched again when
+one of them is gone; a Running FluxJob whose pods were never placed gets them placed and its
+Job resumed (``reconcile``); a group the store lost is recorded again from the cluster.
+
+Scaling: a ReplicaSet (so a Deployment) or StatefulSet that grows after its group was
+allocated gets a new group "<group>-scale-N" (its own FluxJob) for the added pods, queued
+and matched all-or-nothing like any group while those pods stay gated; the running pods are
+untouched. Growing or shrinking before a group started resizes it. Shrinking gives back the
+removed pods' shares (empty slots at once, the others as the controller deletes the pods),
+counting the base group and its scale groups together. A StatefulSet must use
+``podManagementPolicy: Parallel`` (OrderedReady creates pod N+1 only once pod N is Ready,
+which a gated pod never is before its group is complete).
+
+Memory: a group that is over (final phase, no pod left, final FluxJob status written) is
+forgotten (``prune_finished``); its FluxJob keeps what ``kubectl get fluxjobs`` shows.
 """
 
 from __future__ import annotations
@@ -19,13 +37,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fluxnetes.k8s import fluxjob, names, shares
+from fluxnetes.k8s import fluxjob, hold, names, nodefit, shares
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groups import (
@@ -36,11 +55,13 @@ from fluxnetes.k8s.groups import (
     default_priority,
     duration_of,
     exclusive_of,
+    explicit_group,
     group_of_pod,
     jobspec_of,
     object_name,
     request_of,
 )
+from fluxnetes.k8s.hold import is_held
 from fluxnetes.k8s.informer import Event, Informer
 from fluxnetes.k8s.kube import (
     EVENTS,
@@ -53,7 +74,7 @@ from fluxnetes.k8s.kube import (
     Kube,
     Resource,
 )
-from fluxnetes.k8s.placement import ANN_SLOT, place_patch
+from fluxnetes.k8s.placement import ANN_SLOT, binding, place_patch, placed_jobid
 from fluxnetes.k8s.resources import GPU, PodResources
 from fluxnetes.k8s.workloads import KINDS, WorkloadKind, kind_of
 from fluxnetes.logging import log_context
@@ -63,6 +84,11 @@ log = logging.getLogger(__name__)
 
 OWNER_RESOURCES = {k.kind: Resource(k.api_version, k.plural) for k in KINDS.values() if k.owns_pods}
 QUEUED = (Phase.PENDING, Phase.RESERVED)
+# FLUXNETES_DEBUG_EXIT_AT=<point>: the process exits (status 137, like SIGKILL) at that point,
+# so tests can stop the operator deterministically inside a crash window (see start_group)
+DEBUG_EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
+# the group formed by the pods added when a workload scales up after its group was allocated
+SCALE_SEP = "-scale-"
 # Normal Events per second, burst (Warnings are never dropped); --event-rate overrides the rate
 EVENT_RATE, EVENT_BURST = 20.0, 200.0
 
@@ -72,7 +98,8 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _gated(pod: Mapping[str, Any]) -> bool:
-    return any(g.get("name") == names.GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+    """Is the pod held for fluxnetes (its gate, or its scheduler name: k8s/hold.py)?"""
+    return is_held(pod)
 
 
 def _terminal(pod: Mapping[str, Any]) -> bool:
@@ -152,11 +179,17 @@ class Group:
     resumed: bool = False
     fj_exists: bool = False
     fj_dirty: bool = True
+    # when the FluxJob first needed a write since the last one (monotonic): writes wait
+    # `status_interval` so that a burst of transitions becomes one write (see flush_fluxjobs)
+    fj_since: float | None = None
+    jobspec_yaml: str | None = None  # the jobspec as text, made once (FluxJob spec, store row)
     fj_status: dict[str, Any] = field(default_factory=dict)
     fj_uid: str = ""
     store_uid: str = ""
     store_id: int | None = None
     alloc: list[shares.Share] = field(default_factory=list)  # what it was given when it started
+    note: str = ""  # said again with its next start (e.g. why it was matched again)
+    recovered: bool = False  # its allocation was made before a restart (pods carry older job ids)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -213,6 +246,16 @@ class Controller:
             self.journal = Journal(config.store)
         # live store rows no group has claimed yet (after a restart): (namespace, name) -> record
         self.store_only: dict[tuple[str, str], Any] = {}
+        self.store_allocs: dict[int, Any] = {}  # store allocations read at start, by store id
+        # scale-up groups of a workload: base group key -> keys of its "-scale-N" groups
+        self.scale_groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        # groups that reached a final phase (candidates for pruning) and counts of pruned ones
+        self.finished: set[tuple[str, str]] = set()
+        self.pruned: dict[str, int] = {}
+        self._hold_placement = False  # debug exit point "fluxjob-running": never place
+        # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
+        self.node_view = nodefit.NodeView()
+        self.fitted: dict[tuple[str, str], tuple[int, Any, Any]] = {}  # key -> (version, base, fitted)
 
     # ---------------------------------------------------------------- helpers
     def now(self) -> int:
@@ -271,6 +314,8 @@ class Controller:
             before = g.phase
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
+            if phase.final:
+                self.finished.add(g.key)
             self._wake.set()
             self._counts_dirty = True
             if changed and before == Phase.RUNNING:
@@ -291,10 +336,17 @@ class Controller:
             g.store_uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
         return GroupRecord(
             namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
-            kind=g.spec.owner.kind if g.spec.owner else "Pod", jobspec=_dump_jobspec(g.jobspec),
+            kind=g.spec.owner.kind if g.spec.owner else "Pod", jobspec=self.jobspec_text(g),
             size=g.spec.size, duration=g.spec.duration, priority=g.spec.priority, submit=g.submit or self.now(),
             phase=g.phase, reason=g.reason, start=g.start or 0,
             shares=tuple(g.held.values()) if g.held else tuple(g.alloc), store_id=g.store_id)
+
+    def jobspec_text(self, g: Group) -> str:
+        # dumped once per group: YAML emitting costs milliseconds, and the text goes into the
+        # FluxJob and into every store row of the group
+        if g.jobspec_yaml is None:
+            g.jobspec_yaml = _dump_jobspec(g.jobspec)
+        return g.jobspec_yaml
 
     def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
         if ref is None:
@@ -387,8 +439,10 @@ class Controller:
             g.jobspec = self.make_jobspec(g)
         except Exception as exc:
             g.phase, g.reason = Phase.UNSATISFIABLE, f"invalid jobspec: {exc}"
+            self.finished.add(spec.key)
             self.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
         self.groups[spec.key] = g
+        self.index_scale_group(g)
         return g
 
     def enqueue(self, g: Group) -> None:
@@ -396,6 +450,8 @@ class Controller:
             return
         if self.store_only:
             self.claim_store_record(g)
+            if g.phase != Phase.PROVISIONAL:
+                return  # allocated before the restart (the store knew): running again
         g.submit = g.submit or self.now()
         self.set_phase(g, Phase.PENDING, "queued")
         self.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued")
@@ -425,9 +481,10 @@ class Controller:
         gkey = (ns, object_name(f"{kind_name.lower()}-{name}"))
         if etype == "DELETED":
             self.owners.pop(key, None)
-            g = self.groups.get(gkey)
-            if g is not None and not g.phase.final:
-                self.cancel_group(g, f"{kind_name} {name} was deleted")
+            for k in [gkey, *self.scale_groups.get(gkey, ())]:
+                g = self.groups.get(k)
+                if g is not None and not g.phase.final:
+                    self.cancel_group(g, f"{kind_name} {name} was deleted")
             return
         self.owners[key] = obj
         g = self.groups.get(gkey)
@@ -445,26 +502,318 @@ class Controller:
                 return  # parallelism 0: nothing to schedule until it is raised
             g = self.new_group(spec, kind)
             if g.phase == Phase.PROVISIONAL:
-                self.enqueue(g)
+                self.enqueue_workload(g, kind, obj)
         elif g is not None and g.phase == Phase.RUNNING and kind.finished(obj):
             self.finish_group(g)
-        elif g is not None and g.phase == Phase.RUNNING:
-            # scaled down (e.g. an old ReplicaSet after a rollout): give back empty slots
-            extra = len(g.slots) - len(g.released) - kind.size(obj)
-            for slot in range(len(g.slots)):
-                if extra <= 0:
-                    break
-                if g.slot_pod[slot] is None and slot not in g.released:
-                    self.release_slot(g, slot)
-                    extra -= 1
-            if g.phase == Phase.RUNNING and not g.held:
-                self.finish_group(g)
+        elif g is not None and kind.resume_patch(obj) is not None:
+            if g.kind is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
+                self.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
+            elif g.phase == Phase.RUNNING and kind.size(obj) < self.capacity(g):
+                self.rescale(gkey, kind, obj)  # parallelism lowered: give back empty slots
+        elif kind.owns_pods and (g is not None or gkey in self.scale_groups):
+            self.rescale(gkey, kind, obj)  # replicas changed
         # pods that arrived before their owner
         for uid, pod in list(self.parked.items()):
             owner = controller_of(_meta(pod))
             if owner and owner.kind == kind_name and owner.name == name and _meta(pod).get("namespace") == ns:
                 del self.parked[uid]
                 self.on_pod("MODIFIED", pod)
+
+    def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """A workload group enters the queue, unless its user holds the workload (a Job created
+        with ``spec.suspend: true``): then it waits, and fluxnetes will not resume it."""
+        if kind.held_by_user(obj):
+            if g.phase in QUEUED:
+                self.scheduler.withdraw(g.qid)
+            reason = (f"{kind.kind} {_meta(obj).get('name', '')} is suspended by its user "
+                      f"(spec.suspend=true): waiting until it is resumed")
+            if g.phase != Phase.PROVISIONAL or g.reason != reason:
+                self.set_phase(g, Phase.PROVISIONAL, reason)
+                g.fj_dirty = True
+                self.group_event(g, "Normal", "SuspendedByUser", reason, pods=False)
+            return
+        if g.phase == Phase.PROVISIONAL:
+            self.enqueue(g)
+
+    # ---------------------------------------------------------------- scaling
+    # A ReplicaSet (so a Deployment) or StatefulSet whose group was allocated may scale. Up:
+    # the added pods form a new group "<group>-scale-N" of the difference, queued and matched
+    # all-or-nothing like any group (its pods stay gated until then; the running pods are
+    # untouched). Before a group starts, scaling just resizes it. Down: the workload's
+    # controller deletes pods, each gives back its share (or an empty slot is given back at
+    # once), across the base group and its scale groups.
+    def base_key(self, g: Group) -> tuple[str, str] | None:
+        o = g.spec.owner
+        if o is None or kind_of(o.kind) is None:
+            return None
+        return (g.spec.namespace, object_name(f"{o.kind.lower()}-{o.name}"))
+
+    def index_scale_group(self, g: Group) -> None:
+        base = self.base_key(g)
+        if base is not None and g.spec.name.startswith(base[1] + SCALE_SEP):
+            keys = self.scale_groups.setdefault(base, [])
+            if g.key not in keys:
+                keys.append(g.key)
+
+    def family(self, base: tuple[str, str]) -> list[Group]:
+        """The live groups of one workload: its base group, then its scale groups."""
+        out = []
+        for k in (base, *self.scale_groups.get(base, ())):
+            g = self.groups.get(k)
+            if g is not None and not g.phase.final:
+                out.append(g)
+        return out
+
+    @staticmethod
+    def capacity(g: Group) -> int:
+        """Pods the group stands for: unreleased slots once started, its size before."""
+        if g.phase == Phase.RUNNING:
+            return len(g.slots) - len(g.released)
+        return 0 if g.phase.final else g.spec.size
+
+    def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """Follow the workload's replica count (see the comment above)."""
+        fam = self.family(base)
+        if not fam:
+            return  # nothing live: new pods form a new group (join_group)
+        diff = kind.size(obj) - sum(self.capacity(g) for g in fam)
+        # the newest group that has not started yet absorbs the change
+        while diff and fam and fam[-1].phase != Phase.RUNNING and fam[-1].spec.jobspec is None:
+            g = fam[-1]
+            size = g.spec.size + diff
+            if size >= 1:
+                self.resize(g, size)
+                return
+            diff = size
+            fam.pop()
+            strays = list(g.members.items())
+            for uid in g.members:
+                self.member_of.pop(uid, None)
+            g.members.clear()
+            self.cancel_group(g, f"{kind.kind} {_meta(obj).get('name', '')} scaled down before the group started")
+            for uid, pod in strays:
+                self.join_group(uid, pod)
+        if diff > 0 and any(g.phase == Phase.RUNNING for g in fam):
+            self.new_scale_group(base, fam[0], kind, diff)
+        elif diff < 0:
+            # scaled down: give back empty slots now (newest groups first); slots with a pod
+            # are given back when the controller deletes that pod (member_gone)
+            extra = -diff
+            for g in reversed(fam):
+                for slot in range(len(g.slots)):
+                    if extra <= 0 or g.phase != Phase.RUNNING:
+                        break
+                    if g.slot_pod[slot] is None and slot not in g.released:
+                        self.release_slot(g, slot)
+                        extra -= 1
+                if g.phase == Phase.RUNNING and not g.held:
+                    self.finish_group(g)
+
+    def resize(self, g: Group, size: int) -> None:
+        """A group that has not started takes the workload's new size."""
+        if size == g.spec.size:
+            return
+        if g.phase in QUEUED:
+            self.scheduler.withdraw(g.qid)
+            g.phase = Phase.PROVISIONAL  # enqueued again below once complete
+        g.spec = replace(g.spec, size=size)
+        try:
+            g.jobspec = self.make_jobspec(g)
+        except Exception as exc:
+            self.set_phase(g, Phase.UNSATISFIABLE, f"invalid jobspec: {exc}")
+            return
+        g.fj_dirty = True
+        self.dirty = True
+        if g.fj_exists:  # the FluxJob's spec is written once: say the new size there too
+            self.spawn(self._patch_fluxjob_spec(g, {"size": size, "jobspec": _dump_jobspec(g.jobspec)}))
+        if len(g.members) >= size or (g.kind is not None and g.kind.resume_patch({}) is not None):
+            self.enqueue(g)
+        else:
+            g.reason = f"waiting for the group: {len(g.members)}/{size} pods"
+
+    async def _patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None:
+        try:
+            await self.kube.patch(FLUXJOBS, g.spec.name, {"spec": spec}, g.spec.namespace, background=True)
+        except ApiError as exc:
+            log.info("FluxJob %s spec: %s", g.qid, exc)
+
+    def new_scale_group(self, base: tuple[str, str], like: Group, kind: WorkloadKind, size: int) -> Group:
+        used = {int(k[1].rsplit(SCALE_SEP, 1)[-1]) for k in self.scale_groups.get(base, ())
+                if k[1].rsplit(SCALE_SEP, 1)[-1].isdigit()}
+        n = max(used, default=0) + 1
+        spec = replace(like.spec, name=f"{base[1]}{SCALE_SEP}{n}", size=size)
+        g = self.new_group(spec, kind)
+        g.reason = f"waiting for the group: 0/{size} pods"
+        self.event(like.ref(), "Normal", "ScaledUp",
+                   f"{size} added pod(s) form group {spec.name}, queued all-or-nothing")
+        # pods that arrived before the new replica count was seen wait in a running group
+        # without a slot: they belong to the new group
+        for other in self.family(base):
+            if other.phase != Phase.RUNNING or other is g:
+                continue
+            free = sum(1 for i, u in enumerate(other.slot_pod) if u is None and i not in other.released)
+            strays = [uid for uid, pod in sorted(other.members.items(), key=lambda kv: _meta(kv[1]).get("name", ""))
+                      if uid not in other.slot_pod and _gated(pod) and not _terminal(pod)]
+            for uid in strays[free:]:
+                pod = other.members.pop(uid)
+                if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:
+                    self.add_member(g, uid, pod)
+                else:
+                    other.members[uid] = pod
+        return g
+
+    def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None:
+        """The group a new gated pod of a replicated workload joins (None: a new base group)."""
+        owner = controller_of(_meta(pod))
+        obj = self.owners.get((owner.kind, str(_meta(pod).get("namespace") or "default"), owner.name)) \
+            if owner else None
+        if obj is not None:
+            self.rescale(base, kind, obj)
+        fam = self.family(base)
+        if not fam:
+            return None
+        for g in fam:  # a started group with a free slot: a replacement
+            if g.phase == Phase.RUNNING:
+                free = sum(1 for i, u in enumerate(g.slot_pod) if u is None and i not in g.released)
+                waiting = sum(1 for u, p in g.members.items() if u not in g.slot_pod and _gated(p)
+                              and not _terminal(p))
+                if free > waiting:
+                    return g
+        for g in reversed(fam):  # the group still collecting its pods
+            if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:
+                return g
+        return fam[0]  # more pods than the workload asks for (racing a release): it waits
+
+    # ---------------------------------------------------------------- pruning
+    def prune_finished(self) -> None:
+        """Forget groups that are over: final phase, no pod left, FluxJob status written (it
+        keeps what ``kubectl get fluxjobs`` shows), and no live owner that would bring the
+        group back (an unfinished Job stays, e.g. Unsatisfiable, so it is not queued again)."""
+        if not self.finished or not self.reconciled:
+            return
+        for key in list(self.finished):
+            g = self.groups.get(key)
+            if g is None or not g.phase.final:
+                self.finished.discard(key)
+                continue
+            if g.members or g.fj_dirty or (g.fj_exists and g.fj_status.get("phase") != str(g.phase)):
+                continue
+            if g.kind is not None and g.spec.owner is not None and g.kind.resume_patch({}) is not None:
+                owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+                if owner is not None and not g.kind.finished(owner):
+                    continue
+            self.drop_group(g)
+
+    def drop_group(self, g: Group) -> None:
+        key = g.key
+        self.finished.discard(key)
+        if self.groups.get(key) is g:
+            del self.groups[key]
+        for uid in [*g.members, *(u for u in g.slot_pod if u)]:
+            if self.member_of.get(uid) == key:
+                del self.member_of[uid]
+        if self.scheduler is not None:
+            self.scheduler.withdraw(g.qid)
+            self.scheduler.running.pop(g.qid, None)
+            if getattr(self.scheduler, "profile", None) is not None:
+                with contextlib.suppress(Exception):
+                    self.scheduler.profile.remove(g.qid)
+        base = self.base_key(g)
+        if base is not None and key in self.scale_groups.get(base, ()):
+            self.scale_groups[base].remove(key)
+        if base is not None and not self.scale_groups.get(base, True):
+            del self.scale_groups[base]
+        if self.journal is not None and g.store_uid:
+            self.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
+        self.pruned[str(g.phase)] = self.pruned.get(str(g.phase), 0) + 1
+        self._counts_dirty = True
+
+    # ---------------------------------------------------------------- crash windows
+    def debug_point(self, point: str, g: Group) -> bool:
+        """Is ``FLUXNETES_DEBUG_EXIT_AT`` set to ``point`` (optionally ``point@namespace/name``)?"""
+        want, _, target = os.environ.get(DEBUG_EXIT_AT, "").partition("@")
+        return want == point and target in ("", g.qid)
+
+    def debug_exit(self, point: str) -> None:
+        log.warning("%s=%s: exiting here on purpose", DEBUG_EXIT_AT, point)
+        if self.journal is not None:
+            self.journal.drain()  # what the store was told is in the store
+        logging.shutdown()
+        os._exit(137)
+
+    async def _exit_once_placed(self, g: Group) -> None:
+        while sum(1 for p in g.members.values() if not _gated(p)) < g.spec.size:
+            g.fj_dirty = False
+            await asyncio.sleep(0.02)
+        self.debug_exit("placed")
+
+    async def _exit_once_written(self, g: Group, point: str) -> None:
+        while g.fj_status.get("phase") != str(g.phase) or g.fj_dirty:
+            await asyncio.sleep(0.05)
+        self.debug_exit(point)
+
+    def resume_if_held(self, g: Group) -> None:
+        """A running group whose workload fluxnetes still holds (the resume was lost in a
+        crash): let it go now."""
+        if g.kind is None or g.spec.owner is None:
+            return
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        if owner is not None and g.kind.resume_patch(owner) is not None and g.kind.held_by_fluxnetes(owner):
+            g.resumed = True
+            self.spawn(self.resume(g))
+
+    def nodes_gone(self, held: Any) -> list[str]:
+        return sorted(n for n in held if n not in self.nodes or self.node_down.get(n, False))
+
+    def requeue_if_nodes_gone(self, g: Group) -> bool:
+        """After a restart: a running group allocated on nodes that are gone. Nothing of it
+        placed yet: it is matched again; otherwise the node-loss policy applies."""
+        gone = [n for n in g.held if n not in self.nodes]
+        if not gone:
+            return False
+        placed = any(not _gated(p) for p in g.members.values())
+        if placed:
+            for n in gone:
+                self.node_lost(n)
+            return g.phase != Phase.RUNNING
+        self.release_all(g)
+        g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
+        g.held, g.alloc = {}, []
+        reason = g.note = (f"its allocation from before the restart is on nodes that are gone "
+                           f"({', '.join(gone)}); matched again")
+        self.set_phase(g, Phase.PENDING, reason)
+        self.group_event(g, "Warning", "Requeued", reason, pods=False)
+        self.dirty = True
+        return True
+
+    def adopt_allocation(self, g: Group, alloc: Any, reason: str) -> bool:
+        """The store recorded an allocation (made before a crash) the cluster does not show
+        yet: the group runs again on exactly those nodes. False (queued again) if one of
+        them is gone or down."""
+        from fluxnetes.jobspec.pods import cores_for
+
+        held = [shares.Share(node=n.name, cores=n.cores, gpus=n.gpus, memory=n.memory, extra=dict(n.extra))
+                for n in alloc.nodes]
+        gone = self.nodes_gone(s.node for s in held)
+        if gone:
+            g.reason = g.note = (f"allocated on {', '.join(sorted(s.node for s in held))} before the restart, "
+                                 f"but {', '.join(gone)} is gone or down; matched again")
+            g.fj_dirty = True
+            self.group_event(g, "Warning", "Requeued", g.reason, pods=False)
+            return False
+        g.phase, g.reason = Phase.RUNNING, reason
+        g.held, g.alloc = {s.node: s for s in held}, held
+        g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
+        g.slot_pod, g.released = [None] * len(g.slots), set()
+        g.start, g.resumed, g.fj_dirty, g.recovered = alloc.at, True, True, True
+        g.expected_start = None
+        g.jobid = self.matcher.next_jobid
+        self.record_group(g)
+        self._counts_dirty = True
+        self.dirty = True
+        self.group_event(g, "Normal", "Recovered",
+                         f"{reason}: job {g.jobid} on {','.join(sorted(set(g.slots)))}", pods=False)
+        return True
 
     def cancel_group(self, g: Group, reason: str) -> None:
         if g.phase == Phase.RUNNING:
@@ -530,7 +879,7 @@ class Controller:
 
     def assign(self, g: Group) -> None:
         """Give every gated member without a slot a free slot, and pin it there."""
-        if g.phase != Phase.RUNNING or not self.reconciled:
+        if g.phase != Phase.RUNNING or not self.reconciled or self._hold_placement:
             return  # after a restart, wait until every placed pod has claimed its slot again
         taken = {u for u in g.slot_pod if u}
         for uid, pod in sorted(g.members.items(), key=lambda kv: _meta(kv[1]).get("name", "")):
@@ -547,12 +896,18 @@ class Controller:
 
     async def place(self, g: Group, pod: dict[str, Any], slot: int) -> None:
         node = g.slots[slot]
-        patch = place_patch(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
-        if patch is None:
-            return
         m = _meta(pod)
         try:
-            await self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH)
+            if hold.gated(pod):  # pin by node affinity and lift the gate in one update
+                patch = place_patch(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
+                if patch is None:
+                    return
+                await self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH)
+            elif hold.is_held(pod):  # fluxnetes is the pod's scheduler: bind it
+                body = binding(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
+                await self.kube.request("POST", PODS.path(m.get("namespace"), m["name"], "binding"), body)
+            else:
+                return
         except ApiError as exc:
             METRICS.reconcile_error("placement")
             with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace, pod=m.get("name"), node=node):
@@ -589,12 +944,25 @@ class Controller:
         g.released = set()
         g.start = self.now()
         g.expected_start = None
+        g.recovered = False
         METRICS.allocations.inc()
         nodes = ",".join(sorted(set(g.slots)))
-        self.set_phase(g, Phase.RUNNING, f"allocated on {nodes}")
+        self.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
+        g.note = ""
         self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
+        if self.debug_point("allocated", g):
+            self.debug_exit("allocated")  # the store has the allocation; nothing else does
+        if self.debug_point("placed", g):
+            # pods placed, the FluxJob status not written (nor anything after it)
+            g.fj_dirty = False
+            self.spawn(self._exit_once_placed(g))
+        if self.debug_point("fluxjob-running", g):
+            # the FluxJob says Running, no pod placed, the Job not resumed
+            self._hold_placement = True
+            self.spawn(self._exit_once_written(g, "fluxjob-running"))
+            return
         owner = self.owner_obj(g.spec.owner, g.spec.namespace) or {}
-        if g.kind is not None and g.kind.resume_patch(owner) and (owner.get("spec") or {}).get("suspend"):
+        if g.kind is not None and g.kind.resume_patch(owner) and g.kind.held_by_fluxnetes(owner):
             g.resumed = True
             self.spawn(self.resume(g))
         self.assign(g)
@@ -637,8 +1005,13 @@ class Controller:
         meta = _meta(pod)
         fj = (meta.get("annotations") or {}).get(names.ANN_FLUXJOB)
         g = self.groups.get((meta.get("namespace") or "default", fj or ""))
+        if g is None and fj and self.store_only:
+            g = self.group_from_store(pod, (meta.get("namespace") or "default", fj))
         if g is None or g.phase != Phase.RUNNING:
             return False
+        jid = placed_jobid(pod)
+        if jid is not None and not g.recovered and jid != str(g.jobid):
+            return False  # placed for an earlier group of the same name (that one is over)
         try:
             slot = int((meta.get("annotations") or {}).get(ANN_SLOT, "-1"))
         except ValueError:
@@ -649,19 +1022,31 @@ class Controller:
             g.slot_pod[slot] = uid
         return True
 
-    def join_group(self, uid: str, pod: dict[str, Any]) -> None:
-        meta = _meta(pod)
-        ns = meta.get("namespace") or "default"
-        owner = controller_of(meta)
+    def group_from_store(self, pod: dict[str, Any], key: tuple[str, str]) -> Group | None:
+        """A pod placed before a crash that came before its FluxJob was created: the store row
+        (with the allocation) is all that is left of its group. The group is made again from
+        the pod (or its Job) and takes the row over, so the pod is adopted, not foreign."""
+        if key not in self.store_only:
+            return None
+        owner = controller_of(_meta(pod))
         okind = kind_of(owner.kind) if owner else None
-        if owner is not None and okind is not None and okind.owns_pods:
-            if (owner.kind, ns, owner.name) not in self.owners:
-                self.parked[uid] = pod
-                return
-            gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
-            if gkey in self.groups:  # a workload group (Job): pods join by owner
-                self.add_member(self.groups[gkey], uid, pod)
-                return
+        if owner is not None and okind is not None and okind.resume_patch({}) is not None:
+            obj = self.owners.get((owner.kind, key[0], owner.name))
+            if obj is not None:
+                self.on_owner(owner.kind, "ADDED", obj)  # a Job: its group comes from the Job
+            return self.groups.get(key)
+        try:
+            spec = self.pod_group_spec(pod)
+        except GroupError:
+            return None
+        if spec.key != key:
+            return None
+        g = self.new_group(spec, kind_of(spec.owner.kind) if spec.owner else None)
+        self.claim_store_record(g)
+        return g
+
+    def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec:
+        ns = _meta(pod).get("namespace") or "default"
 
         def owner_size(o: OwnerRef) -> int | None:
             k = kind_of(o.kind)
@@ -673,9 +1058,29 @@ class Controller:
             obj = self.owners.get((o.kind, ns, o.name))
             return k.deadline(obj) if k is not None and obj is not None else None
 
+        return group_of_pod(pod, owner_size=owner_size, owner_deadline=owner_deadline, priority=self.priority_of)
+
+    def join_group(self, uid: str, pod: dict[str, Any]) -> None:
+        meta = _meta(pod)
+        ns = meta.get("namespace") or "default"
+        owner = controller_of(meta)
+        okind = kind_of(owner.kind) if owner else None
+        if owner is not None and okind is not None and okind.owns_pods:
+            if (owner.kind, ns, owner.name) not in self.owners:
+                self.parked[uid] = pod
+                return
+            gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
+            if okind.resume_patch({}) is not None:
+                if gkey in self.groups:  # a workload group (Job): pods join by owner
+                    self.add_member(self.groups[gkey], uid, pod)
+                    return
+            elif (gkey in self.groups or gkey in self.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
+                target = self.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
+                if target is not None:
+                    self.add_member(target, uid, pod)
+                    return
         try:
-            spec = group_of_pod(pod, owner_size=owner_size, owner_deadline=owner_deadline,
-                                priority=self.priority_of)
+            spec = self.pod_group_spec(pod)
         except GroupError as exc:
             self.event(self.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
             return
@@ -688,7 +1093,10 @@ class Controller:
     def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
         self.member_of[uid] = g.key
         g.members[uid] = pod
-        g.fj_dirty = True
+        if g.phase != Phase.RUNNING:
+            # a running group's new pod changes only status.podsSeen: it rides along with the
+            # group's next status write instead of costing one of its own (API server load)
+            g.fj_dirty = True
         if g.phase == Phase.PROVISIONAL:
             if len(g.members) >= g.spec.size:
                 self.enqueue(g)
@@ -713,6 +1121,8 @@ class Controller:
                 g.fj_dirty = True
                 if not g.members:
                     self.cancel_group(g, "all pods of the group were deleted")
+                elif len(g.members) >= g.spec.size:
+                    self.enqueue(g)  # a surplus pod went (e.g. after the workload was resized)
             return
         if g.phase != Phase.RUNNING:
             return
@@ -724,6 +1134,9 @@ class Controller:
             g.failed_pods += 1
         owner = self.owner_obj(g.spec.owner, g.spec.namespace)
         unreleased = len(g.slots) - len(g.released)
+        base = self.base_key(g)
+        if base is not None and g.kind is not None and g.kind.resume_patch({}) is None:
+            unreleased = sum(self.capacity(x) for x in self.family(base))  # with its scale groups
         replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner)
                     and (failed or g.kind.replaces_pods(owner)) and unreleased <= g.kind.size(owner))
         if replaced:
@@ -736,6 +1149,8 @@ class Controller:
     # ---------------------------------------------------------------- nodes
     def on_node(self, etype: str, node: dict[str, Any]) -> None:
         name = str(_meta(node).get("name", ""))
+        if self.node_view.update(name, None if etype == "DELETED" else node):
+            self.dirty = True  # labels/taints changed: waiting groups are fitted again
         if etype == "DELETED":
             self.nodes.pop(name, None)
             self.node_down.pop(name, None)
@@ -796,8 +1211,11 @@ class Controller:
         assert g.kind is not None and g.spec.owner is not None
         try:
             if g.kind.resume_patch({}) is not None:  # Job: suspending deletes its active pods
-                await self.kube.patch(OWNER_RESOURCES[g.kind.kind], g.spec.owner.name, {"spec": {"suspend": True}},
-                                      g.spec.namespace)
+                from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY, SUSPENDED_BY_US
+
+                # marked as fluxnetes' own hold, so it is resumed when allocated again
+                body = {"metadata": {"annotations": {ANN_SUSPENDED_BY: SUSPENDED_BY_US}}, "spec": {"suspend": True}}
+                await self.kube.patch(OWNER_RESOURCES[g.kind.kind], g.spec.owner.name, body, g.spec.namespace)
             else:
                 for pod in list(g.members.values()):
                     await self.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
@@ -857,12 +1275,16 @@ class Controller:
                 g.slot_pod = [None] * len(g.slots)
                 g.released = set(int(i) for i in st.get("released") or [])
                 g.held = {s.node: s for s in (shares.Share.from_dict(d) for d in st.get("shares") or [])}
-                g.resumed = True
+                g.resumed = g.recovered = True
                 g.alloc = list(g.held.values())
-                self.record_group(g)
+                if all(n in self.nodes for n in g.held):
+                    self.record_group(g)
+                else:
+                    g.jobid = None  # not recorded: reconcile re-matches or applies the node-loss policy
             elif phase == Phase.RESERVED:
                 g.phase = Phase.PENDING
             self.groups[gs.key] = g
+            self.index_scale_group(g)
 
     def recover_store(self) -> None:
         """The queue's memory after a restart: live store rows, matched with the groups
@@ -871,7 +1293,7 @@ class Controller:
         ``store_only`` for their objects (replayed pods and owners) and are cancelled by
         ``reconcile_store`` if none shows up."""
         assert self.journal is not None
-        allocs = self.journal.allocations()
+        allocs = self.store_allocs = self.journal.allocations()
         for rec in self.journal.live_jobs():
             key = (rec.namespace, rec.name)
             g = self.groups.get(key)
@@ -891,17 +1313,7 @@ class Controller:
         g.submit = rec.submit_time  # the queue's order survives the restart
         if str(rec.state) == "running" and g.phase != Phase.RUNNING and alloc is not None and alloc.nodes:
             # allocated before the crash, FluxJob status not written yet: the store knows
-            from fluxnetes.jobspec.pods import cores_for
-
-            held = [shares.Share(node=n.name, cores=n.cores, gpus=n.gpus, memory=n.memory, extra=dict(n.extra))
-                    for n in alloc.nodes]
-            g.phase, g.reason = Phase.RUNNING, "allocated (recovered from the store)"
-            g.held, g.alloc = {s.node: s for s in held}, held
-            g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
-            g.slot_pod, g.released = [None] * len(g.slots), set()
-            g.start, g.resumed, g.fj_dirty = alloc.at, True, True
-            g.jobid = self.matcher.next_jobid
-            self.record_group(g)
+            self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
 
     def claim_store_record(self, g: Group) -> None:
         """A group re-created from cluster objects takes over its store row (same object)."""
@@ -914,6 +1326,10 @@ class Controller:
         del self.store_only[g.key]
         g.store_id, g.store_uid, g.submit = rec.id, rec.uid, rec.submit_time
         self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
+        alloc = self.store_allocs.get(rec.id)
+        if str(rec.state) == "running" and alloc is not None and alloc.nodes and g.phase == Phase.PROVISIONAL:
+            # allocated before the crash, before its FluxJob was even created: the store knows
+            self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
 
     def reconcile_store(self) -> None:
         """After the post-restart reconcile: the store follows the cluster."""
@@ -926,12 +1342,73 @@ class Controller:
         for rec in self.store_only.values():
             self.journal.cancel(rec.id, now, "its objects are gone (found after a restart)")
         self.store_only.clear()
+        self.store_allocs = {}  # only needed to take rows over during the replay
+
+    # ---------------------------------------------------------------- node rules
+    def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None:
+        """The pod spec whose node rules a group follows: its workload's pod template, else
+        its first pod by name (the pods of one group share one template in practice)."""
+        if g.kind is not None:
+            owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+            if owner is not None:
+                return g.kind.template(owner).get("spec") or {}
+        if g.members:
+            first = min(g.members.values(), key=lambda p: str(_meta(p).get("name", "")))
+            return first.get("spec") or {}
+        return None
+
+    def fit_groups(self) -> None:
+        """Every waiting group's jobspec names the nodes its pods may run on (nodefit: their
+        nodeSelector, required node affinity and taint tolerations), as a hostlist constraint,
+        only when some node is excluded (otherwise the jobspec is left as it is). Done again
+        when the group's jobspec was rebuilt or a node's labels or taints changed. A queued
+        group that no node allows is Unsatisfiable, like any request this cluster can never
+        run (the issue's rule; a user relabelling nodes recreates the workload)."""
+        view = self.node_view
+        if not view.synced:
+            view.reset(self.nodes.values())
+        changed = False
+        for g in list(self.groups.values()):
+            if g.jobspec is None or not (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
+                continue
+            done = self.fitted.get(g.key)
+            current = done is not None and done[2] is g.jobspec
+            if current and done is not None and done[0] == view.version:
+                continue
+            spec = self.pod_spec_of(g)
+            if spec is None:
+                continue
+            base = done[1] if current and done is not None else nodefit.unconstrained(g.jobspec)
+            f = view.fit(spec)
+            if f.none:
+                if g.phase in QUEUED:
+                    self.fitted.pop(g.key, None)
+                    self.scheduler.withdraw(g.qid)
+                    g.end = self.now()
+                    self.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {f.reason}")
+                    self.group_event(g, "Warning", "Unsatisfiable", g.reason)
+                continue  # provisional: judged once it is queued
+            js = nodefit.constrain(base, f)
+            if js.constraint == g.jobspec.constraint and js.attributes == g.jobspec.attributes:
+                js = g.jobspec  # the same nodes as before
+            else:
+                g.jobspec, g.jobspec_yaml = js, None
+                changed = True
+                if g.fj_exists:  # the FluxJob's spec says what the matcher is asked
+                    self.spawn(self._patch_fluxjob_spec(g, {"jobspec": self.jobspec_text(g)}))
+            self.fitted[g.key] = (view.version, base, js)
+        for key in [k for k in self.fitted if k not in self.groups]:
+            del self.fitted[key]
+        if changed:
+            self.scheduler.invalidate()
 
     # ---------------------------------------------------------------- cycle
     def run_cycle(self) -> None:
         from fluxnetes.queue.job import QueuedJob
 
         self.flush_foreign()
+        self.prune_finished()
+        self.fit_groups()
         now = self.now()
         pending = [QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or now, priority=g.spec.priority)
                    for g in self.groups.values() if g.phase in QUEUED and g.jobspec is not None]
@@ -954,15 +1431,16 @@ class Controller:
         for job, reason in result.unsatisfiable:
             g = by_id[job.id]
             g.end = now
-            self.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}")
+            self.set_phase(g, Phase.UNSATISFIABLE,
+                           f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
             self.group_event(g, "Warning", "Unsatisfiable", g.reason)
         for job in result.blocked:
             g = by_id[job.id]
             if g.phase == Phase.RESERVED:
                 g.expected_start = None
-                self.set_phase(g, Phase.PENDING, "waiting for resources")
+                self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
             elif g.reason == "queued":
-                self.set_phase(g, Phase.PENDING, "waiting for resources")
+                self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
 
     # ---------------------------------------------------------------- FluxJob writes
     def fluxjob_status(self, g: Group) -> dict[str, Any]:
@@ -979,7 +1457,7 @@ class Controller:
         ns, name = g.spec.namespace, g.spec.name
         try:
             if not g.fj_exists:
-                body = fluxjob.manifest(g.spec, jobspec=_dump_jobspec(g.jobspec),
+                body = fluxjob.manifest(g.spec, jobspec=self.jobspec_text(g),
                                         match_policy=self.config.match_policy)
                 if g.spec.owner is None and g.spec.size == 1 and len(g.members) == 1:
                     # a lone pod owns its FluxJob: deleting the pod cleans it up
@@ -1011,10 +1489,28 @@ class Controller:
         finally:
             self._flushing = False
 
-    async def flush_fluxjobs(self) -> None:
-        dirty = [g for g in self.groups.values() if g.fj_dirty]
+    def fluxjobs_due(self, now: float) -> float | None:
+        """Note when each FluxJob first needed a write; return how long until the earliest is
+        due (0: now; None: nothing to write). A group's status is written once it has waited
+        ``status_interval``: in a burst a group goes Pending, Running and placed within a
+        second, and one status write instead of three or four halves the API server's work
+        per job (each CRD status write costs it about 2 ms of CPU)."""
+        interval = self.config.status_interval
+        wait: float | None = None
+        for g in self.groups.values():
+            if not g.fj_dirty:
+                continue
+            if g.fj_since is None:
+                g.fj_since = now
+            left = max(0.0, g.fj_since + interval - now)
+            wait = left if wait is None else min(wait, left)
+        return wait
+
+    async def flush_fluxjobs(self, now: float | None = None) -> None:
+        cutoff = (time.monotonic() if now is None else now) - self.config.status_interval
+        dirty = [g for g in self.groups.values() if g.fj_dirty and (g.fj_since or 0.0) <= cutoff]
         for g in dirty:
-            g.fj_dirty = False
+            g.fj_dirty, g.fj_since = False, None
         if dirty:
             await asyncio.gather(*(self.write_fluxjob(g) for g in dirty))
 
@@ -1099,8 +1595,11 @@ class Controller:
         """After a restart, once every pod has been seen again: groups recovered from FluxJobs
         whose pods vanished while the operator was away give their resources back."""
         for g in list(self.groups.values()):
+            if g.phase == Phase.RUNNING and self.requeue_if_nodes_gone(g):
+                continue
             if g.phase == Phase.RUNNING:
                 self.assign(g)
+                self.resume_if_held(g)  # allocated before the crash, resume not sent
             if g.kind is not None:
                 if g.spec.owner is not None and self.owner_obj(g.spec.owner, g.spec.namespace) is None \
                         and not g.phase.final:
@@ -1124,12 +1623,18 @@ class Controller:
         replay = self.queue.qsize()  # the initial lists, queued before ready
         last_cycle = last_chores = 0.0
         coalesce = self.config.coalesce_seconds
+        status_wait: float | None = None  # until the next FluxJob write is due
+        chores_skipped = False
         while True:
             # a burst of arrivals is matched in one cycle (at most one per `coalesce` seconds)
             # instead of one cycle per event: fewer passes over the queue, starts written together
             timeout = self.config.cycle_interval
             if self.dirty or self.foreign_dirty:
                 timeout = max(0.0, last_cycle + coalesce - time.monotonic())
+            if status_wait is not None:
+                timeout = min(timeout, max(status_wait, coalesce))
+            if chores_skipped:  # events came in since the chores last ran: run them soon
+                timeout = min(timeout, coalesce)
             try:
                 ev = await asyncio.wait_for(self.queue.get(), timeout=timeout)
                 self.handle(ev)
@@ -1156,18 +1661,20 @@ class Controller:
                     log.exception("scheduling cycle failed")
                 last_cycle = now
             if now - last_chores < coalesce and now != last_cycle:
+                chores_skipped = True
                 continue  # the O(groups) chores below run at most once per window
-            last_chores = now
+            last_chores, chores_skipped = now, False
             if self._counts_dirty:
                 self.update_queue_gauge()
             if self.journal is not None:
                 self.store_ok = self.journal.ok
-            if not self._flushing and any(g.fj_dirty for g in self.groups.values()):
+            status_wait = self.fluxjobs_due(now)
+            if not self._flushing and status_wait == 0.0:
                 self._flushing = True
                 self.spawn(self._flush_once())
 
     def update_queue_gauge(self) -> None:
-        counts: dict[str, int] = {}
+        counts: dict[str, int] = dict(self.pruned)  # groups over and forgotten still count
         for g in self.groups.values():
             counts[str(g.phase)] = counts.get(str(g.phase), 0) + 1
         METRICS.set_queue_lengths(counts)

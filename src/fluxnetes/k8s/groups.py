@@ -5,7 +5,9 @@ Rules, in order:
    ``fluence.flux-framework.org/pod-group`` (+ ``.../group-size``) or coscheduling's
    ``scheduling.x-k8s.io/pod-group`` (whose size must come from one of the size labels);
 2. the controlling owner, if it is a workload kind fluxnetes knows (Job: ``parallelism`` pods,
-   ReplicaSet/StatefulSet: ``replicas`` pods — a Deployment's pods belong to its ReplicaSet);
+   ReplicaSet/StatefulSet: ``replicas`` pods — a Deployment's pods belong to its ReplicaSet;
+   pods added by a scale-up after the group was allocated form a group of their own, see
+   the controller);
 3. otherwise the pod alone is a group of one.
 
 Everything here is pure: no API calls, so the webhook and the operator share it.

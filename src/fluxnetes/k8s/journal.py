@@ -129,6 +129,18 @@ class Journal:
     def remember(self, key: tuple[str, str, str], store_id: int) -> None:
         self._ids[key] = store_id
 
+    def forget(self, key: tuple[str, str, str]) -> None:
+        """The group is done and dropped from the operator's memory: drop its id too (after
+        every write queued so far, which may still need it)."""
+        def op() -> None:
+            self._ids.pop(key, None)
+
+        self._q.put(op)
+
+    def tracked(self) -> int:
+        """How many groups the journal keeps an id for (memory stays bounded: tests)."""
+        return len(self._ids)
+
     # ------------------------------------------------------------------ writes
     def record(self, rec: GroupRecord, now: int) -> None:
         """Bring the group's store row to ``rec.phase`` (submitting it the first time)."""

@@ -19,6 +19,7 @@ from typing import Any
 from fluxnetes.k8s import certs, fluxjob, names, webhook_config
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.hold import PLACEMENTS
 from fluxnetes.k8s.kube import (
     CRDS,
     MUTATING,
@@ -211,7 +212,8 @@ class Operator:
                 hosts = [f"{cfg.service_name}.{cfg.namespace}.svc", f"{cfg.service_name}.{cfg.namespace}.svc.cluster.local", *hosts]
             bundle = await ensure_cert(kube, cfg.namespace, hosts, owner)
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, bundle, lambda: self.operators,
-                                         suspend_jobs=cfg.job_mode == "suspend")
+                                         suspend_jobs=cfg.job_mode == "suspend",
+                                         hold=PLACEMENTS[cfg.placement])
             port = await self.webhook.start_in_process()
             if cfg.service_name:
                 target = webhook_config.WebhookTarget(service_name=cfg.service_name, service_namespace=cfg.namespace)
@@ -224,17 +226,31 @@ class Operator:
             own = webhook_config.owned
             await apply_config(kube, MUTATING, own(webhook_config.mutating(target, scope, bundle.ca_crt), owner))
             policy, binding = webhook_config.gate_policy(scope, sorted(self.operators))
-            try:
-                await apply_config(kube, POLICIES, own(policy, owner))
-                await apply_config(kube, POLICY_BINDINGS, own(binding, owner))
+            if cfg.placement == "bind":
+                # no gate to protect (the scheduler name holds pods, and it is immutable); the
+                # rule would only cost a CEL evaluation on every update of every managed pod
+                await kube.delete(POLICY_BINDINGS, binding["metadata"]["name"])
+                await kube.delete(POLICIES, policy["metadata"]["name"])
                 await kube.delete(VALIDATING, webhook_config.NAME)
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-                log.info("no ValidatingAdmissionPolicy API; protecting the gate with a webhook")
-                await apply_config(kube, VALIDATING,
-                                   own(webhook_config.validating(target, scope, bundle.ca_crt), owner))
+            else:
+                await self.protect_gate(kube, policy, binding, target, scope, bundle, owner)
             await wait_webhook_ready(kube, cfg.namespace_label, owner=owner)
+
+    async def protect_gate(self, kube: Kube, policy: dict[str, Any], binding: dict[str, Any],
+                           target: webhook_config.WebhookTarget, scope: webhook_config.Scope,
+                           bundle: certs.CertBundle, owner: webhook_config.Owner | None) -> None:
+        """Only the operator may lift the gate: a ValidatingAdmissionPolicy, or the validating
+        webhook on API servers without that API."""
+        own = webhook_config.owned
+        try:
+            await apply_config(kube, POLICIES, own(policy, owner))
+            await apply_config(kube, POLICY_BINDINGS, own(binding, owner))
+            await kube.delete(VALIDATING, webhook_config.NAME)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            log.info("no ValidatingAdmissionPolicy API; protecting the gate with a webhook")
+            await apply_config(kube, VALIDATING, own(webhook_config.validating(target, scope, bundle.ca_crt), owner))
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         from fluxnetes.metrics import METRICS, serve

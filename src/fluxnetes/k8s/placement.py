@@ -1,4 +1,7 @@
-"""Exact placement of a gated pod on the node the matcher chose (pure patch builders).
+"""Exact placement of a held pod on the node the matcher chose (pure builders).
+
+Placement ``bind`` (k8s/hold.py): the pod carries fluxnetes' scheduler name and is bound
+with a Binding (:func:`binding`). Placement ``affinity`` (the default), below:
 
 Choice: while the pod is gated, add a *required* node affinity ``metadata.name In [node]``
 (matchFields, so it does not depend on a hostname label) and remove fluxnetes' gate in the
@@ -78,6 +81,26 @@ def place_patch(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: st
     else:
         ops.append({"op": "add", "path": f"/metadata/labels/{_escape(names.LABEL_JOBID)}", "value": str(jobid)})
     return ops
+
+
+def binding(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: str, slot: int) -> dict[str, Any]:
+    """The Binding of a pod held by fluxnetes' scheduler name (placement ``bind``) to ``node``.
+    Its annotations land on the pod (the API server copies them), so the pod says which
+    FluxJob, matcher job and slot placed it, as the affinity patch does with a label."""
+    meta = pod.get("metadata") or {}
+    return {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                         "annotations": {names.ANN_FLUXJOB: fluxjob, ANN_SLOT: str(slot),
+                                         names.LABEL_JOBID: str(jobid)}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+
+def placed_jobid(pod: Mapping[str, Any]) -> str | None:
+    """The matcher job id a placed pod records (label after an affinity patch, annotation
+    after a Binding)."""
+    meta = pod.get("metadata") or {}
+    jid = (meta.get("labels") or {}).get(names.LABEL_JOBID)
+    return jid if jid is not None else (meta.get("annotations") or {}).get(names.LABEL_JOBID)
 
 
 def assigned_node(pod: Mapping[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from fluxnetes.k8s import names
+from fluxnetes.k8s.hold import hold_ops
 
 JsonPatch = list[dict[str, Any]]
 
@@ -20,8 +21,9 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def gate_template_patch(obj: Mapping[str, Any], base: str) -> JsonPatch:
-    """JSON patch adding fluxnetes' gate and managed label to the pod template at ``base``."""
+def gate_template_patch(obj: Mapping[str, Any], base: str, hold: str = "gate") -> JsonPatch:
+    """JSON patch adding fluxnetes' hold (see k8s/hold.py: the gate, or its scheduler name)
+    and managed label to the pod template at ``base``."""
     tmpl = obj
     for part in base.strip("/").split("/"):
         tmpl = (tmpl or {}).get(part) or {}
@@ -42,11 +44,9 @@ def gate_template_patch(obj: Mapping[str, Any], base: str) -> JsonPatch:
     else:
         for k, v in new_labels.items():
             ops.append({"op": "add", "path": f"{base}/metadata/labels/{_escape(k)}", "value": v})
-    gates = (tmpl.get("spec") or {}).get("schedulingGates")
-    if not gates:
-        ops.append({"op": "add", "path": f"{base}/spec/schedulingGates", "value": [{"name": names.GATE}]})
-    elif not any(g.get("name") == names.GATE for g in gates):
-        ops.append({"op": "add", "path": f"{base}/spec/schedulingGates/-", "value": {"name": names.GATE}})
+    if not tmpl.get("spec"):
+        ops.append({"op": "add", "path": f"{base}/spec", "value": {}})
+    ops.extend(hold_ops(tmpl.get("spec") or {}, base, hold))
     return ops
 
 
@@ -71,10 +71,10 @@ class WorkloadKind:
     def template(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         return (obj.get("spec") or {}).get("template") or {}
 
-    def mutate(self, obj: Mapping[str, Any], *, suspend: bool = True) -> JsonPatch:
-        """Admission (CREATE) of an object of this kind: gate its pod template (``suspend``:
+    def mutate(self, obj: Mapping[str, Any], *, suspend: bool = True, hold: str = "gate") -> JsonPatch:
+        """Admission (CREATE) of an object of this kind: hold its pod template (``suspend``:
         also hold the workload itself, for kinds that can be suspended)."""
-        return gate_template_patch(obj, self.template_path)
+        return gate_template_patch(obj, self.template_path, hold)
 
     def size(self, obj: Mapping[str, Any]) -> int:
         """Pods in the group (replicas by default)."""
@@ -87,6 +87,16 @@ class WorkloadKind:
     def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """Merge patch that lets the workload create its pods once allocated (None: nothing)."""
         return None
+
+    def held_by_fluxnetes(self, obj: Mapping[str, Any]) -> bool:
+        """The workload is held (e.g. suspended) because fluxnetes held it at admission: the
+        operator lets it go (``resume_patch``) once its group is allocated."""
+        return False
+
+    def held_by_user(self, obj: Mapping[str, Any]) -> bool:
+        """The workload is held by its user (e.g. created suspended): fluxnetes neither queues
+        nor resumes it until the user lets it go."""
+        return False
 
     def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
         """A finished pod will be replaced by the controller: keep its share for the new one."""

@@ -1,4 +1,13 @@
-"""batch/v1 Job: created suspended, a group of ``parallelism`` pods, resumed when allocated."""
+"""batch/v1 Job: created suspended, a group of ``parallelism`` pods, resumed when allocated.
+
+Who holds a suspended Job matters. The webhook suspends a Job at admission only when its
+creator did not (``spec.suspend`` absent or false), and marks it with the annotation
+``fluxnetes.io/suspended-by: fluxnetes``. Only such a Job is resumed by the operator when its
+group is allocated. A Job its user created with ``spec.suspend: true`` (a Job queued by
+Kueue, a paused pipeline, ...) is the user's to resume: its group waits as Provisional (the
+FluxJob reason says so) until ``spec.suspend`` turns false, then goes through the queue like
+any other (its pods are born gated, so nothing starts before the group is allocated).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from fluxnetes.k8s import names
-from fluxnetes.k8s.workloads.base import JsonPatch, WorkloadKind
+from fluxnetes.k8s.workloads.base import JsonPatch, WorkloadKind, _escape
+
+# set by the webhook on a Job it suspended: the operator resumes only Jobs carrying it
+ANN_SUSPENDED_BY = f"{names.DOMAIN}/suspended-by"
+SUSPENDED_BY_US = "fluxnetes"
 
 
 class JobKind(WorkloadKind):
@@ -14,10 +27,17 @@ class JobKind(WorkloadKind):
     kind = "Job"
     plural = "jobs"
 
-    def mutate(self, obj: Mapping[str, Any], *, suspend: bool = True) -> JsonPatch:
-        ops = super().mutate(obj)
-        if suspend:
+    def mutate(self, obj: Mapping[str, Any], *, suspend: bool = True, hold: str = "gate") -> JsonPatch:
+        ops = super().mutate(obj, hold=hold)
+        if suspend and (obj.get("spec") or {}).get("suspend") is not True:
             ops.append({"op": "add", "path": "/spec/suspend", "value": True})
+            meta = obj.get("metadata") or {}
+            if not meta.get("annotations"):
+                ops.append({"op": "add", "path": "/metadata/annotations",
+                            "value": {ANN_SUSPENDED_BY: SUSPENDED_BY_US}})
+            else:
+                ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(ANN_SUSPENDED_BY)}",
+                            "value": SUSPENDED_BY_US})
         return ops
 
     def size(self, obj: Mapping[str, Any]) -> int:
@@ -32,6 +52,14 @@ class JobKind(WorkloadKind):
 
     def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         return {"spec": {"suspend": False}}
+
+    def held_by_fluxnetes(self, obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        marked = (meta.get("annotations") or {}).get(ANN_SUSPENDED_BY) == SUSPENDED_BY_US
+        return marked and (obj.get("spec") or {}).get("suspend") is True
+
+    def held_by_user(self, obj: Mapping[str, Any]) -> bool:
+        return (obj.get("spec") or {}).get("suspend") is True and not self.held_by_fluxnetes(obj)
 
     def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
         # more pods than the group size will run over the Job's life: keep the shares until

@@ -1,0 +1,134 @@
+"""Helpers shared by the operator tests that restart or reconfigure the operator (the
+operator process, waiting, objects), on top of tests/test_k8s_operator.py's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from test_k8s_operator import OperatorProc, pods, wait
+
+
+class Operator(OperatorProc):
+    """The operator subprocess, startable with extra environment (FLUXNETES_DEBUG_EXIT_AT)."""
+
+    def start_with(self, env: dict[str, str], *extra: str) -> None:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            self.start(*extra)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def restart(self, *extra: str) -> None:
+        self.kill(signal.SIGTERM)
+        self.start(*extra)
+
+
+def cleanup_webhooks(cluster: Any) -> None:
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        cluster.kubectl("delete", kind, "fluxnetes.io", "--ignore-not-found", check=False)
+    for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+        cluster.kubectl("delete", kind, "fluxnetes.io-gate", "--ignore-not-found", check=False)
+
+
+@contextmanager
+def operator_session(cluster: Any, tmp_path_factory: Any, label: str, *args: str,
+                     start: bool = True) -> Iterator[Operator]:
+    """An operator for a test module (started with ``args`` unless ``start`` is False),
+    stopped and its webhook configurations removed at the end."""
+    o = Operator(cluster, tmp_path_factory.mktemp(label))
+    if start:
+        o.start(*args)
+    try:
+        yield o
+    finally:
+        o.kill(signal.SIGTERM)
+        cleanup_webhooks(cluster)
+
+
+@contextmanager
+def namespace(cluster: Any) -> Iterator[str]:
+    name = f"fx-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, "fluxnetes.io/enabled=true")
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=true", timeout=120, check=False)
+
+
+class OverbookingWatch:
+    """Checks continuously (in a thread) that what is bound to each node never exceeds its
+    allocatable cpu; ``violations`` lists what was seen otherwise."""
+
+    def __init__(self, cluster: Any) -> None:
+        from fluxnetes.k8s.resources import node_allocatable
+
+        self.cluster = cluster
+        self.alloc = {n["metadata"]["name"]: node_allocatable(n).cpu_millis
+                      for n in cluster.kubectl_json("get", "nodes")["items"]}
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from fluxnetes.k8s.resources import pod_request
+
+        while not self._stop.is_set():
+            used: dict[str, int] = {}
+            try:
+                items = self.cluster.kubectl_json("get", "pods", "-A")["items"]
+            except Exception:
+                continue
+            for p in items:
+                node = p["spec"].get("nodeName")
+                if node and p["status"].get("phase") not in ("Succeeded", "Failed"):
+                    used[node] = used.get(node, 0) + pod_request(p["spec"]).cpu_millis
+            for node, millis in used.items():
+                if node in self.alloc and millis > self.alloc[node]:
+                    self.violations.append(f"{node}: {millis}m bound > {self.alloc[node]}m")
+            time.sleep(0.3)
+
+    def __enter__(self) -> OverbookingWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def bound_nodes(cluster: Any, ns: str, selector: str, count: int) -> list[str]:
+    """Nodes of the ``count`` pods matching ``selector`` once all are bound (sorted)."""
+    def ready() -> list[str] | None:
+        ps = pods(cluster, ns, selector)
+        nodes = [p["spec"].get("nodeName") for p in ps]
+        return sorted(nodes) if len(ps) == count and all(nodes) else None
+
+    return list(wait(f"{count} pods bound ({selector})", ready, timeout=90))
+
+
+def store_at(url: str) -> Any:
+    from fluxnetes.store import Store
+
+    return Store(url)
+
+
+def log_path(op: Operator) -> Path:
+    return Path(op.log)

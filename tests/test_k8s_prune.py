@@ -1,0 +1,203 @@
+"""Unit level: a long-running Controller forgets groups that are over (bounded memory).
+
+The Controller is driven directly with watch events (no control plane); its API writes go to
+a recording fake (the only fake here). Pods and Jobs go through their whole life: created
+gated, allocated, placed, finished; afterwards every per-group map is back to where it began,
+while the FluxJob (the fake's record of its last status) keeps the final phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from pathlib import Path
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
+
+_uids = itertools.count(1)
+
+
+class RecordingKube:
+    """Accepts every write and remembers FluxJob statuses and pod patches."""
+
+    def __init__(self) -> None:
+        self.fluxjob_status: dict[tuple[str, str], dict[str, Any]] = {}
+        self.placed: list[str] = []
+        self.resumed: list[str] = []
+
+    async def create(self, res: Any, body: Any, namespace: str | None = None, **_: Any) -> dict[str, Any]:
+        out = copy.deepcopy(dict(body))
+        out.setdefault("metadata", {})["uid"] = f"created-{next(_uids)}"
+        return out
+
+    async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None, *,
+                    sub: str | None = None, **_: Any) -> dict[str, Any]:
+        if sub == "status":
+            self.fluxjob_status[(namespace or "", name)] = body["status"]
+        elif res.plural == "pods":
+            self.placed.append(name)
+        elif res.plural == "jobs":
+            self.resumed.append(name)
+        return {}
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": f"node-{name}", "labels": {"kubernetes.io/hostname": name}},
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                       "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def job(name: str, size: int) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"job-{name}",
+                         "annotations": {ANN_SUSPENDED_BY: "fluxnetes"}},
+            "spec": {"parallelism": size, "completions": size, "suspend": True,
+                     "template": {"metadata": {"labels": {names.LABEL_MANAGED: "true"}},
+                                  "spec": {"schedulingGates": [{"name": names.GATE}],
+                                           "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}}}
+
+
+def pod(name: str, owner: dict[str, Any] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"pod-{name}",
+                            "labels": {names.LABEL_MANAGED: "true", **(labels or {})}}
+    if owner is not None:
+        meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                                    "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+                                    "controller": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"schedulingGates": [{"name": names.GATE}],
+                     "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]},
+            "status": {"phase": "Pending"}}
+
+
+def bound(p: dict[str, Any], node_name: str) -> dict[str, Any]:
+    out = copy.deepcopy(p)
+    out["spec"].pop("schedulingGates")
+    out["spec"]["nodeName"] = node_name
+    out["status"]["phase"] = "Running"
+    return out
+
+
+def finished(p: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(p)
+    out["status"]["phase"] = "Succeeded"
+    return out
+
+
+async def settle(c: Controller) -> None:
+    """One turn of the operator's loop: cycle, then FluxJob writes and API calls done."""
+    c.run_cycle()
+    await asyncio.sleep(0)
+    await c.flush_fluxjobs()
+    while c._tasks:
+        await asyncio.gather(*list(c._tasks), return_exceptions=True)
+
+
+def sizes(c: Controller) -> dict[str, int]:
+    sched = c.scheduler
+    return {"groups": len(c.groups), "member_of": len(c.member_of), "finished": len(c.finished),
+            "scale_groups": len(c.scale_groups), "matcher_jobs": len(c.matcher.jobs),
+            "running": len(sched.running), "reservations": len(sched.reservations),
+            "journal_ids": c.journal.tracked() if c.journal is not None else 0}
+
+
+async def run_many(c: Controller, kube: RecordingKube, rounds: int) -> None:
+    for r in range(rounds):
+        # a Job of 2 and a labelled group of 3 standalone pods, at once
+        j = job(f"j{r}", 2)
+        c.handle(("Job", "ADDED", j))
+        grp = [pod(f"g{r}-{i}", labels={names.LABEL_GROUP: f"g{r}", names.LABEL_GROUP_SIZE: "3"})
+               for i in range(3)]
+        for p in grp:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        assert f"j{r}" in kube.resumed
+        jpods = [pod(f"j{r}-{i}", owner=j) for i in range(2)]
+        for p in jpods:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        for p in [*jpods, *grp]:
+            assert p["metadata"]["name"] in kube.placed
+            c.handle(("Pod", "MODIFIED", bound(p, "n0")))
+        for p in [*jpods, *grp]:
+            c.handle(("Pod", "MODIFIED", finished(bound(p, "n0"))))
+        done = copy.deepcopy(j)
+        done["spec"]["suspend"] = False
+        done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+        c.handle(("Job", "MODIFIED", done))
+        await settle(c)
+        await settle(c)  # the final status was written: now the group may go
+
+
+def make_controller(store: str | None = None) -> tuple[Controller, RecordingKube]:
+    kube = RecordingKube()
+    c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
+    for n in ("n0", "n1", "n2", "n3"):
+        c.nodes[n] = node(n)
+    c.build_matcher()
+    c.reconciled = True
+    return c, kube
+
+
+def test_finished_groups_are_forgotten_and_fluxjobs_keep_the_result() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        baseline = sizes(c)
+        await run_many(c, kube, 40)
+        assert sizes(c) == baseline
+        assert kube.fluxjob_status[("ns", "job-j39")]["phase"] == "Completed"
+        assert kube.fluxjob_status[("ns", "g39")]["phase"] == "Completed"
+        c.update_queue_gauge()
+        assert c.pruned == {"Completed": 80}  # the queue gauge still counts them
+        # a name used again later is a new group, queued from scratch
+        again = pod("again-0", labels={names.LABEL_GROUP: "g0", names.LABEL_GROUP_SIZE: "1"})
+        c.handle(("Pod", "ADDED", again))
+        await settle(c)
+        assert str(c.groups[("ns", "g0")].phase) == "Running"
+
+    asyncio.run(main())
+
+
+def test_memory_stays_bounded_with_a_store(tmp_path: Path) -> None:
+    async def main() -> None:
+        c, kube = make_controller(f"sqlite:///{tmp_path / 's.db'}")
+        try:
+            await run_many(c, kube, 15)
+            assert c.journal.drain()
+            assert sizes(c)["groups"] == 0 and c.journal.tracked() == 0
+            rows = c.journal.store.jobs()
+            assert len(rows) == 30 and all(str(r.state) == "completed" for r in rows)
+        finally:
+            await c.stop()
+
+    asyncio.run(main())
+
+
+def test_unfinished_owner_keeps_its_group() -> None:
+    """An Unsatisfiable Job still exists: forgetting it would queue it again on its next
+    update, so it stays (bounded by the objects in the cluster)."""
+    async def main() -> None:
+        c, _ = make_controller()
+        huge = job("huge", 2)
+        huge["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "64"
+        c.handle(("Job", "ADDED", huge))
+        await settle(c)
+        await settle(c)
+        g = c.groups[("ns", "job-huge")]
+        assert str(g.phase) == "Unsatisfiable"
+        c.handle(("Job", "MODIFIED", huge))
+        await settle(c)
+        assert c.groups[("ns", "job-huge")] is g
+        c.handle(("Job", "DELETED", huge))
+        await settle(c)
+        await settle(c)
+        assert ("ns", "job-huge") not in c.groups
+
+    asyncio.run(main())
