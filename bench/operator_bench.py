@@ -373,7 +373,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
         for name, labels in per_round.items():
             for label, rs in labels.items():
                 ordered = sorted(rs, key=lambda x: x["pods_per_second"])
-                median = dict(ordered[(len(ordered) - 1) // 2])
+                median = dict(ordered[len(ordered) // 2])  # the upper median with an even count
                 if len(rs) > 1:
                     median["pods_per_second_rounds"] = [x["pods_per_second"] for x in rs]
                     median["load_average_1m_rounds"] = [x["load_average_1m_before"] for x in rs]
@@ -397,6 +397,13 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 res[f"ratio_{label}_over_default"] = round(
                     f["pods_per_second"] / d["pods_per_second"], 2
                 )
+                # rounds pair each fluxnetes run with the default run just before it (same load
+                # on the shared cores): the per-round ratios and their median are the robust figure
+                fr, dr = f.get("pods_per_second_rounds"), d.get("pods_per_second_rounds")
+                if fr and dr and len(fr) == len(dr):
+                    ratios = [round(a / b, 2) for a, b in zip(fr, dr, strict=True)]
+                    res[f"ratio_{label}_over_default_rounds"] = ratios
+                    res[f"ratio_{label}_over_default_median"] = round(statistics.median(ratios), 2)
     return results
 
 
