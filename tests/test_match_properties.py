@@ -133,10 +133,20 @@ def test_jgf_round_trip(desc: dict[str, Any]) -> None:
        st.lists(st.tuples(jobspecs(), st.booleans()), min_size=1, max_size=10))
 def test_index_fast_paths_give_the_walks_answers(desc: dict[str, Any], policy: str,
                                                  steps: list[tuple[Any, bool]]) -> None:
+    same_as_walk(desc, policy, steps)
+
+
+def same_as_walk(desc: dict[str, Any], policy: str, steps: list[tuple[Any, bool]],
+                 constraint: Any = None) -> None:
+    """The matcher with its index fast paths answers every step exactly as the walk does."""
+    from dataclasses import replace
+
     fast = Matcher(from_description(desc), policy)
     walk = Matcher(from_description(desc), policy)
     walk._fast_policy = False
     for spec, cancel in steps:
+        if constraint is not None:
+            spec = replace(spec, constraint=constraint(fast))
         a, b = fast.allocate(spec), walk.allocate(spec)
         assert (a.status, a.jobid, [(v.path, v.size, v.exclusive) for v in a.vertices]) == (
             b.status, b.jobid, [(v.path, v.size, v.exclusive) for v in b.vertices])
@@ -153,25 +163,12 @@ def test_index_fast_paths_follow_hostlist_constraints_like_the_walk(
         desc: dict[str, Any], policy: str, data: Any, steps: list[tuple[Any, bool]]) -> None:
     """A hostlist constraint (what the operator adds for pods' nodeSelector / taints) keeps the
     index fast paths: hosts under excluded nodes are skipped, as the walk prunes them."""
-    from dataclasses import replace
-
     from fluxnetes.jobspec.constraints import parse_constraint
 
-    fast = Matcher(from_description(desc), policy)
-    walk = Matcher(from_description(desc), policy)
-    walk._fast_policy = False
-    names = sorted(v.name for v in fast.graph.by_type.get("node", []))
+    names = sorted(v.name for v in from_description(desc).by_type.get("node", []))
     allowed = data.draw(st.lists(st.sampled_from(names), unique=True) if names else st.just([]))
     constraint = parse_constraint({"hostlist": allowed}, "c")
-    for spec, cancel in steps:
-        spec = replace(spec, constraint=constraint)
-        a, b = fast.allocate(spec), walk.allocate(spec)
-        assert (a.status, a.jobid, [(v.path, v.size, v.exclusive) for v in a.vertices]) == (
-            b.status, b.jobid, [(v.path, v.size, v.exclusive) for v in b.vertices])
-        if cancel and a.ok:
-            fast.cancel(a.jobid)
-            walk.cancel(b.jobid)
-    fast.check_invariants()
+    same_as_walk(desc, policy, steps, lambda _m: constraint)
 
 
 def test_a_hostlist_constraint_keeps_the_fast_path() -> None:
