@@ -16,10 +16,10 @@ import logging
 import signal
 from typing import Any
 
-from fluxnetes.k8s import certs, fluxjob, names, webhook_config
+from fluxnetes.k8s import certs, fluxjob, webhook_config
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.hold import PLACEMENTS
+from fluxnetes.k8s.hold import PLACEMENTS, is_held
 from fluxnetes.k8s.kube import (
     CRDS,
     MUTATING,
@@ -146,7 +146,8 @@ async def whoami(kube: Kube) -> str:
 async def wait_webhook_ready(kube: Kube, namespace_label: str, timeout: float = 20,
                              owner: webhook_config.Owner | None = None) -> None:
     """The API server picks webhook configurations up through an informer: wait until a
-    dry-run pod create in an opted-in namespace comes back gated."""
+    dry-run pod create in an opted-in namespace comes back held (gated, or with fluxnetes'
+    scheduler name in placement ``bind``)."""
     key, _, value = namespace_label.partition("=")
     ns = "fluxnetes-probe"
     if await kube.get_or_none(NAMESPACES, ns) is None:
@@ -162,7 +163,7 @@ async def wait_webhook_ready(kube: Kube, namespace_label: str, timeout: float = 
     while loop.time() < end:
         try:
             out = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod, params={"dryRun": "All"})
-            if any(g.get("name") == names.GATE for g in (out.get("spec") or {}).get("schedulingGates") or []):
+            if is_held(out):
                 return
         except ApiError as exc:
             log.debug("webhook probe: %s", exc)
