@@ -150,17 +150,18 @@ async def wait_webhook_ready(kube: Kube, namespace_label: str, timeout: float = 
     scheduler name in placement ``bind``)."""
     key, _, value = namespace_label.partition("=")
     ns = "fluxnetes-probe"
-    if await kube.get_or_none(NAMESPACES, ns) is None:
-        with contextlib.suppress(ApiError):
-            # owned like the webhook configurations: it goes with the installation
-            await kube.create(NAMESPACES, webhook_config.owned(
-                {"apiVersion": "v1", "kind": "Namespace",
-                 "metadata": {"name": ns, "labels": {key: value or "true"}}}, owner))
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": ns},
            "spec": {"containers": [{"name": "c", "image": "probe"}]}}
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while loop.time() < end:
+        # (re)made each round: one left by an earlier installation may still be terminating
+        if await kube.get_or_none(NAMESPACES, ns) is None:
+            with contextlib.suppress(ApiError):
+                # owned like the webhook configurations: it goes with the installation
+                await kube.create(NAMESPACES, webhook_config.owned(
+                    {"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": ns, "labels": {key: value or "true"}}}, owner))
         try:
             out = await kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod, params={"dryRun": "All"})
             if is_held(out):
