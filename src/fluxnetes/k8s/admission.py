@@ -29,7 +29,7 @@ from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
 from fluxnetes.k8s.hold import GATE, hold_ops
 from fluxnetes.k8s.workloads import kind_of
-from fluxnetes.k8s.workloads.base import JsonPatch, _escape
+from fluxnetes.k8s.workloads.base import JsonPatch, managed_label_ops
 
 _DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -67,20 +67,7 @@ def mutate_pod(pod: Mapping[str, Any], hold: str = GATE) -> JsonPatch:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     check_pod_template(meta, spec)
-    labels = meta.get("labels") or {}
-    ops: JsonPatch = []
-    new_labels = {names.LABEL_MANAGED: "true"}
-    for src, dst in ((names.FLUENCE_GROUP, names.LABEL_GROUP), (names.COSCHED_GROUP, names.LABEL_GROUP),
-                     (names.FLUENCE_GROUP_SIZE, names.LABEL_GROUP_SIZE)):
-        if src in labels and dst not in labels and dst not in new_labels:
-            new_labels[dst] = labels[src]
-    if not labels:
-        ops.append({"op": "add", "path": "/metadata/labels", "value": new_labels})
-    else:
-        for k, v in new_labels.items():
-            ops.append({"op": "add", "path": f"/metadata/labels/{_escape(k)}", "value": v})
-    ops.extend(hold_ops(spec, "", hold))
-    return ops
+    return [*managed_label_ops(meta.get("labels") or {}, ""), *hold_ops(spec, "", hold)]
 
 
 def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = GATE) -> JsonPatch:

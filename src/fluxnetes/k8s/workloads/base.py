@@ -21,6 +21,21 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
+def managed_label_ops(labels: Mapping[str, str], base: str) -> JsonPatch:
+    """JSON patch ops adding fluxnetes' managed label, and Fluence's / coscheduling's group
+    labels in fluxnetes' spelling, to the pod (``base`` "") or pod template at ``base``. The
+    same for both: a template's pods then carry what the pod webhook would have added, and
+    skip it (webhook_config)."""
+    new_labels = {names.LABEL_MANAGED: "true"}
+    for src, dst in ((names.FLUENCE_GROUP, names.LABEL_GROUP), (names.COSCHED_GROUP, names.LABEL_GROUP),
+                     (names.FLUENCE_GROUP_SIZE, names.LABEL_GROUP_SIZE)):
+        if src in labels and dst not in labels and dst not in new_labels:
+            new_labels[dst] = labels[src]
+    if not labels:
+        return [{"op": "add", "path": f"{base}/metadata/labels", "value": new_labels}]
+    return [{"op": "add", "path": f"{base}/metadata/labels/{_escape(k)}", "value": v} for k, v in new_labels.items()]
+
+
 def gate_template_patch(obj: Mapping[str, Any], base: str, hold: str = "gate") -> JsonPatch:
     """JSON patch adding fluxnetes' hold (see k8s/hold.py: the gate, or its scheduler name)
     and managed label to the pod template at ``base``."""
@@ -32,18 +47,7 @@ def gate_template_patch(obj: Mapping[str, Any], base: str, hold: str = "gate") -
     if not meta:
         ops.append({"op": "add", "path": f"{base}/metadata", "value": {}})
         meta = {}
-    labels = meta.get("labels") or {}
-    new_labels = {names.LABEL_MANAGED: "true"}
-    # what the pod webhook would add to each pod: its pods skip that webhook (webhook_config)
-    for src, dst in ((names.FLUENCE_GROUP, names.LABEL_GROUP), (names.COSCHED_GROUP, names.LABEL_GROUP),
-                     (names.FLUENCE_GROUP_SIZE, names.LABEL_GROUP_SIZE)):
-        if src in labels and dst not in labels and dst not in new_labels:
-            new_labels[dst] = labels[src]
-    if not labels:
-        ops.append({"op": "add", "path": f"{base}/metadata/labels", "value": new_labels})
-    else:
-        for k, v in new_labels.items():
-            ops.append({"op": "add", "path": f"{base}/metadata/labels/{_escape(k)}", "value": v})
+    ops.extend(managed_label_ops(meta.get("labels") or {}, base))
     if not tmpl.get("spec"):
         ops.append({"op": "add", "path": f"{base}/spec", "value": {}})
     ops.extend(hold_ops(tmpl.get("spec") or {}, base, hold))
