@@ -7,13 +7,15 @@ import os
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from test_k8s_operator import OperatorProc, pods, wait
+from test_k8s_operator import (
+    namespace as namespace,  # re-exported: the helpers tests import it from here
+)
 
 
 class Operator(OperatorProc):
@@ -62,15 +64,6 @@ def operator_session(cluster: Any, tmp_path_factory: Any, label: str, *args: str
         cleanup_webhooks(cluster)
 
 
-@contextmanager
-def namespace(cluster: Any) -> Iterator[str]:
-    name = f"fx-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, "fluxnetes.io/enabled=true")
-    try:
-        yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=true", timeout=120, check=False)
 
 
 class OverbookingWatch:

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,15 +91,22 @@ def operator(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         )
 
 
-@pytest.fixture
-def ns(k8s_cluster: Any, operator: OperatorProc) -> Iterator[str]:
+@contextmanager
+def namespace(cluster: Any) -> Iterator[str]:
+    """A fresh namespace opted in to fluxnetes, deleted (and waited for) afterwards."""
     name = f"fx-{uuid.uuid4().hex[:6]}"
-    k8s_cluster.kubectl("create", "namespace", name)
-    k8s_cluster.kubectl("label", "namespace", name, "fluxnetes.io/enabled=true")
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, "fluxnetes.io/enabled=true")
     try:
         yield name
     finally:
-        k8s_cluster.kubectl("delete", "namespace", name, "--wait=true", timeout=120, check=False)
+        cluster.kubectl("delete", "namespace", name, "--wait=true", timeout=120, check=False)
+
+
+@pytest.fixture
+def ns(k8s_cluster: Any, operator: OperatorProc) -> Iterator[str]:
+    with namespace(k8s_cluster) as name:
+        yield name
 
 
 def wait(what: str, cond: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
