@@ -74,9 +74,9 @@ def test_every_run_flag_is_documented() -> None:
 
 
 def test_every_plugin_command_is_documented() -> None:
-    from fluxnetes.cli import ctl_cmd
+    from fluxnetes.cli import ctl
 
-    group = command(ctl_cmd, "ctl")
+    group = command(ctl, "ctl")
     names = sorted(group.commands)
     assert {"queue", "nodes", "explain", "graph", "cancel", "submit"} <= set(names)
     doc = (ROOT / "docs/kubectl-plugin.md").read_text()

@@ -13,8 +13,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fluxnetes.cli.ctl_cmd import ctl, explain_job, node_rows, queue_rows
+from fluxnetes.cli.ctl import build
+from fluxnetes.cli.ctl.explain import explain_job
+from fluxnetes.cli.ctl.nodes import node_rows
+from fluxnetes.cli.ctl.queue import queue_rows
 from helpers import fluxjob_namespace, patch_fluxjob_status
+
+ctl = build()
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -412,3 +417,18 @@ def test_ctl_without_a_cluster_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(ctl, ["queue", "--kubeconfig", str(missing)])
     assert result.exit_code == 1
     assert "cannot load the Kubernetes configuration" in result.output
+
+
+def test_tables_are_not_cut_at_80_columns_when_piped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fluxnetes.cli.ctl.common import console, table
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    reason = "waiting for resources: " + "x" * 150
+    console().print(table("t", ["JOB", "REASON"], [["job-1", reason]]))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "job-1" in ln]
+    assert len(lines) == 1 and reason in lines[0]
+    monkeypatch.setenv("COLUMNS", "60")  # an explicit width still wins
+    console().print(table("t", ["JOB", "REASON"], [["job-1", reason]]))
+    assert reason not in capsys.readouterr().out

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fluxnetes.cli import submit_cmd
-from fluxnetes.cli.submit_cmd import (
+from fluxnetes.cli.ctl.dryrun import (
     Held,
     SubmitError,
     Waiting,

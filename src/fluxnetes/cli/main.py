@@ -24,7 +24,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "simulate_cmd",
     "dev_cmd",
     "run_cmd",
-    "ctl_cmd",
+    "ctl",
     "submit_cmd",
     "store_cmd",
 )

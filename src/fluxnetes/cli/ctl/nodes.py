@@ -1,0 +1,180 @@
+"""`kubectl fluxnetes nodes`: per-node use as the scheduler sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+
+from fluxnetes.cli.ctl.common import (
+    ANN_FLUXJOB,
+    GPU,
+    LABEL_MANAGED,
+    Conn,
+    ContextOpt,
+    CtlError,
+    KubeconfigOpt,
+    Output,
+    OutputOpt,
+    cores,
+    emit,
+    fail,
+    fetch,
+    fmt_bytes,
+    request_of,
+    table,
+)
+
+
+@dataclass
+class _Use:
+    cpu: int = 0  # whole cores (scheduler's view)
+    memory: int = 0  # bytes
+    gpus: int = 0
+    pods: int = 0
+
+    def add(self, req: Mapping[str, int], times: int = 1) -> None:
+        self.cpu += cores(req.get("cpu", 0)) * times
+        self.memory += req.get("memory", 0) * times
+        self.gpus += req.get(GPU, 0) * times
+        self.pods += times
+
+
+def _pod_request(pod: Mapping[str, Any]) -> dict[str, int]:
+    from fluxnetes.k8s.resources import ResourceError, pod_request
+
+    try:
+        return pod_request(pod.get("spec") or {}).as_dict()
+    except ResourceError:
+        return {}
+
+
+def _is_fluxnetes_pod(pod: Mapping[str, Any]) -> bool:
+    md = pod.get("metadata") or {}
+    return (
+        ANN_FLUXJOB in (md.get("annotations") or {})
+        or (md.get("labels") or {}).get(LABEL_MANAGED) == "true"
+    )
+
+
+def node_rows(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    fluxjobs: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """Per node: allocatable, what fluxnetes' Running FluxJobs hold there, what foreign pods
+    hold, what is free, and whether the FluxJobs agree with the fluxnetes pods bound there."""
+    from fluxnetes.graph.builders import node_is_down
+    from fluxnetes.k8s.resources import ResourceError, node_allocatable
+
+    planned: dict[str, _Use] = {}
+    for fj in fluxjobs:
+        st = fj.get("status") or {}
+        if st.get("phase") != "Running":
+            continue
+        req = request_of(fj)
+        for node in st.get("nodes") or []:
+            planned.setdefault(node, _Use()).add(req)
+    bound: dict[str, _Use] = {}
+    foreign: dict[str, _Use] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        target = bound if _is_fluxnetes_pod(pod) else foreign
+        target.setdefault(node, _Use()).add(_pod_request(pod))
+    rows = []
+    for node in sorted(nodes, key=lambda n: (n.get("metadata") or {}).get("name", "")):
+        name = (node.get("metadata") or {}).get("name", "")
+        try:
+            alloc = node_allocatable(node)
+        except ResourceError:
+            alloc = None
+        cores = (alloc.cpu_millis // 1000) if alloc else 0
+        memory = alloc.memory_bytes if alloc else 0
+        gpus = alloc.gpus if alloc else 0
+        mine, theirs, seen = (
+            planned.get(name, _Use()),
+            foreign.get(name, _Use()),
+            bound.get(name, _Use()),
+        )
+        if (mine.pods, mine.cpu, mine.gpus) == (seen.pods, seen.cpu, seen.gpus):
+            agrees = "yes"
+        else:
+            agrees = (
+                f"no: FluxJobs place {mine.pods} pod(s) here ({mine.cpu} cores, {mine.gpus} gpus), "
+                f"{seen.pods} bound ({seen.cpu} cores, {seen.gpus} gpus)"
+            )
+        rows.append(
+            {
+                "node": name,
+                "status": "down" if node_is_down(dict(node)) else "up",
+                "cores": cores,
+                "coresUsed": mine.cpu,
+                "coresForeign": theirs.cpu,
+                "coresFree": cores - mine.cpu - theirs.cpu,
+                "memory": memory,
+                "memoryUsed": mine.memory,
+                "memoryForeign": theirs.memory,
+                "memoryFree": memory - mine.memory - theirs.memory,
+                "gpus": gpus,
+                "gpusUsed": mine.gpus,
+                "gpusForeign": theirs.gpus,
+                "gpusFree": gpus - mine.gpus - theirs.gpus,
+                "fluxnetesPods": seen.pods,
+                "foreignPods": theirs.pods,
+                "agrees": agrees,
+            }
+        )
+    return rows
+
+
+# -- explain -----------------------------------------------------------------------------------
+
+
+def nodes_cmd(
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Per-node use as the scheduler sees it: cores, memory, GPUs, foreign pods, agreement.
+
+    Agreement: whether the running FluxJobs match the fluxnetes pods bound to the node.
+    """
+    conn = Conn(kubeconfig, context, None)
+    try:
+        view = fetch(conn, nodes=True, pods=True, fluxjobs="")
+    except CtlError as exc:
+        raise fail(exc) from None
+    rows = node_rows(view.nodes, view.pods, view.fluxjobs)
+    tbl = table(
+        f"fluxnetes nodes: {len(rows)} node(s); used = fluxnetes jobs, foreign = other pods",
+        [
+            "NODE",
+            "STATUS",
+            "CORES used/foreign/free",
+            "MEMORY used/foreign/free",
+            "GPUS used/foreign/free",
+            "PODS flux/foreign",
+            "AGREES",
+        ],
+        (
+            [
+                r["node"],
+                r["status"],
+                f"{r['coresUsed']}/{r['coresForeign']}/{r['coresFree']} of {r['cores']}",
+                f"{fmt_bytes(r['memoryUsed'])}/{fmt_bytes(r['memoryForeign'])}/{fmt_bytes(max(0, r['memoryFree']))} of {fmt_bytes(r['memory'])}",
+                f"{r['gpusUsed']}/{r['gpusForeign']}/{r['gpusFree']} of {r['gpus']}",
+                f"{r['fluxnetesPods']}/{r['foreignPods']}",
+                r["agrees"],
+            ]
+            for r in rows
+        ),
+    )
+    emit(rows, output, tbl)
+
+
+def register(ctl: typer.Typer) -> None:
+    ctl.command("nodes")(nodes_cmd)
