@@ -15,6 +15,8 @@ from helpers import cli_app
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 CASES = SHARED / "data" / "fluxion-conformance" / "cases.json"
+# firstnodex, locality and variation (with set-property steps), same format
+MORE = CASES.with_name("cases_more_policies.json")
 
 pytestmark = pytest.mark.skipif(
     not CASES.exists(),
@@ -31,6 +33,43 @@ def test_replay_all_sessions_match_exactly() -> None:
     )
     assert rep.mismatched == 0, "\n".join(rep.messages[:5])
     assert rep.ok
+
+
+@pytest.mark.skipif(not MORE.exists(), reason=f"{MORE} not found")
+def test_replay_more_policies_match_exactly() -> None:
+    rep = replay_cases(MORE)
+    sessions = json.loads(MORE.read_text())
+    assert rep.sessions == len(sessions) == 72
+    assert {s["policy"] for s in sessions} == {"firstnodex", "locality", "variation"}
+    assert rep.steps == sum(
+        1 for s in sessions for st in s["steps"] if st["cmd"].startswith("match")
+    )
+    assert rep.mismatched == 0, "\n".join(rep.messages[:5])
+
+
+@pytest.mark.skipif(not MORE.exists(), reason=f"{MORE} not found")
+def test_variation_answers_depend_on_set_property(tmp_path: Path) -> None:
+    """Without its set-property steps a variation session no longer reproduces Fluxion's
+    answers: the replay really applies them (and the policy really reads perf_class)."""
+    sessions = json.loads(MORE.read_text())
+    picked = [
+        s for s in sessions
+        if s["policy"] == "variation" and s["name"] == "fill-node1_excl"
+    ]
+    assert len(picked) == 2  # tiny and medium
+    stripped = [
+        {**s, "steps": [st for st in s["steps"] if not st["cmd"].startswith("set-property")]}
+        for s in picked
+    ]
+    for name in {s["graph"] for s in picked}:
+        (tmp_path / name).symlink_to(MORE.parent / name)
+    (tmp_path / "jobspecs").symlink_to(MORE.parent / "jobspecs")
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps(picked))
+    assert replay_cases(cases).mismatched == 0
+    cases.write_text(json.dumps(stripped))
+    rep = replay_cases(cases)
+    assert rep.bad_sessions == 2 and rep.mismatched > 0
 
 
 def _app() -> typer.Typer:

@@ -28,7 +28,7 @@ def match(
                      "Default: the bundled demo graph."),
     ] = None,
     policy: Annotated[str, typer.Option("--policy", "-P", help="first, low, high, lonode, hinode, "
-                                        "lonodex, hinodex, firstnodex")] = "first",
+                                        "lonodex, hinodex, firstnodex, locality, variation")] = "first",
     fmt: Annotated[str, typer.Option("--format", "-F", help="simple | jgf | rv1")] = "simple",
     commands: Annotated[
         Path | None, typer.Option("--commands", "-c", help="Read commands from FILE instead of stdin")
@@ -44,8 +44,8 @@ def match(
     demo: Annotated[bool, typer.Option("--demo", help="Run the bundled demo session (graph + commands)")] = False,
 ) -> None:
     """Match jobspecs against a resource graph (commands: match allocate FILE, cancel JOBID,
-    partial-cancel JOBID FILE, info JOBID, stat, set-status PATH up|down, advance SECONDS,
-    now, quit)."""
+    partial-cancel JOBID FILE, info JOBID, stat, set-status PATH up|down,
+    set-property PATH KEY=VALUE, advance SECONDS, now, quit)."""
     from fluxnetes.graph import GraphError, load_graph
     from fluxnetes.match import Matcher, MatchError
     from fluxnetes.match.session import Session, replay_cases

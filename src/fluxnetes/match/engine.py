@@ -248,13 +248,19 @@ class Dfu:
                 mine.qual += ev.qual
                 mine.total += ev.total
 
-    def choose_best_k(self, t: str, k: int, high: bool, exact: bool) -> bool:
+    def choose_best_k(self, t: str, k: int, high: bool, exact: bool,
+                      runs: dict[int, int] | None = None) -> bool:
+        """Select the best ``k`` candidates of type ``t`` (sorted by score, descending when
+        ``high``); with ``runs`` (locality at the root) by the run holding each score instead."""
         ev = self.m.get(t)
         if ev is None:
             ev = self.m[t] = Evals()
         if k == 0 or k > ev.qual:
             return False
-        sort_groups(ev.groups, high, exact)
+        if runs is None:
+            sort_groups(ev.groups, high, exact)
+        else:
+            sort_by_keys(ev.groups, [-runs[g.score] for g in ev.groups], exact)
         i = 0
         left = k
         groups = ev.groups
@@ -280,6 +286,55 @@ def sort_groups(groups: list[EG], high: bool, exact: bool) -> None:
         groups[:] = [groups[i] for i in order]
         return
     introsort(keys, groups)
+
+
+def sort_by_keys(groups: list[EG], keys: list[int], exact: bool) -> None:
+    """Order candidates by ascending ``keys`` (ties as in :func:`sort_groups`)."""
+    n = len(groups)
+    if n < 2:
+        return
+    if not exact or len(set(keys)) == n:
+        order = sorted(range(n), key=keys.__getitem__)
+        groups[:] = [groups[i] for i in order]
+        return
+    introsort(keys, groups)
+
+
+def score_runs(scores: set[int]) -> dict[int, int]:
+    """Score -> first score of its run of consecutive integers (Fluxion's locality policy puts
+    the candidate scores in an interval set, which joins adjacent integers into one interval,
+    and compares candidates by the interval holding their score)."""
+    out: dict[int, int] = {}
+    start = prev = 0
+    for i, s in enumerate(sorted(scores)):
+        if i == 0 or s != prev + 1:
+            start = s
+        out[s] = start
+        prev = s
+    return out
+
+
+def perf_class(v: Vertex) -> int:
+    """The vertex's ``perf_class`` property as Fluxion's variation policy reads it: an integer
+    prefix as ``std::stoi`` parses it; missing, unparsable, out of int range, < 0 or > 9999 all
+    mean 9999 (the worst class)."""
+    props = v.properties
+    if not props:
+        return 9999
+    raw = props.get("perf_class")
+    if raw is None:
+        return 9999
+    text = str(raw).lstrip(" \t\n\v\f\r")
+    i = 0
+    if text[:1] in ("+", "-"):
+        i = 1
+    j = i
+    while j < len(text) and "0" <= text[j] <= "9":
+        j += 1
+    if j == i:
+        return 9999
+    val = int(text[:j])  # (beyond int range std::stoi throws: 9999 as well)
+    return val if 0 <= val <= 9999 else 9999
 
 
 class Share:
@@ -333,8 +388,18 @@ class Engine:
 
     def __init__(self, root_vertex: Vertex, *, high: bool, node_centric: bool, stop_on_1: bool,
                  node_exclusive: bool, split_pools: bool = False, exact_ties: bool = False,
-                 prune_types: tuple[str, ...] = ("core", "node")) -> None:
+                 prune_types: tuple[str, ...] = ("core", "node"), slot_high: bool | None = None,
+                 perf_scores: bool = False, locality: bool = False) -> None:
+        """``high``: candidates by descending score at vertices and at the root;
+        ``slot_high``: the same for packing slots (default ``high``; `variation` packs by
+        descending score but chooses ascending); ``perf_scores``: a vertex scores
+        1 + perf_class instead of 1 + id + 1 (+ node factor) (`variation`); ``locality``: at
+        the root, candidates are ordered by the run of consecutive scores holding theirs,
+        higher runs first (`locality`)."""
         self.high = high
+        self.slot_high = high if slot_high is None else slot_high
+        self.perf = perf_scores
+        self.locality = locality
         self.node_centric = node_centric
         self.first = stop_on_1
         self.node_exclusive = node_exclusive
@@ -470,11 +535,19 @@ class Engine:
             return False
         dfu.add(root.v.type, EG(score, avail, x_in, [(avail, avail, x_in, None)], root=True))
         # dom_finish_graph
+        ivscores: set[int] | None = set() if self.locality else None
         for r in resources:
             qc = dfu.qual(r.type)
             cnt = calc_count(r.count, qc)
             if cnt == 0:
                 return False
+            if ivscores is not None:
+                # locality: one interval set over every top-level type seen so far
+                ev = dfu.m.get(r.type)
+                if ev is not None:
+                    ivscores.update(g.score for g in ev.groups)
+                dfu.choose_best_k(r.type, cnt, True, self.exact, score_runs(ivscores))
+                continue
             dfu.choose_best_k(r.type, cnt, self.high, self.exact)
         # has_root
         needs = 1
@@ -602,7 +675,7 @@ class Engine:
             ml -= factor
         if not met:
             return False, 0, 0, x_in
-        score = 1 + ml + v.id + 1
+        score = 1 + perf_class(v) if self.perf else 1 + ml + v.id + 1
         # ---- resolve
         if dfu.hier:
             self.enforce(dfu, False)
@@ -649,7 +722,7 @@ class Engine:
         avail = u.avail(at, end) if ps else v.size
         if avail == 0:
             return False, 0, 0, x_in
-        return True, 1 + ml + v.id + 1, avail, x_in
+        return True, (1 + perf_class(v) if self.perf else 1 + ml + v.id + 1), avail, x_in
 
     def explore(self, u: VState, resources: list[Resource], pristine: bool, excl: bool, dfu: Dfu, ml: int,
                 multiplier: int) -> bool:
@@ -782,7 +855,7 @@ class Engine:
                     break
         if not cands:
             return False
-        if self.high:
+        if self.slot_high:
             cands.sort(key=lambda x: -x[0])
         else:
             cands.sort(key=lambda x: x[0])
@@ -807,7 +880,7 @@ class Engine:
         dslot = Dfu()
         if not self.explore(u, shape, pristine, True, dslot, ml, nslots):
             return False
-        high = self.high
+        high = self.slot_high
         for ev in dslot.m.values():  # dom_finish_slot: choose_accum_all
             if ev.qual:
                 sort_groups(ev.groups, high, self.exact)

@@ -48,6 +48,20 @@ POLICIES: dict[str, tuple[bool, bool, bool, bool]] = {
     "hinode": (True, True, False, False),
     "lonodex": (False, True, False, True),
     "hinodex": (True, True, False, True),
+    # Fluxion's own classes for these two (fluxion-spec §4.5, §4.6); their extra rules
+    # are in _ENGINE_EXTRAS
+    "locality": (True, False, False, False),
+    "variation": (False, False, False, False),
+}
+
+# policy name -> Engine keyword arguments beyond POLICIES' four flags
+_ENGINE_EXTRAS: dict[str, dict[str, bool]] = {
+    # greater_interval_first: scores 1 + id + 1, descending everywhere, but at the root
+    # candidates are ranked by the run of consecutive scores (contiguous ids) they belong to
+    "locality": {"locality": True},
+    # var_aware: scores 1 + perf_class, ascending at vertices and the root; slots are packed
+    # with the default (descending) order
+    "variation": {"perf_scores": True, "slot_high": True},
 }
 
 
@@ -122,14 +136,17 @@ class Matcher:
             split_pools = bool(graph.meta.get("split_pools", False))
         self.split_pools = split_pools
         self.tie_break = tie_break
+        extra = _ENGINE_EXTRAS.get(policy, {})
         self.engine = Engine(graph.root, high=high, node_centric=nc, stop_on_1=s1, node_exclusive=nx,
-                             split_pools=split_pools, exact_ties=tie_break == "fluxion")
+                             split_pools=split_pools, exact_ties=tie_break == "fluxion",
+                             slot_high=extra.get("slot_high"), perf_scores=extra.get("perf_scores", False),
+                             locality=extra.get("locality", False))
         self._jobs: dict[int, JobRecord] = {}
         self._next_jobid = 1
         self._capacity = graph.summary()
         self.stats = {"succeeded": 0, "failed": 0, "fast": 0}
         # fast paths (static policies, stable ties): see match/fast.py
-        self._fast_policy = not s1 and not nx and tie_break == "stable"
+        self._fast_policy = not s1 and not nx and tie_break == "stable" and policy not in _ENGINE_EXTRAS
         self._slot_idx: dict[Any, SlotIndex] = {}
         self._node_idx: dict[Any, NodeIndex] = {}
         self._span_dirty = False
@@ -655,6 +672,18 @@ class Matcher:
             si.refresh_status()
         for ni in self._node_idx.values():
             ni.refresh_status()
+
+    def set_property(self, path_or_name: str, key: str, value: str) -> None:
+        """Set a vertex property (resource-query's ``set-property PATH KEY=VALUE``): later
+        matches see it (``perf_class`` orders `variation`; constraints test properties)."""
+        if not key or "=" in key:
+            raise MatchError(f"set-property: property name {key!r} must be non-empty and without '='")
+        try:
+            v = self.graph.get(path_or_name)
+        except GraphError as exc:
+            raise MatchError(str(exc)) from None
+        # a new dict: results already returned keep the properties they were emitted with
+        v.properties = {**(v.properties or {}), key: str(value)}
 
     def add_subgraph(self, jgf_or_graph: Mapping[str, Any] | str | ResourceGraph) -> list[str]:
         """Attach vertices (JGF with the path from the root, or a graph); returns new paths."""

@@ -25,7 +25,8 @@ HELP = """commands:
   cancel JOBID                      partial-cancel JOBID FILE (R/JGF json, or YAML list of
   info JOBID                          {name, cores, gpus, memory, extra})
   update-allocate JOBID FILE        record an existing placement (same FILE forms)
-  set-status PATH|NODE up|down      stat      now      advance SECONDS      help      quit"""
+  set-status PATH|NODE up|down      set-property PATH|NODE KEY=VALUE (perf_class orders
+  stat      now      advance SECONDS      help      quit          the variation policy)"""
 
 
 def simple_lines(r: MatchResult) -> list[str]:
@@ -108,6 +109,10 @@ class Session:
                 raise ValueError("usage: set-status PATH up|down")
             m.set_status(args[0], args[1] == "up")
             self.out(f"{args[0]} is {args[1]}")
+        elif cmd == "set-property":
+            key, value = _property(args)
+            m.set_property(args[0], key, value)
+            self.out(f"{args[0]}: {key}={value}")
         elif cmd == "advance":
             if len(args) != 1 or not args[0].isdigit():
                 raise ValueError("usage: advance SECONDS (a non-negative integer)")
@@ -148,6 +153,14 @@ class Session:
                 self.out(ln)
         when = "Now" if r.at == self.now else str(r.at)
         self.out(f"INFO: JOBID={r.jobid} RESOURCES={r.status.value} SCHEDULED AT={when}")
+
+
+def _property(args: list[str]) -> tuple[str, str]:
+    """``PATH KEY=VALUE`` -> (KEY, VALUE)."""
+    if len(args) != 2 or "=" not in args[1] or args[1].startswith("="):
+        raise ValueError("usage: set-property PATH KEY=VALUE")
+    key, _, value = args[1].partition("=")
+    return key, value
 
 
 def _jobid(args: list[str]) -> int:
@@ -238,6 +251,9 @@ def replay_cases(cases_path: str | Path, *, only: Callable[[dict[str, Any]], boo
                     bad += 1
                     rep.mismatched += 1
                     say(f"MISMATCH {label} step {i} `{st['cmd']}`\n  expected: {_short(exp)}\n  got:      {_short(got)}")
+            elif words[0] == "set-property":
+                key, value = _property(words[1:])
+                m.set_property(words[1], key, value)
             elif words[0] == "cancel":
                 expect_err = bool(st.get("errors"))
                 try:
