@@ -12,10 +12,16 @@ Mapping (kept in step with ``fluxnetes.graph.builders.from_k8s_nodes``):
   named by :func:`extended_type` (the graph builder uses the same function);
 * ``exclusive_nodes`` wraps the slots as ``node[N] (exclusive) -> slot[1]``: one pod per node,
   nothing else on those nodes.
+* ``locality="socket"`` (pod annotation ``fluxnetes.io/topology: socket``, read by
+  :func:`locality_from_annotations`) puts the slot's resources under one ``socket``:
+  ``slot -> socket[1] -> core, memory, gpu...``. The slot then holds a whole socket (NUMA
+  domain) of a topology-aware node (``fluxnetes.graph.topology``), all its cores and GPUs in
+  it; flat nodes (no NodeResourceTopology) have no sockets and cannot take it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +36,21 @@ class PodRequest:
     memory_bytes: int = 0
     gpus: int = 0
     extended: dict[str, int] = field(default_factory=dict)
+
+
+TOPOLOGY_ANNOTATION = "fluxnetes.io/topology"
+LOCALITIES = ("socket",)
+
+
+def locality_from_annotations(annotations: Mapping[str, Any] | None) -> str | None:
+    """The locality a pod asks for with ``fluxnetes.io/topology`` (None: none asked)."""
+    value = (annotations or {}).get(TOPOLOGY_ANNOTATION)
+    if value is None or value == "":
+        return None
+    if value not in LOCALITIES:
+        raise JobspecError(f"metadata.annotations.{TOPOLOGY_ANNOTATION}",
+                           f"must be one of {', '.join(LOCALITIES)}, got {value!r}")
+    return str(value)
 
 
 def extended_type(resource_name: str) -> str:
@@ -52,6 +73,7 @@ def jobspec_from_pods(
     duration: int = 0,
     exclusive_nodes: bool = False,
     name: str = "group",
+    locality: str | None = None,
 ) -> Jobspec:
     if not isinstance(count, int) or count < 1:
         raise JobspecError("count", "must be an integer >= 1 (pods in the group)")
@@ -63,6 +85,8 @@ def jobspec_from_pods(
         raise JobspecError("request.gpus", "must be >= 0")
     if duration < 0:
         raise JobspecError("duration", "must be >= 0")
+    if locality is not None and locality not in LOCALITIES:
+        raise JobspecError("locality", f"must be one of {', '.join(LOCALITIES)}, got {locality!r}")
     inner: list[dict[str, Any]] = [{"type": "core", "count": cores_for(request.cpu_millis)}]
     mem = mib_for(request.memory_bytes)
     if mem > 0:
@@ -75,9 +99,11 @@ def jobspec_from_pods(
         if n == 0:
             continue
         t = extended_type(rname)
-        if t in ("core", "memory", "gpu", "node", "slot"):
+        if t in ("core", "memory", "gpu", "node", "slot", "socket"):
             raise JobspecError(f"request.extended.{rname}", "clashes with a built-in resource type")
         inner.append({"type": t, "count": n})
+    if locality == "socket":
+        inner = [{"type": "socket", "count": 1, "with": inner}]
     label = name or "group"
     if exclusive_nodes:
         resources = [{"type": "node", "count": count, "exclusive": True,
