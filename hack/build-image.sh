@@ -193,7 +193,7 @@ step "(c) buildah bud Dockerfile --build-arg BASE_IMAGE=$BASE_IMAGE"
 say "    log: $LOG"
 ca=${FLUXNETES_BUILD_CA:-${PIP_CERT:-}}
 if [ -z "$ca" ] && [ -r /etc/pip.conf ]; then
-  ca=$(sed -n 's/^[[:space:]]*cert[[:space:]]*=[[:space:]]*//p' /etc/pip.conf | head -n 1)
+  ca=$(sed -n 's/^[[:space:]]*cert[[:space:]]*=[[:space:]]*//p' /etc/pip.conf | sed -n 1p)
 fi
 ca_args=()
 if [ -n "$ca" ]; then
@@ -218,7 +218,7 @@ logged bud -t "$IMAGE"
 step "(d) OCI archive"
 rm -f "$CACHED.part"
 logged bah push "$IMAGE" "oci-archive:$CACHED.part:$VERSION"
-bah images --format '{{.Size}}' "$IMAGE" 2>>"$LOG" | head -n 1 >"$CACHED.size"
+bah images --format '{{.Size}}' "$IMAGE" 2>>"$LOG" | sed -n 1p >"$CACHED.size"
 mv "$CACHED.part" "$CACHED"
 # keep the two newest archives; images nothing refers to any more (earlier builds) leave the store
 find "$CACHE" -maxdepth 1 -name 'fluxnetes-*.oci.tar' -printf '%T@ %p\n' | sort -rn | tail -n +3 \

@@ -69,5 +69,7 @@ if [ ! -f "$HOME_DIR/stages/node/fast/node-initialize.yaml" ]; then
   [ -d "$KW" ] || (cd "$SRC" && go mod download "sigs.k8s.io/kwok@$KWOK") || fail "go mod download sigs.k8s.io/kwok@$KWOK"
   mkdir -p "$HOME_DIR/stages"; cp -r "$KW"/. "$HOME_DIR/stages/"; chmod -R u+w "$HOME_DIR/stages"
 fi
-"$BIN/kube-apiserver" --version; "$BIN/etcd" --version | head -1; "$BIN/kwok" --version 2>/dev/null | head -1 || true
+"$BIN/kube-apiserver" --version
+# sed reads to the end; head would close the pipe early, and a SIGPIPE fails the step under pipefail
+"$BIN/etcd" --version | sed -n 1p; { "$BIN/kwok" --version 2>/dev/null | sed -n 1p; } || true
 echo "build-k8s: done in $(( $(date +%s) - start )) s"
