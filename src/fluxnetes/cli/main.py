@@ -27,6 +27,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "ctl",
     "submit_cmd",
     "store_cmd",
+    "agent_cmd",
 )
 
 

@@ -177,4 +177,6 @@ def nodes_cmd(
 
 
 def register(ctl: typer.Typer) -> None:
-    ctl.command("nodes")(nodes_cmd)
+    from fluxnetes.cli.ctl.agents import hook  # nodes exec / broadcast / tree (the agents)
+
+    ctl.add_typer(hook(nodes_cmd), name="nodes")
