@@ -76,6 +76,14 @@ def simulate_command(
                      "simulations: a reservation is a count of cores) or pinned (Fluxion/"
                      "qmanager, as the operator: a reservation holds specific nodes)"),
     ] = "counted",
+    engine: Annotated[
+        str,
+        typer.Option("--engine", help="auto (default): the fast reference engine (the "
+                     "backfilling literature's simulator, decision for decision) for fcfs, easy "
+                     "and conservative with counted reservations on identical nodes, else the "
+                     "queue engine; reference: that engine or an error saying why not; queue: "
+                     "the operator's Scheduler and graph matcher (one cycle per instant)"),
+    ] = "auto",
     strict: Annotated[
         bool, typer.Option("--strict", help="Stop at the first malformed SWF line")
     ] = False,
@@ -109,6 +117,8 @@ def simulate_command(
         raise _err("--nodes and --cores go together (e.g. --nodes 100 --cores 1)")
     if reservations not in ("pinned", "counted"):
         raise _err(f"--reservations must be pinned or counted (got {reservations!r})")
+    if engine not in ("auto", "reference", "queue"):
+        raise _err(f"--engine must be auto, reference or queue (got {engine!r})")
     names = [p.strip() for p in (compare or policy).split(",") if p.strip()]
     if not names:
         raise _err("--compare needs at least one policy")
@@ -119,12 +129,11 @@ def simulate_command(
         raise _err(str(exc)) from None
     if len({str(p) for p in policies}) != len(policies):
         raise _err(f"--compare lists a policy twice: {compare}")
-    try:
+    if match_policy != "first":  # the default needs no check (and no matcher import)
         from fluxnetes.match import POLICIES
-    except ImportError:  # pragma: no cover - the matcher is part of the package
-        POLICIES = {}
-    if POLICIES and match_policy not in POLICIES:
-        raise _err(f"--match-policy must be one of {', '.join(POLICIES)} (got {match_policy!r})")
+
+        if match_policy not in POLICIES:
+            raise _err(f"--match-policy must be one of {', '.join(POLICIES)} (got {match_policy!r})")
 
     # Output locations are checked before the run, so a typo does not cost the simulation.
     for target, what in ((csv_file.parent if csv_file else None, "--csv"), (plots, "--plots")):
@@ -163,7 +172,16 @@ def simulate_command(
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False, soft_wrap=True)
+    from fluxnetes.sim.runner import fast_engine_reason
+
+    engines: dict[str, str] = {}
+    for pol in policies:
+        reason = fast_engine_reason(workload, pol) if engine != "queue" else "--engine queue"
+        if reason and engine == "reference":
+            raise _err(f"--engine reference cannot run {pol}: {reason}")
+        engines[str(pol)] = "reference" if not reason else f"queue ({reason})"
     notes = _notes(path, trace is None, swf, workload, use_filter, estimate, reservations)
+    notes.append("engine   " + "; ".join(f"{name}: {what}" for name, what in engines.items()))
     if not as_json:
         for line in notes:
             out.print(line, markup=False)
@@ -174,7 +192,7 @@ def simulate_command(
     recorder = _open_recorder(store) if store is not None else None
     try:
         runs, summaries = _run_all(workload, policies, match_policy, quiet=as_json, console=err,
-                                   recorder=recorder)
+                                   recorder=recorder, engine=engine)
     finally:
         if recorder is not None:
             recorder.close()
@@ -242,7 +260,8 @@ def _open_recorder(url: str) -> Any:
 
 
 def _run_all(workload: Any, policies: list[Any], match_policy: str, *, quiet: bool,
-             console: Any, recorder: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+             console: Any, recorder: Any = None,
+             engine: str = "auto") -> tuple[dict[str, Any], dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fluxnetes.sim.runner import run_policy
@@ -265,7 +284,7 @@ def _run_all(workload: Any, policies: list[Any], match_policy: str, *, quiet: bo
                 recorder.namespace = f"sim-{str(policy).replace(':', '-')}"
                 recorder.ids.clear()
             run, summary = run_policy(workload, policy, match_policy=match_policy, progress=advance,
-                                      observer=recorder)
+                                      observer=recorder, engine=engine)  # type: ignore[arg-type]
             runs[str(policy)] = run
             summaries[str(policy)] = summary
     return runs, summaries
@@ -295,7 +314,8 @@ def _print_table(out: Any, summaries: dict[str, Any]) -> None:
         ("max wait", lambda s: _hms(s.max_wait)),
         ("mean bounded slowdown", lambda s: f"{s.mean_bsld:.2f}"),
         ("max bounded slowdown", lambda s: f"{s.max_bsld:,.1f}"),
-        ("scheduling cycles", lambda s: f"{s.cycles:,}"),
+        ("engine", lambda s: s.engine),
+        ("scheduling passes", lambda s: f"{s.cycles:,}"),
         ("matcher calls", lambda s: f"{s.matcher_calls:,}"),
         ("wall time", lambda s: f"{s.wall_seconds:.1f} s"),
     ]

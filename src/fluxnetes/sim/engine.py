@@ -13,10 +13,10 @@ import heapq
 from bisect import insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from fluxnetes.queue import QueuedJob, Scheduler
-from fluxnetes.queue.protocol import cores_of, shares_of
+if TYPE_CHECKING:
+    from fluxnetes.queue import Scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +71,9 @@ class SimObserver(Protocol):
     def on_reject(self, job: SimJob, now: int, reason: str) -> None: ...
 
 
-@dataclass
-class Sample:
-    """State after the events of one instant."""
+class Sample(NamedTuple):
+    """State after the events of one instant (a named tuple: a long run makes one per
+    instant, hundreds of thousands)."""
 
     time: int
     queued: int
@@ -109,6 +109,11 @@ def simulate(
     then (for a progress bar). Jobs that can never start (the queue cannot even reserve them)
     are reported in ``SimRun.never_started`` instead of looping forever.
     """
+    # the queue (and the matcher behind it) is imported here, not at module level: the fast
+    # reference engine shares this module's types and never needs them
+    from fluxnetes.queue import QueuedJob
+    from fluxnetes.queue.protocol import cores_of, shares_of
+
     ordered = sorted(jobs, key=lambda j: (j.submit, j.id))
     outcomes = {job.id: JobOutcome(job) for job in ordered}
     by_id = {job.id: job for job in ordered}

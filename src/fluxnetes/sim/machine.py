@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,21 +18,38 @@ class MachineError(ValueError):
 
 @dataclass
 class Machine:
-    graph: Any  # fluxnetes.graph.ResourceGraph
+    """The simulated machine. ``graph`` is the resource graph the queue engine matches on;
+    for a machine given by size (``--nodes/--cores`` or the SWF header) it is built on first
+    use, since the fast reference engine only needs the node names and sizes (the very names
+    the graph gives its nodes: ``node0``, ``node1``, ...)."""
+
     nodes: int
     cores_per_node: int  # the most common node size (whole-node requests use it)
     total_cores: int
     origin: str
     whole_nodes: bool = False
+    _graph: Any = field(default=None, repr=False)  # fluxnetes.graph.ResourceGraph
+    _build: Callable[[], Any] | None = field(default=None, repr=False)
     _specs: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
+    _node_cores: dict[str, int] | None = field(default=None, repr=False)
+
+    @property
+    def graph(self) -> Any:
+        if self._graph is None:
+            assert self._build is not None
+            self._graph = self._build()
+        return self._graph
 
     def describe(self) -> str:
         return f"{self.nodes} nodes x {self.cores_per_node} cores ({self.total_cores} cores, {self.origin})"
 
     def node_cores(self) -> dict[str, int]:
-        """Cores of each node, by node name (what match results name)."""
-        return {node.name: sum(1 for v in self.graph.walk(node) if v.type == "core")
+        """Cores of each node, by node name (what match results name), in graph order."""
+        if self._node_cores is None:
+            self._node_cores = {
+                node.name: sum(1 for v in self.graph.walk(node) if v.type == "core")
                 for node in self.graph.by_type.get("node", [])}
+        return dict(self._node_cores)
 
     def nodes_for(self, procs: int) -> int:
         return -(-procs // self.cores_per_node)
@@ -82,7 +100,9 @@ def _from_graph(graph: Any, origin: str, whole_nodes: bool) -> Machine:
     per_node = sizes.most_common(1)[0][0]
     if per_node <= 0:
         raise MachineError(f"{origin}: nodes have no cores")
-    return Machine(graph, len(nodes), per_node, total, origin, whole_nodes)
+    machine = Machine(len(nodes), per_node, total, origin, whole_nodes, _graph=graph)
+    machine.node_cores()  # computed once, from the graph
+    return machine
 
 
 def machine_from_size(nodes: int, cores: int, *, whole_nodes: bool = False, origin: str = "") -> Machine:
@@ -91,11 +111,16 @@ def machine_from_size(nodes: int, cores: int, *, whole_nodes: bool = False, orig
         raise MachineError(f"--nodes: must be >= 1 (got {nodes})")
     if cores < 1:
         raise MachineError(f"--cores: must be >= 1 (got {cores})")
-    from fluxnetes.graph import from_description
+    origin = origin or f"--nodes {nodes} --cores {cores}"
 
-    graph = from_description({"cluster": "swf", "node": {"sockets": 0, "cores": cores},
-                              "nodes": nodes})
-    return _from_graph(graph, origin or f"--nodes {nodes} --cores {cores}", whole_nodes)
+    def build() -> Any:
+        from fluxnetes.graph import from_description
+
+        return from_description({"cluster": "swf", "node": {"sockets": 0, "cores": cores},
+                                 "nodes": nodes})
+
+    return Machine(nodes, cores, nodes * cores, origin, whole_nodes, _build=build,
+                   _node_cores={f"node{i}": cores for i in range(nodes)})
 
 
 def machine_from_header(header: SwfHeader, *, whole_nodes: bool = False) -> Machine:

@@ -30,6 +30,7 @@ class Summary:
     cycles: int
     matcher_calls: int
     wall_seconds: float = 0.0
+    engine: str = ""  # "reference" (fastsim.py) or "queue" (Scheduler + graph matcher)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -42,12 +43,12 @@ def bounded_slowdown(outcome: JobOutcome, tau: int = TAU) -> float:
     return max(1.0, (wait + run) / max(run, tau))
 
 
-def summarize(run: SimRun, policy: str, wall_seconds: float = 0.0) -> Summary:
+def summarize(run: SimRun, policy: str, wall_seconds: float = 0.0, *, engine: str = "") -> Summary:
     ran = [o for o in run.outcomes if o.start is not None and o.end is not None]
     rejected = len(run.outcomes) - len(ran)
     if not ran:
         return Summary(policy, 0, rejected, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, run.total_cores,
-                       run.cycles, run.matcher_calls, wall_seconds)
+                       run.cycles, run.matcher_calls, wall_seconds, engine)
     waits = [o.start - o.job.submit for o in ran if o.start is not None]
     first = min(o.job.submit for o in ran)
     last = max(o.end for o in ran if o.end is not None)
@@ -69,6 +70,7 @@ def summarize(run: SimRun, policy: str, wall_seconds: float = 0.0) -> Summary:
         cycles=run.cycles,
         matcher_calls=run.matcher_calls,
         wall_seconds=wall_seconds,
+        engine=engine,
     )
 
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fluxnetes.queue import QueuePolicy, Scheduler
 from fluxnetes.queue.policy import ReservationStyle
@@ -24,6 +24,18 @@ from fluxnetes.sim.workload import Estimate, FilterReport, to_jobs
 #: queue KTH-SP2 builds under conservative is ~140 jobs, so the cap never binds there).
 SIM_QUEUE_DEPTH: dict[str, int | None] = {"fcfs": None, "easy": None, "conservative": 256,
                                           "hybrid": 256}
+
+
+#: ``auto``: the fast reference engine (``fastsim.py``) whenever it applies (fcfs, easy or
+#: conservative with counted reservations on identical nodes, the default queue depth and
+#: every job with an estimate), else the queue engine; ``reference``: the fast engine or an
+#: error saying why it cannot run; ``queue``: the operator's Scheduler and the graph matcher.
+Engine = Literal["auto", "reference", "queue"]
+ENGINES: tuple[str, ...] = ("auto", "reference", "queue")
+
+
+class EngineError(ValueError):
+    """``engine="reference"`` was asked for a run it cannot do (the message says why)."""
 
 
 def bundled_trace() -> Path:
@@ -73,6 +85,16 @@ def policy_for(
                        reservation_style=reservations)
 
 
+def fast_engine_reason(workload: Workload, policy: QueuePolicy) -> str:
+    """Why ``workload`` under ``policy`` cannot run on the fast reference engine ("" = it can)."""
+    from fluxnetes.sim.fastsim import fast_path_reason
+
+    if policy.queue_depth not in (None, SIM_QUEUE_DEPTH.get(policy.name)):
+        return f"queue depth {policy.queue_depth} (the reference looks at the whole queue)"
+    return fast_path_reason(workload.jobs, list(workload.machine.node_cores().values()),
+                            policy.name, policy.reservation_style)
+
+
 def run_policy(
     workload: Workload,
     policy: QueuePolicy,
@@ -81,8 +103,28 @@ def run_policy(
     matcher_factory: Callable[[Any, str], Any] = default_matcher,
     observer: SimObserver | None = None,
     progress: Callable[[int], None] | None = None,
+    engine: Engine = "auto",
 ) -> tuple[SimRun, Summary]:
+    """Run one policy. See :data:`Engine` for which engine runs it; the summary says which
+    (``Summary.engine``: ``reference`` or ``queue``)."""
     machine = workload.machine
+    if engine not in ENGINES:
+        raise EngineError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    if engine != "queue":
+        reason = fast_engine_reason(workload, policy)
+        if not reason:
+            from fluxnetes.sim.fastsim import simulate_fast
+
+            names = list(machine.node_cores())
+            started = time.perf_counter()
+            run = simulate_fast(workload.jobs, policy.name, node_names=names,
+                                cores_per_node=machine.cores_per_node,
+                                whole_nodes=machine.whole_nodes, observer=observer,
+                                progress=progress)
+            wall = time.perf_counter() - started
+            return run, summarize(run, str(policy), wall, engine="reference")
+        if engine == "reference":
+            raise EngineError(f"the reference engine cannot run this: {reason}")
     graph = copy.deepcopy(machine.graph)  # every run starts from an untouched graph
     matcher = matcher_factory(graph, match_policy)
     scheduler = Scheduler(matcher, policy, capacity_cores=machine.total_cores,
@@ -91,4 +133,4 @@ def run_policy(
     run = simulate(workload.jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
                    min_cores_for=machine.min_cores, observer=observer, progress=progress)
     wall = time.perf_counter() - started
-    return run, summarize(run, str(policy), wall)
+    return run, summarize(run, str(policy), wall, engine="queue")

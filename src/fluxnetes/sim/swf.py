@@ -12,11 +12,12 @@ number and the rule. With ``strict=True`` the first problem raises :class:`SwfEr
 from __future__ import annotations
 
 import gzip
-import io
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from pathlib import Path
+from typing import Any, NamedTuple
 
 #: The 18 SWF fields, in order (names used in messages and CSV output).
 FIELDS: tuple[str, ...] = (
@@ -75,9 +76,10 @@ class SwfProblem:
         return f"line {self.line}: {self.message}"
 
 
-@dataclass(frozen=True, slots=True)
-class SwfRecord:
-    """One job record: the 18 SWF fields (``-1`` = unknown), plus its line number."""
+class SwfRecord(NamedTuple):
+    """One job record: the 18 SWF fields (``-1`` = unknown), plus its line number. (A named
+    tuple: immutable, and about three times cheaper to build than a frozen dataclass, which
+    matters when a trace has hundreds of thousands of lines.)"""
 
     job_number: int
     submit_time: int
@@ -223,14 +225,6 @@ def parse_record(text: str, line: int = 0) -> SwfRecord:
     return record
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    with path.open("rb") as probe:
-        magic = probe.read(2)
-    if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return io.TextIOWrapper(path.open("rb"), encoding="utf-8", errors="replace")
-
-
 def iter_lines(path: str | Path) -> Iterator[str]:
     """Lines of a plain or gzip-compressed SWF file."""
     p = Path(path)
@@ -238,8 +232,77 @@ def iter_lines(path: str | Path) -> Iterator[str]:
         raise SwfError(f"no such file: {p}")
     if p.is_dir():
         raise SwfError(f"{p} is a directory, not an SWF file")
-    with _open_text(p) as handle:
-        yield from handle
+    data = p.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    # one read and one split: several times faster than a line iterator over gzip
+    yield from data.decode("utf-8", errors="replace").split("\n")
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a plain or gzip-compressed SWF file."""
+    return list(iter_lines(path))
+
+
+def _header_line(header: SwfHeader, raw: str, last_key: str | None) -> str | None:
+    """Take one ``;`` comment line into ``header``; returns the key it continues or set."""
+    body = raw.strip()[1:].strip()
+    header.comments.append(body)
+    key, sep, value = body.partition(":")
+    if body and last_key is not None and raw.lstrip().startswith(";" + " " * 4):
+        # indented continuation of the previous key (e.g. Information: url1 / url2)
+        header.fields[last_key] = f"{header.fields[last_key]} {body}".strip()
+    elif sep and key and " " not in key.strip():
+        last_key = key.strip()
+        header.fields[last_key] = value.strip()
+    return last_key
+
+
+def _parse_clean(lines: list[str], source: str) -> SwfTrace | None:
+    """The whole file at once, when it is clean: every data line 18 integers, none below
+    -1, every submit time known, no job number twice. The numbers are converted in one go
+    and the records built column-wise (several times faster than line by line on a trace
+    of hundreds of thousands of jobs). None when anything is off: the line-by-line reader
+    then finds and names the problem."""
+    header = SwfHeader()
+    last_key: str | None = None
+    start = 0
+    while start < len(lines):  # the header: comment (and blank) lines before the first job
+        raw = lines[start]
+        stripped = raw.lstrip()
+        if stripped and stripped[0] != ";":
+            break
+        if stripped:
+            last_key = _header_line(header, raw, last_key)
+        start += 1
+    body = lines[start:]
+    while body and not body[-1].strip():
+        body.pop()
+    if not body:
+        return SwfTrace(header=header, records=[], problems=[], source=source)
+    if ";" in "\n".join(body):
+        return None  # comments between jobs: the line-by-line reader handles them
+    splits = list(map(str.split, body))  # C-level loops from here on
+    lengths = set(map(len, splits))
+    numbers: Sequence[int]
+    if lengths == {len(FIELDS)}:
+        numbers = range(start + 1, start + 1 + len(splits))
+    elif lengths == {0, len(FIELDS)}:  # blank lines between jobs
+        numbers = [start + 1 + i for i, tokens in enumerate(splits) if tokens]
+    else:
+        return None
+    try:
+        values = list(map(int, chain.from_iterable(splits)))
+    except ValueError:
+        return None
+    cols: list[list[Any]] = [values[k::18] for k in range(18)]
+    if min(values) < UNKNOWN or UNKNOWN in cols[1] or len(set(cols[0])) != len(cols[0]):
+        return None
+    for k in (5, 6, 9):  # the fields that are amounts, kept as floats
+        cols[k] = list(map(float, cols[k]))
+    # tuple.__new__ is how a named tuple is made from an iterable (what _make does)
+    records: list[SwfRecord] = list(map(tuple.__new__, repeat(SwfRecord), zip(*cols, numbers, strict=True)))
+    return SwfTrace(header=header, records=records, problems=[], source=source)
 
 
 def parse_lines(
@@ -251,6 +314,10 @@ def parse_lines(
     Duplicate job numbers and submit times going backwards are reported too (the format says
     lines are sorted by submit time); the records are still returned in file order.
     """
+    lines = lines if isinstance(lines, list) else list(lines)
+    clean = _parse_clean(lines, source)
+    if clean is not None:
+        return clean
     header = SwfHeader()
     records: list[SwfRecord] = []
     problems: list[SwfProblem] = []
@@ -263,27 +330,32 @@ def parse_lines(
         problems.append(SwfProblem(lineno, message, text.strip()))
 
     for lineno, raw in enumerate(lines, start=1):
-        text = raw.strip()
-        if not text:
+        tokens = raw.split()
+        if not tokens:
             continue
-        if text.startswith(";"):
-            body = text[1:].strip()
-            header.comments.append(body)
-            key, sep, value = body.partition(":")
-            if body and last_key is not None and raw.lstrip().startswith(";" + " " * 4):
-                # indented continuation of the previous key (e.g. Information: url1 / url2)
-                header.fields[last_key] = f"{header.fields[last_key]} {body}".strip()
-            elif sep and key and " " not in key.strip():
-                last_key = key.strip()
-                header.fields[last_key] = value.strip()
+        if tokens[0][0] == ";":
+            last_key = _header_line(header, raw, last_key)
             continue
-        try:
-            record = parse_record(text, lineno)
-        except ValueError as exc:
-            problem(lineno, str(exc), text)
-            continue
+        record = None
+        if len(tokens) == 18:
+            # fast path: the usual all-integer line with nothing below -1 and a submit time
+            try:
+                n = list(map(int, tokens))
+            except ValueError:
+                pass
+            else:
+                if min(n) >= -1 and n[1] != UNKNOWN:
+                    record = SwfRecord(n[0], n[1], n[2], n[3], n[4], float(n[5]), float(n[6]),
+                                       n[7], n[8], float(n[9]), n[10], n[11], n[12], n[13],
+                                       n[14], n[15], n[16], n[17], lineno)
+        if record is None:
+            try:
+                record = parse_record(raw.strip(), lineno)
+            except ValueError as exc:
+                problem(lineno, str(exc), raw)
+                continue
         if record.job_number in seen:
-            problem(lineno, f"field 1 (job_number) {record.job_number} is used twice", text)
+            problem(lineno, f"field 1 (job_number) {record.job_number} is used twice", raw)
             continue
         seen.add(record.job_number)
         records.append(record)
@@ -292,4 +364,4 @@ def parse_lines(
 
 def read_swf(path: str | Path, *, strict: bool = False) -> SwfTrace:
     """Read an SWF file (plain or .gz)."""
-    return parse_lines(iter_lines(path), strict=strict, source=str(path))
+    return parse_lines(read_lines(path), strict=strict, source=str(path))
