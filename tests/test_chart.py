@@ -222,6 +222,13 @@ def test_default_render() -> None:
     # the webhook must listen on the pod IP for the Service to reach it
     assert args["webhook-host"] == "0.0.0.0"
     assert args["namespace"] == "$(POD_NAMESPACE)" and args["store"] == "$(FLUXNETES_STORE_URL)"
+    # the outage story (docs/high-availability.md): opted-in namespaces refuse what would bypass
+    # the queue while no replica serves the webhook; 2 replicas and a PodDisruptionBudget keep one
+    assert args["failure-policy"] == "Fail"
+    assert (args["lease-duration"], args["renew-deadline"], args["retry-period"]) == ("10", "7", "2")
+    pdb = one(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     # the webhook configurations the operator creates are owned by the chart's ClusterRole,
     # which the operator may read (that one only)
     assert args["owner-cluster-role"] == one(objs, "ClusterRole")["metadata"]["name"] == "fluxnetes"
@@ -313,7 +320,7 @@ def test_non_default_values() -> None:
             "--set",
             "webhook.namespaceLabel=example.com/hpc",
             "--set",
-            "webhook.failurePolicy=Fail",
+            "webhook.failurePolicy=Ignore",
             "--set",
             "postgresql.enabled=false",
             "--set",
@@ -348,7 +355,7 @@ def test_non_default_values() -> None:
     args = operator_args(objs)
     assert args["policy"] == "conservative" and args["match-policy"] == "hinodex"
     assert args["namespace-label"] == "example.com/hpc=true"
-    assert args["failure-policy"] == "Fail"
+    assert args["failure-policy"] == "Ignore"
     assert args["owner-cluster-role"] == one(objs, "ClusterRole")["metadata"]["name"] == "sched-fluxnetes"
     hybrid = docs(
         helm_template(
@@ -380,7 +387,7 @@ def test_existing_secret_for_the_store() -> None:
     ("args", "field"),
     [
         (("--set", "scheduler.matchPolicy=best"), "scheduler.matchPolicy"),
-        (("--set", "scheduler.matchPolicy=locality"), "scheduler.matchPolicy"),
+        (("--set", "scheduler.matchPolicy=nearest"), "scheduler.matchPolicy"),
         (("--set", "scheduler.queuePolicy=lifo"), "scheduler.queuePolicy"),
         (("--set", "scheduler.reservationDepth=-1"), "scheduler.reservationDepth"),
         (("--set", "webhook.failurePolicy=Maybe"), "webhook.failurePolicy"),

@@ -282,7 +282,6 @@ def test_mutate_pod_without_labels_keeps_other_gates() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        lambda p: p["spec"].__setitem__("nodeName", "n1"),
         lambda p: p["spec"].__setitem__("schedulerName", "other"),
         lambda p: p["metadata"].__setitem__(
             "ownerReferences", [{"kind": "DaemonSet", "name": "d", "controller": True}]
@@ -294,6 +293,34 @@ def test_mutate_pod_leaves_foreign_pods(change: Any) -> None:
     p = pod()
     change(p)
     assert "patch" not in admission.mutate(review(p))["response"]
+
+
+@pytest.mark.parametrize("labels", [None, {names.LABEL_ENABLED: "false"}, {names.LABEL_MANAGED: "true"}])
+def test_pod_bound_by_hand_is_refused_naming_the_field(labels: Any) -> None:
+    """spec.nodeName in a managed namespace would skip both schedulers: refused, opted out
+    or not, with what to do instead; a static pod's mirror and a DaemonSet's pods are not."""
+    p = pod(labels=labels)
+    p["spec"]["nodeName"] = "n1"
+    resp = admission.mutate(review(p))["response"]
+    assert resp["allowed"] is False
+    msg = resp["status"]["message"]
+    assert "spec.nodeName" in msg and "'n1'" in msg and "kubernetes.io/hostname: n1" in msg
+    mirror = pod(annotations={"kubernetes.io/config.mirror": "x"})
+    mirror["spec"]["nodeName"] = "n1"
+    assert admission.mutate(review(mirror))["response"]["allowed"] is True
+    ds = pod()
+    ds["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "d", "controller": True}]
+    ds["spec"]["nodeName"] = "n1"
+    assert admission.mutate(review(ds))["response"]["allowed"] is True
+
+
+def test_workload_whose_pods_would_be_bound_by_hand_is_refused() -> None:
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"},
+           "spec": {"template": {"spec": {"nodeName": "n2", "restartPolicy": "Never",
+                                          "containers": [{"name": "c", "image": "x"}]}}}}
+    req = {"uid": "u", "operation": "CREATE", "kind": {"kind": "Job"}, "object": job}
+    resp = admission.mutate({"request": req})["response"]
+    assert resp["allowed"] is False and "spec.template.spec.nodeName" in resp["status"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -35,19 +35,27 @@ def test_webhook_config_scope() -> None:
     pods = m["webhooks"][0]
     assert pods["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate-pods"
     assert base64.b64decode(pods["clientConfig"]["caBundle"]) == b"CA"
-    assert pods["failurePolicy"] == "Ignore"
+    # the outage story: opted-in namespaces refuse what would bypass the queue, nothing else is called
+    assert pods["failurePolicy"] == "Fail" and m["webhooks"][1]["failurePolicy"] == "Fail"
     exprs = pods["namespaceSelector"]["matchExpressions"]
     assert exprs[0] == {"key": names.LABEL_ENABLED, "operator": "In", "values": ["true"]}
     assert {"kube-system", "flux-ns"} <= set(exprs[1]["values"])
-    # pods born gated (from a template the workload webhook mutated) skip the pod webhook
-    assert {"key": names.LABEL_MANAGED, "operator": "NotIn", "values": ["true"]} in pods["objectSelector"][
-        "matchExpressions"]
+    # pods born gated (from a template the workload webhook mutated) and opted-out pods skip the
+    # pod webhook unless bound by hand (matchConditions, CEL: checked on the real API server by
+    # tests/test_k8s_outage.py)
+    assert "objectSelector" not in pods
+    cond = pods["matchConditions"][0]["expression"]
+    assert "object.spec.nodeName" in cond and names.LABEL_MANAGED in cond and names.LABEL_ENABLED in cond
     assert m["webhooks"][1]["objectSelector"] == {"matchExpressions": [
         {"key": names.LABEL_ENABLED, "operator": "NotIn", "values": ["false"]}]}
     every = webhook_config.mutating(target, webhook_config.Scope(admit_template_pods=True), b"CA")
-    assert every["webhooks"][0]["objectSelector"] == m["webhooks"][1]["objectSelector"]
+    assert names.LABEL_MANAGED not in every["webhooks"][0]["matchConditions"][0]["expression"]
+    ignore = webhook_config.mutating(target, webhook_config.Scope(failure_policy="Ignore"), b"CA")
+    assert {w["failurePolicy"] for w in ignore["webhooks"]} == {"Ignore"}
     v = webhook_config.validating(target, scope, b"CA")
     assert v["webhooks"][0]["objectSelector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
+    # guards updates only: kube-controller-manager must update pods (finalizers) during an outage
+    assert v["webhooks"][0]["failurePolicy"] == "Ignore"
     svc = webhook_config.WebhookTarget(service_name="fluxnetes", service_namespace="flux-ns")
     assert svc.client_config("/x", b"")["service"]["path"] == "/x"
 

@@ -92,7 +92,7 @@ seccompProfile:
 {{- if not (has .Values.scheduler.queuePolicy $queue) -}}
 {{- fail (printf "scheduler.queuePolicy: must be one of %s, got %q" (join ", " $queue) .Values.scheduler.queuePolicy) -}}
 {{- end -}}
-{{- $match := list "first" "low" "high" "lonode" "hinode" "lonodex" "hinodex" "firstnodex" -}}
+{{- $match := list "first" "low" "high" "lonode" "hinode" "lonodex" "hinodex" "firstnodex" "locality" "variation" -}}
 {{- if not (has .Values.scheduler.matchPolicy $match) -}}
 {{- fail (printf "scheduler.matchPolicy: must be one of %s, got %q" (join ", " $match) .Values.scheduler.matchPolicy) -}}
 {{- end -}}

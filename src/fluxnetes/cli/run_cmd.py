@@ -14,15 +14,18 @@ def register(app: typer.Typer) -> None:
         context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
         store: Annotated[str | None, typer.Option(help="store URL, the queue's memory: every group and decision is written there and the queue resumes from it after a restart (sqlite:///file.db, postgresql+psycopg://..., or 'default' = a SQLite file in the user data dir)")] = None,
         policy: Annotated[str, typer.Option(help="queue policy: fcfs, easy, conservative, hybrid:N")] = "easy",
-        match_policy: Annotated[str, typer.Option(help="match policy: first, low, high, lonode, hinode, lonodex, hinodex, firstnodex")] = "lonode",
+        match_policy: Annotated[str, typer.Option(help="match policy: first, low, high, lonode, hinode, lonodex, hinodex, firstnodex, locality, variation")] = "lonode",
         namespace: Annotated[str, typer.Option(help="the operator's own namespace (Lease, certificate Secret)")] = "fluxnetes-system",
         namespace_label: Annotated[str, typer.Option(help="label selecting the namespaces fluxnetes manages")] = "fluxnetes.io/enabled=true",
         webhook_port: Annotated[int, typer.Option(help="webhook HTTPS port (0 = any free port)")] = 9443,
         webhook_host: Annotated[str, typer.Option(help="webhook listen address")] = "127.0.0.1",
         webhook_url: Annotated[str | None, typer.Option(help="URL the API server calls (default https://127.0.0.1:PORT)")] = None,
         service_name: Annotated[str | None, typer.Option(help="in cluster: Service in front of the webhook")] = None,
-        failure_policy: Annotated[str, typer.Option(help="webhook failurePolicy: Ignore (default: an outage never blocks the cluster) or Fail")] = "Ignore",
+        failure_policy: Annotated[str, typer.Option(help="webhook failurePolicy in opted-in namespaces: Fail (default: while no replica serves the webhook, creating pods and workloads there is refused, so nothing bypasses the queue) or Ignore (they are then created unmanaged and counted as foreign pods); other namespaces are never affected")] = "Fail",
         leader_elect: Annotated[bool, typer.Option(help="Lease-based leader election")] = True,
+        lease_duration: Annotated[int, typer.Option(help="seconds a leader's Lease lasts without renewal: a crashed leader is replaced after this (+ --retry-period)")] = 10,
+        renew_deadline: Annotated[float, typer.Option(help="a leader that could not renew its Lease for this many seconds stops writing and steps down (must be below --lease-duration: the difference is the safety margin before another replica may take over)")] = 7.0,
+        retry_period: Annotated[float, typer.Option(help="seconds between Lease renewals (a follower looks at the Lease every min(this, 1) seconds)")] = 2.0,
         rack_label: Annotated[str, typer.Option(help="node label naming the rack")] = "fluxnetes.io/rack",
         on_node_lost: Annotated[str, typer.Option(help="groups on a lost node: fail or requeue")] = "fail",
         placement: Annotated[str, typer.Option(help="affinity: pods are gated, pinned to their node by a node affinity and bound by kube-scheduler; bind: pods get schedulerName fluxnetes and the operator binds them (fewer API writes per pod, no kube-scheduler checks)")] = "affinity",
@@ -53,6 +56,14 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc), param_hint="--policy") from None
         if failure_policy not in ("Ignore", "Fail"):
             raise typer.BadParameter("must be Ignore or Fail", param_hint="--failure-policy")
+        if not 2 <= lease_duration <= 600:
+            raise typer.BadParameter("must be between 2 and 600 seconds", param_hint="--lease-duration")
+        if not 0 < renew_deadline < lease_duration:
+            raise typer.BadParameter(f"must be above 0 and below --lease-duration ({lease_duration})",
+                                     param_hint="--renew-deadline")
+        if not 0 < retry_period < renew_deadline:
+            raise typer.BadParameter(f"must be above 0 and below --renew-deadline ({renew_deadline:g})",
+                                     param_hint="--retry-period")
         if on_node_lost not in ("fail", "requeue"):
             raise typer.BadParameter("must be fail or requeue", param_hint="--on-node-lost")
         if job_mode not in ("suspend", "gate"):
@@ -105,6 +116,7 @@ def register(app: typer.Typer) -> None:
             namespace=namespace, namespace_label=namespace_label, webhook_port=webhook_port,
             webhook_host=webhook_host, webhook_url=webhook_url, service_name=service_name,
             failure_policy=failure_policy, leader_elect=leader_elect, rack_label=rack_label,
+            lease_seconds=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period,
             on_node_lost=on_node_lost, job_mode=job_mode, metrics_port=metrics_port or None,
             admit_template_pods=admit_template_pods, coalesce_seconds=coalesce, event_rate=event_rate,
             status_interval=status_interval, placement=placement,

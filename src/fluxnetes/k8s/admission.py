@@ -2,9 +2,13 @@
 
 Mutating (CREATE):
 - Pod: add the scheduling gate ``fluxnetes.io/gate`` and the label ``fluxnetes.io/managed``;
-  Fluence/coscheduling group labels are copied to fluxnetes' spelling. Pods that are already
-  bound (``nodeName``), mirror/static pods, DaemonSet pods and pods of another scheduler are
-  left alone: the operator counts them as foreign allocations instead.
+  Fluence/coscheduling group labels are copied to fluxnetes' spelling. Mirror/static pods,
+  DaemonSet pods, pods of another scheduler and pods labelled ``fluxnetes.io/enabled=false``
+  are left alone: the operator counts them as foreign allocations instead.
+- A pod bound by hand (``spec.nodeName`` set at creation; also a workload whose pod template
+  sets it) is refused, opted out or not: it would skip both kube-scheduler and the queue and
+  take resources fluxnetes may have promised to other work (which fluxnetes could then not
+  even record). The message names the field and what to do instead.
 - Job: created suspended (and annotated ``fluxnetes.io/suspended-by: fluxnetes``, so the
   operator knows the hold is its own to lift), template gated. A Job its user created with
   ``spec.suspend: true`` keeps it and gets no such annotation: the operator waits for the user
@@ -45,11 +49,30 @@ def _response(uid: str, allowed: bool = True, patch: JsonPatch | None = None,
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
 
 
+class Refused(ValueError):
+    """Admission refuses the object; the message says which field and what to do."""
+
+
+def _check_not_bound(meta: Mapping[str, Any], spec: Mapping[str, Any], field: str) -> None:
+    node = spec.get("nodeName")
+    if not node:
+        return
+    if (meta.get("annotations") or {}).get("kubernetes.io/config.mirror"):
+        return  # a static pod's mirror, made by the kubelet
+    owner = controller_of(meta)
+    if owner is not None and owner.kind == "DaemonSet":
+        return
+    raise Refused(
+        f"{field} is set ({node!r}): in a namespace managed by fluxnetes pods are placed by its queue, "
+        "and a pod bound by hand would skip both schedulers and take resources promised to other work. "
+        f"Remove {field}; to run on that node, ask for it with a nodeSelector "
+        f"(kubernetes.io/hostname: {node}) and fluxnetes places it there when it fits; or use a namespace "
+        "that is not opted in to fluxnetes")
+
+
 def _skip_pod(pod: Mapping[str, Any]) -> bool:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
-    if spec.get("nodeName"):
-        return True
     if (meta.get("annotations") or {}).get("kubernetes.io/config.mirror"):
         return True
     if (meta.get("labels") or {}).get(names.LABEL_ENABLED) == "false":
@@ -61,11 +84,13 @@ def _skip_pod(pod: Mapping[str, Any]) -> bool:
 
 
 def mutate_pod(pod: Mapping[str, Any], hold: str = GATE) -> JsonPatch:
-    """JSON patch holding a pod (see k8s/hold.py); raises GroupError for bad grouping input."""
-    if _skip_pod(pod):
-        return []
+    """JSON patch holding a pod (see k8s/hold.py); raises GroupError for bad grouping input
+    and Refused for a pod bound by hand."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
+    _check_not_bound(meta, spec, "spec.nodeName")
+    if _skip_pod(pod):
+        return []
     check_pod_template(meta, spec)
     return [*managed_label_ops(meta.get("labels") or {}, ""), *hold_ops(spec, "", hold)]
 
@@ -79,6 +104,7 @@ def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True, hold: 
         return []
     tmpl = kind.template(obj)
     tmeta, tspec = tmpl.get("metadata") or {}, tmpl.get("spec") or {}
+    _check_not_bound({}, tspec, "spec.template.spec.nodeName")
     if tspec.get("schedulerName", _DEFAULT_SCHEDULER) != _DEFAULT_SCHEDULER:
         return []
     check_pod_template(tmeta, tspec)
@@ -101,7 +127,7 @@ def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = 
             ops = mutate_pod(obj, hold)
         else:
             ops = mutate_workload(obj, suspend_jobs=suspend_jobs, hold=hold)
-    except GroupError as exc:
+    except (GroupError, Refused) as exc:
         return _response(uid, allowed=False, message=f"fluxnetes: {exc}")
     return _response(uid, patch=ops)
 

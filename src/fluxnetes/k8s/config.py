@@ -23,7 +23,7 @@ class OperatorConfig:
     webhook_port: int = 9443
     webhook_url: str | None = None  # what the API server calls; default https://127.0.0.1:PORT
     service_name: str | None = None  # in cluster: the Service in front of the webhook
-    failure_policy: str = "Ignore"
+    failure_policy: str = "Fail"  # see webhook_config (the outage story)
     admit_template_pods: bool = False  # see webhook_config.Scope
     # ClusterRole owning the webhook configurations (deleted with it: webhook_config.Owner);
     # None or "": no owner, they outlive the operator
@@ -32,6 +32,12 @@ class OperatorConfig:
     leader_elect: bool = True
     lease_name: str = "fluxnetes-leader"
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # the Lease (leader.py): a crashed leader is replaced after lease_seconds (+ retry_period);
+    # a leader that could not renew for renew_deadline seconds stops writing (fencing), which
+    # is lease_seconds - renew_deadline before anyone else may take over
+    lease_seconds: int = 10
+    renew_deadline: float = 7.0
+    retry_period: float = 2.0
     # behaviour
     on_node_lost: str = "fail"  # fail | requeue
     # suspend: Jobs are created suspended and resumed when allocated (no pod exists before);

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,52 @@ class ApiError(Exception):
         return (f"permission denied: {self.method} {self.path} was refused ({msg}). The operator's identity "
                 "needs this permission: install or upgrade the chart's RBAC (deploy/chart/templates/rbac.yaml, "
                 "docs/configuration.md \"RBAC\") or grant it to the identity given by --kubeconfig")
+
+
+class Fenced(ApiError):
+    """A write refused by this process itself: it is not (surely) the leader any more."""
+
+    def __init__(self, method: str, path: str, why: str) -> None:
+        super().__init__(0, {"message": why, "reason": "Fenced"}, method, path)
+
+
+class Fence:
+    """Until when this process may write as the leader (a monotonic time, shared by threads).
+
+    The elector (leader.py) extends it after every renewal of the Lease and closes it when
+    the lease is lost or the process shuts down; :class:`Kube` refuses every write once it
+    has passed and caps a write's timeout at what is left, so no write of a leader that
+    could not renew reaches the API server after another replica may have taken over."""
+
+    def __init__(self) -> None:
+        self._until = 0.0
+        self._revoked = False
+        self._lock = threading.Lock()
+
+    def extend(self, until: float) -> None:
+        with self._lock:
+            if not self._revoked:
+                self._until = max(self._until, until)
+
+    def close(self) -> None:
+        """No writes until the next ``extend`` (the lease is lost; it may be won again)."""
+        with self._lock:
+            self._until = 0.0
+
+    def revoke(self) -> None:
+        """No writes ever again (shutting down): a renewal still in flight cannot reopen it."""
+        with self._lock:
+            self._revoked, self._until = True, 0.0
+
+    def remaining(self) -> float:
+        return self._until - time.monotonic()
+
+    def check(self, method: str, path: str) -> float:
+        """Seconds left to write, or Fenced."""
+        left = self.remaining()
+        if left <= 0:
+            raise Fenced(method, path, "not the leader (lease not renewed in time, or shutting down): write refused")
+        return left
 
 
 @dataclass(frozen=True)
@@ -94,6 +142,12 @@ class Kube:
         self._sem = asyncio.Semaphore(concurrency)
         # status and Event writes queue behind placements: they never delay a pod start
         self._bg = asyncio.Semaphore(max(1, concurrency // 8))
+        # set on the leader's client (leader.py): every write checks it just before it is sent
+        self.fence: Fence | None = None
+
+    def clone(self) -> Kube:
+        """A client with the same credentials and its own connections (for another thread)."""
+        return Kube(self.host, self._ssl, dict(self._headers), concurrency=4)
 
     @classmethod
     async def from_config(cls, kubeconfig: str | None = None, context: str | None = None,
@@ -146,7 +200,16 @@ class Kube:
             async with self._bg:
                 return await self.request(method, path, body, params=params, content_type=content_type,
                                           timeout=timeout)
-        async with self._sem, self.session().request(
+        async with self._sem:
+            if self.fence is not None and method != "GET":
+                # checked once a connection slot is ours, right before sending; the write may
+                # not outlive the fence either
+                timeout = min(timeout, self.fence.check(method, path))
+            return await self._send(method, url, path, data, content_type, timeout)
+
+    async def _send(self, method: str, url: str, path: str, data: bytes | None, content_type: str,
+                    timeout: float) -> Any:
+        async with self.session().request(
             method, url, data=data, headers={"Content-Type": content_type},
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as resp:

@@ -13,7 +13,10 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import signal
+import threading
+import time
 from typing import Any
 
 from fluxnetes.k8s import certs, fluxjob, webhook_config
@@ -186,6 +189,8 @@ class Operator:
         self.health = Health()
         self.metrics_server: Any = None
         self.setup_done = False
+        self.finished = threading.Event()  # set once main() is done (see shutdown_deadline)
+        self._side_tasks: list[asyncio.Future[Any]] = []
 
     def readiness(self) -> bool:
         """/readyz: the leader once it has synced Nodes and pods (and reached its store, when
@@ -275,49 +280,132 @@ class Operator:
             raise
         self.setup_done = True
         assert self.kube is not None
-        tasks: list[asyncio.Task[Any]] = [tracker]
         try:
-            if self.config.leader_elect:
-                self.elector = LeaderElector(self.kube, self.config.namespace, self.config.lease_name,
-                                             self.config.identity)
-                tasks.append(asyncio.ensure_future(self.elector.run()))
-                lead = asyncio.ensure_future(self.elector.leading.wait())
-                stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait([lead, stopper, tasks[-1]], return_when=asyncio.FIRST_COMPLETED)
-                lead.cancel()
-                stopper.cancel()
-                if tasks[-1].done() and not tasks[-1].cancelled() and tasks[-1].exception() is not None:
-                    raise tasks[-1].exception()  # type: ignore[misc]
+            if not self.config.leader_elect:
+                await self._lead(stop)
+                return
+            cfg = self.config
+            self.elector = elector = LeaderElector(
+                self.kube, cfg.namespace, cfg.lease_name, cfg.identity, lease_seconds=cfg.lease_seconds,
+                renew_deadline=cfg.renew_deadline, retry_seconds=cfg.retry_period)
+            # every write of the leader checks the fence the elector extends on each renewal
+            self.kube.fence = elector.fence
+            self._side_tasks.append(asyncio.ensure_future(self._beat(elector)))
+            await elector.run()
+            while not stop.is_set():
+                await _first(stop.wait(), elector.leading.wait(), elector.lost.wait())
+                if elector.error is not None:
+                    raise elector.error
                 if stop.is_set():
                     return
-            METRICS.leader.set(1)
-            self.controller = Controller(self.kube, self.config)
-            tasks.append(asyncio.ensure_future(self.controller.run()))
-            waits = [asyncio.ensure_future(stop.wait()), tasks[-1]]
-            if self.elector is not None:
-                waits.append(asyncio.ensure_future(self.elector.lost.wait()))
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                if w not in tasks:
-                    w.cancel()
-            for d in done:
-                if d in tasks and d.exception() is not None:
-                    raise d.exception()  # type: ignore[misc]
+                if not await self._lead(stop):
+                    return
+                if elector.error is not None:
+                    raise elector.error
+                log.warning("stepped down (the lease could not be renewed in time); competing for it again")
+                elector.rejoin()
+        finally:
+            await self._shutdown(tracker)
+
+    @staticmethod
+    async def _beat(elector: LeaderElector) -> None:
+        """Tell the elector the loop runs (a wedged loop must not keep the lease: leader.py)."""
+        while True:
+            elector.heartbeat = time.monotonic()
+            await asyncio.sleep(1)
+
+    async def _lead(self, stop: asyncio.Event) -> bool:
+        """Run the controller until ``stop`` (False) or the lease is lost (True)."""
+        from fluxnetes.metrics import METRICS
+
+        assert self.kube is not None
+        METRICS.leader.set(1)
+        self.controller = controller = Controller(self.kube, self.config)
+        _slow_cycles_for_tests(controller)
+        run = asyncio.ensure_future(controller.run())
+        try:
+            waits = [stop.wait(), run] + ([self.elector.lost.wait()] if self.elector is not None else [])
+            await _first(*waits)
+            if run.done() and not run.cancelled() and run.exception() is not None:
+                raise run.exception()  # type: ignore[misc]
+            return self.elector is not None and self.elector.lost.is_set() and not stop.is_set()
         finally:
             METRICS.leader.set(0)
             self.health.ready = False
-            if self.controller is not None:
-                await self.controller.stop()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if self.elector is not None and self.elector.leading.is_set():
-                await self.elector.release()
-            if self.webhook is not None:
-                await self.webhook.stop()
-            if self.metrics_server is not None:
-                self.metrics_server.close()
+            run.cancel()
+            await controller.stop()
+            await asyncio.gather(run, return_exceptions=True)
+            self.controller = None
+
+    def begin_shutdown(self) -> None:
+        """The stop signal arrived (maybe in the middle of a cycle): no write from now on."""
+        if self.elector is not None:
+            self.elector.fence.revoke()
+
+    def shutdown_deadline(self, grace: float) -> None:
+        """From a thread: if the process has not finished ``grace`` seconds after the stop
+        signal (a long scheduling cycle holds the loop), give the lease up and exit now."""
+        if self.finished.wait(grace):
+            return
+        log.warning("still busy %.1f s after the stop signal (a scheduling cycle holds the loop): releasing "
+                    "the lease and exiting without waiting", grace)
+        if self.elector is not None:
+            self.elector.release_blocking(0.3)
+        logging.shutdown()
+        os._exit(0)
+
+    async def _shutdown(self, tracker: asyncio.Future[Any]) -> None:
+        from fluxnetes.metrics import METRICS
+
+        METRICS.leader.set(0)
+        self.health.ready = False
+        self.begin_shutdown()
+        tracker.cancel()
+        for t in self._side_tasks:
+            t.cancel()
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.elector is not None:
+            await self.elector.release()  # the follower takes over at its next look (every second)
+            self.elector.stop()
+        if self.webhook is not None:
+            await self.webhook.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        if self.kube is not None:
             await self.kube.close()
+        await asyncio.gather(tracker, return_exceptions=True)
+
+
+async def _first(*aws: Any) -> None:
+    """Wait until the first of ``aws`` is done; cancel the others (tasks given are kept)."""
+    futs = [a if isinstance(a, asyncio.Future) else asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(futs, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f, a in zip(futs, aws, strict=True):
+            if f is not a:
+                f.cancel()
+
+
+# FLUXNETES_DEBUG_SLOW_CYCLE=SECONDS: every scheduling cycle first holds the event loop that
+# long (time.sleep), as a huge backlog would; the leadership tests use it
+DEBUG_SLOW_CYCLE = "FLUXNETES_DEBUG_SLOW_CYCLE"
+
+
+def _slow_cycles_for_tests(controller: Controller) -> None:
+    raw = os.environ.get(DEBUG_SLOW_CYCLE, "").strip()
+    if not raw:
+        return
+    seconds = float(raw)
+    cycle = controller.run_cycle
+
+    def slow_cycle() -> None:
+        log.warning("%s=%s: holding the event loop %.1f s in this cycle", DEBUG_SLOW_CYCLE, raw, seconds)
+        time.sleep(seconds)
+        cycle()
+
+    controller.run_cycle = slow_cycle  # type: ignore[method-assign]
 
 
 async def remove_webhooks(kube: Kube) -> None:
@@ -328,14 +416,36 @@ async def remove_webhooks(kube: Kube) -> None:
     await kube.delete(POLICIES, webhook_config.POLICY_NAME)
 
 
+SHUTDOWN_GRACE = 1.5  # seconds from SIGTERM to exit, even in the middle of a cycle
+
+
 def main(config: OperatorConfig) -> None:
+    operator = Operator(config)
+
     async def _run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        signalled: list[int] = []
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            # a Python-level handler runs in the main thread at the next bytecode, even in the
+            # middle of a scheduling cycle; the loop only sees its callbacks once the cycle ends
+            if signalled:
+                log.warning("second stop signal: exiting now")
+                operator.shutdown_deadline(0)
+            signalled.append(signum)
+            log.info("stop signal %s: stepping down", signal.Signals(signum).name)
+            operator.begin_shutdown()
+            loop.call_soon_threadsafe(stop.set)
+            threading.Thread(target=operator.shutdown_deadline, args=(SHUTDOWN_GRACE,),
+                             name="fluxnetes-shutdown", daemon=True).start()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
+                # asyncio's handler makes the signal wake the loop (its wakeup fd); ours does the work
                 loop.add_signal_handler(sig, stop.set)
-        await Operator(config).run(stop)
+                signal.signal(sig, on_signal)
+        await operator.run(stop)
 
     from fluxnetes.store import StoreConfigError, StoreUnavailable
 
@@ -350,3 +460,5 @@ def main(config: OperatorConfig) -> None:
         # a missing RBAC permission is a configuration error, not a bug: say which, and exit
         log.error(exc.permission_hint())
         raise SystemExit(2) from None
+    finally:
+        operator.finished.set()

@@ -98,7 +98,11 @@ class WebhookServer:
 
     async def start(self) -> int:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context(self.bundle))
+        # SO_REUSEPORT: replicas on one host (out of cluster) share the port the webhook
+        # configuration names, and the kernel sends each connection to a live one; so the
+        # webhook keeps answering while any replica runs (the outage story: webhook_config)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context(self.bundle),
+                           reuse_port=self.port != 0)
         await site.start()
         server: Any = site._server
         if self.port == 0 and server is not None and getattr(server, "sockets", None):

@@ -4,12 +4,23 @@ Scope: only namespaces labelled ``fluxnetes.io/enabled=true`` (configurable), ne
 kube-system, kube-public, kube-node-lease or the operator's own namespace; objects labelled
 ``fluxnetes.io/enabled=false`` are skipped.
 
-failurePolicy: Ignore (default). If the operator is down, the API server admits objects
-unmutated after the short timeout instead of refusing them: nothing in the cluster can be
-blocked by a fluxnetes outage. The cost is that work created during an outage is not gated;
-it is then scheduled by kube-scheduler and fluxnetes counts it like any other foreign pod
-(nothing is double-booked). ``--failure-policy Fail`` is available for namespaces that must
-never run unqueued work; even then only opted-in namespaces are affected.
+failurePolicy: Fail (default), the outage story. Opted-in namespaces must never run work
+that bypasses the queue, so while no replica answers, the API server refuses to create pods
+and workloads there ("failed calling webhook \"pods.mutate.fluxnetes.io\" ... connection
+refused"); every other namespace, kube-system included, is never called and never
+affected. Every replica serves the webhook, leader or not (the chart runs 2 replicas behind
+one Service with a PodDisruptionBudget; replicas on one host share the port), so a leader
+crash or a rolling update does not close the namespaces. Controllers (the Job controller,
+ReplicaSets) retry refused creates by themselves. ``--failure-policy Ignore`` trades this
+for availability: work created during an outage then runs unmanaged and fluxnetes counts it
+as foreign pods. The gate-protecting validating webhook (only used without
+ValidatingAdmissionPolicy) stays Ignore: it guards updates, and kube-controller-manager
+must be able to update pods (finalizers) during an outage.
+
+Pods bound by hand (``spec.nodeName`` at creation) in an opted-in namespace, even ones
+labelled ``fluxnetes.io/enabled=false``, reach the pod webhook (``matchConditions``) and
+are refused there (admission.py): they would skip both schedulers and take resources the
+queue promised to others.
 
 Lifetime: these objects are created by the running operator, not by the chart, so nothing
 would delete them when the installation is removed (``helm uninstall``, ``kubectl delete -f
@@ -22,6 +33,7 @@ out-of-cluster run with no such ClusterRole) they stay until deleted by hand.
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +96,7 @@ class WebhookTarget:
 class Scope:
     namespace_label: str = f"{names.LABEL_ENABLED}=true"
     own_namespace: str = "fluxnetes-system"
-    failure_policy: str = "Ignore"
+    failure_policy: str = "Fail"
     timeout_seconds: int = 5
     extra_excluded: list[str] = field(default_factory=list)
     # pods made from a template the workload webhook already gated and labelled (Jobs,
@@ -102,24 +114,37 @@ class Scope:
         ]}
 
 
-def _common(scope: Scope) -> dict[str, Any]:
+def _common(scope: Scope, failure_policy: str | None = None) -> dict[str, Any]:
     return {
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",
-        "failurePolicy": scope.failure_policy,
+        "failurePolicy": failure_policy or scope.failure_policy,
         "timeoutSeconds": scope.timeout_seconds,
         "namespaceSelector": scope.namespace_selector(),
     }
 
 
+def _label_is(key: str, value: str) -> str:
+    return (f"(has(object.metadata.labels) && {json.dumps(key)} in object.metadata.labels "
+            f"&& object.metadata.labels[{json.dumps(key)}] == {json.dumps(value)})")
+
+
+def pod_match_conditions(scope: Scope) -> list[dict[str, str]]:
+    """Which pods the pod webhook sees (CEL, evaluated by the API server): every pod bound by
+    hand (``spec.nodeName``: refused there), otherwise not the ones opted out with
+    ``fluxnetes.io/enabled=false`` nor, unless ``admit_template_pods``, the ones born held
+    from a template the workload webhook already mutated (``fluxnetes.io/managed=true``; a
+    pod labelled so by hand is not held: kube-scheduler places it and fluxnetes counts it
+    as foreign)."""
+    skipped = [_label_is(names.LABEL_ENABLED, "false")]
+    if not scope.admit_template_pods:
+        skipped.append(_label_is(names.LABEL_MANAGED, "true"))
+    bound = '(has(object.spec.nodeName) && object.spec.nodeName != "")'
+    return [{"name": "bound-by-hand-or-not-held-yet", "expression": f"{bound} || !({' || '.join(skipped)})"}]
+
+
 def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str, Any]:
     not_disabled = {"matchExpressions": [{"key": names.LABEL_ENABLED, "operator": "NotIn", "values": ["false"]}]}
-    pods_selector = not_disabled if scope.admit_template_pods else {"matchExpressions": [
-        *not_disabled["matchExpressions"],
-        # already gated at birth (template mutated at the workload's admission). A pod labelled
-        # so by hand is not gated: kube-scheduler places it and fluxnetes counts it as foreign.
-        {"key": names.LABEL_MANAGED, "operator": "NotIn", "values": ["true"]},
-    ]}
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -130,7 +155,7 @@ def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str,
                 "clientConfig": target.client_config(MUTATE_PODS_PATH, ca_bundle),
                 "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                            "resources": ["pods"], "scope": "Namespaced"}],
-                "objectSelector": pods_selector,
+                "matchConditions": pod_match_conditions(scope),
                 "reinvocationPolicy": "Never",
                 **_common(scope),
             },
@@ -164,7 +189,9 @@ def validating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[st
                            "resources": ["pods"], "scope": "Namespaced"}],
                 # only pods fluxnetes gated: other pod updates never reach the webhook
                 "objectSelector": {"matchLabels": {names.LABEL_MANAGED: "true"}},
-                **_common(scope),
+                # Ignore whatever --failure-policy says: kube-controller-manager updates these
+                # pods (finalizers) and must not be stopped by an outage (see the docstring)
+                **_common(scope, "Ignore"),
             },
         ],
     }
@@ -178,7 +205,6 @@ def gate_policy(scope: Scope, operators: list[str]) -> tuple[dict[str, Any], dic
     webhook round trip on the several updates every pod gets, and nothing that can be down).
     Used when the API server serves admissionregistration.k8s.io/v1 policies (1.30+); the
     validating webhook is the fallback."""
-    import json
 
     gate = json.dumps(names.GATE)
     who = ", ".join(json.dumps(o) for o in sorted(operators)) or '""'
