@@ -61,3 +61,15 @@ def test_terminal_rows_never_change_and_live_jobs_come_back_in_queue_order(tmp_p
     j.cancel(j.live_jobs()[0].id, now=50, reason="its objects are gone")
     j.close()
     assert [r.name for r in j.live_jobs()] == ["early", "late"]
+
+
+def test_a_completion_with_no_known_allocation_still_ends_the_row(tmp_path: Path) -> None:
+    """Found finished after a restart with its pods gone: where it ran is unknown, but its
+    row must end (a live row would be read back and queued again after the next restart)."""
+    j = Journal(f"sqlite:///{tmp_path / 'j.db'}")
+    j.record(rec(), now=10)
+    j.record(rec(phase=Phase.COMPLETED, reason="Job completed before this operator allocated it"), now=20)
+    j.close()
+    r = j.store.find("ns", "job-a", "u-job-a")
+    assert r is not None and str(r.state) == "cancelled"
+    assert j.live_jobs() == []

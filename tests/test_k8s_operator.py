@@ -513,7 +513,10 @@ def test_restart_while_jobs_flow_completes_each_job_once(k8s_cluster: Any, ns: s
 
     url = f"sqlite:///{tmp_path / 'flow.db'}"
     operator.kill(signal.SIGTERM)
-    operator.start("--store", url)
+    # failurePolicy Ignore (the default is Fail, which refuses the Jobs below while the
+    # operator is down; tests/test_k8s_outage.py covers that): they run unmanaged, counted as
+    # foreign pods, and must still never be overbooked nor run twice
+    operator.start("--store", url, "--failure-policy", "Ignore")
 
     nodes = {n["metadata"]["name"]: n for n in k8s_cluster.kubectl_json("get", "nodes")["items"]}
     from fluxnetes.k8s.resources import node_allocatable, pod_request
@@ -542,7 +545,7 @@ def test_restart_while_jobs_flow_completes_each_job_once(k8s_cluster: Any, ns: s
         time.sleep(2)
         operator.kill(signal.SIGKILL)
         apply(k8s_cluster, ns, docs[100:])  # submitted while the operator is down
-        operator.start("--store", url)
+        operator.start("--store", url, "--failure-policy", "Ignore")
 
         def all_complete() -> bool:
             jobs = k8s_cluster.kubectl_json("get", "jobs", "-n", ns)["items"]

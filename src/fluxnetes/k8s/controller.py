@@ -18,15 +18,24 @@ recorded but the cluster does not show yet (no FluxJob status, no pod placed, Jo
 is taken up again on exactly the store's nodes (``adopt_allocation``), or matched again when
 one of them is gone; a Running FluxJob whose pods were never placed gets them placed and its
 Job resumed (``reconcile``); a group the store lost is recorded again from the cluster.
+What no record shows, the cluster does (``recover_from_cluster``, before any replayed event):
+a finished workload is never queued again and gets its final FluxJob; pods placed for a group
+no record shows allocated give its allocation back (``adopt_placed``). ``check_accounting``
+compares the graph with the bound pods (logged after every recovery). Owners are matched by
+uid (a Job created again under its old name is a new workload: ``drop_earlier_owner``).
 
 Scaling: a ReplicaSet (so a Deployment) or StatefulSet that grows after its group was
 allocated gets a new group "<group>-scale-N" (its own FluxJob) for the added pods, queued
 and matched all-or-nothing like any group while those pods stay gated; the running pods are
 untouched. Growing or shrinking before a group started resizes it. Shrinking gives back the
 removed pods' shares (empty slots at once, the others as the controller deletes the pods),
-counting the base group and its scale groups together. A StatefulSet must use
-``podManagementPolicy: Parallel`` (OrderedReady creates pod N+1 only once pod N is Ready,
-which a gated pod never is before its group is complete).
+counting the base group and its scale groups together. A StatefulSet with the default
+``podManagementPolicy: OrderedReady`` (pod N+1 is created only once pod N is Ready) grows
+this way one pod at a time (workloads/statefulset.py); a Parallel one is one group.
+
+Node loss (``node_lost``): exactly the lost node's shares are given back; a failed group's
+surviving pods keep theirs until they end. Unsatisfiable is judged for every queued group
+each cycle (k8s/satisfiable.py) and looked at again when nodes change.
 
 Memory: a group that is over (final phase, no pod left, final FluxJob status written) is
 forgotten (``prune_finished``); its FluxJob keeps what ``kubectl get fluxjobs`` shows.
@@ -58,6 +67,7 @@ from fluxnetes.k8s.groups import (
     explicit_group,
     group_of_pod,
     jobspec_of,
+    locality_of,
     object_name,
     request_of,
 )
@@ -74,8 +84,9 @@ from fluxnetes.k8s.kube import (
     Kube,
     Resource,
 )
-from fluxnetes.k8s.placement import ANN_SLOT, binding, place_patch, placed_jobid
+from fluxnetes.k8s.placement import ANN_SLOT, assigned_node, binding, place_patch, placed_jobid
 from fluxnetes.k8s.resources import GPU, PodResources
+from fluxnetes.k8s.satisfiable import Judge
 from fluxnetes.k8s.workloads import KINDS, WorkloadKind, kind_of
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
@@ -87,6 +98,8 @@ QUEUED = (Phase.PENDING, Phase.RESERVED)
 # FLUXNETES_DEBUG_EXIT_AT=<point>: the process exits (status 137, like SIGKILL) at that point,
 # so tests can stop the operator deterministically inside a crash window (see start_group)
 DEBUG_EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
+# FLUXNETES_DEBUG_CHECK_SECONDS=<s>: log the accounting check (graph use == bound pods) every s
+CHECK_EVERY = "FLUXNETES_DEBUG_CHECK_SECONDS"
 # the group formed by the pods added when a workload scales up after its group was allocated
 SCALE_SEP = "-scale-"
 # Normal Events per second, burst (Warnings are never dropped); --event-rate overrides the rate
@@ -176,6 +189,7 @@ class Group:
     released: set[int] = field(default_factory=set)
     held: dict[str, shares.Share] = field(default_factory=dict)  # node -> what is still held
     failed_pods: int = 0
+    deleted_pods: int = 0  # pods deleted before they finished (their shares given back)
     resumed: bool = False
     fj_exists: bool = False
     fj_dirty: bool = True
@@ -256,6 +270,11 @@ class Controller:
         # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
         self.node_view = nodefit.NodeView()
         self.fitted: dict[tuple[str, str], tuple[int, Any, Any]] = {}  # key -> (version, base, fitted)
+        self.judge = Judge()  # can a queued group ever run? (k8s/satisfiable.py, run_cycle)
+        from fluxnetes.k8s.topology import Topologies, TopologySource
+
+        self.topologies = Topologies()  # NodeResourceTopology by node (k8s/topology.py)
+        self.topology_source = TopologySource(kube, self.queue)
 
     # ---------------------------------------------------------------- helpers
     def now(self) -> int:
@@ -312,6 +331,8 @@ class Controller:
         if g.phase != phase or g.reason != reason:
             changed = g.phase != phase
             before = g.phase
+            if changed:
+                self.keep_condition(g, before, g.reason)
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
             if phase.final:
@@ -327,6 +348,23 @@ class Controller:
                                     "size": g.spec.size, "jobid": g.jobid})
             if changed and self.journal is not None:
                 self.journal.record(self.group_record(g), self.now())
+
+    def keep_condition(self, g: Group, phase: Phase, reason: str) -> None:
+        """The group leaves ``phase``: if no status write showed it yet (status writes are
+        coalesced, so a short job can go Pending -> Running -> Completed between two), its
+        condition is added to the last written status, which the next write builds on
+        (fluxjob.status keeps earlier conditions): every decision stays on the FluxJob."""
+        if phase not in (Phase.PENDING, Phase.RESERVED, Phase.RUNNING):
+            return
+        conds = list(g.fj_status.get("conditions") or [])
+        if g.fj_status.get("phase") == str(phase) or any(
+                c.get("type") == str(phase) and c.get("message") == reason for c in conds):
+            return
+        at = g.start if phase == Phase.RUNNING and g.start else self.now()
+        conds = [c for c in conds if c.get("type") != str(phase)]
+        conds.append({"type": str(phase), "status": "False", "reason": str(phase), "message": reason,
+                      "lastTransitionTime": fluxjob.rfc3339(at)})
+        g.fj_status = {**g.fj_status, "conditions": conds}
 
     def group_record(self, g: Group) -> Any:
         """A snapshot of the group for the store (see journal.GroupRecord)."""
@@ -351,7 +389,17 @@ class Controller:
     def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
         if ref is None:
             return None
-        return self.owners.get((ref.kind, namespace, ref.name))
+        obj = self.owners.get((ref.kind, namespace, ref.name))
+        if obj is not None and ref.uid and _meta(obj).get("uid") not in (None, "", ref.uid):
+            return None  # another object of the same name: the group's own owner is gone
+        return obj
+
+    @staticmethod
+    def same_owner(g: Group, uid: str) -> bool:
+        """Does the workload object ``uid`` own group ``g`` (owners are matched by uid: a Job
+        deleted and created again with the same name is a new workload)?"""
+        o = g.spec.owner
+        return o is None or not o.uid or not uid or o.uid == uid
 
     def priority_of(self, spec: Mapping[str, Any]) -> int:
         if isinstance(spec.get("priority"), int):
@@ -363,12 +411,12 @@ class Controller:
 
     # ---------------------------------------------------------------- matcher
     def build_matcher(self) -> None:
-        from fluxnetes.graph import from_k8s_nodes
+        from fluxnetes.k8s.topology import build_graph
         from fluxnetes.match.matcher import Matcher
         from fluxnetes.queue.cycle import Scheduler
         from fluxnetes.queue.policy import QueuePolicy
 
-        graph = from_k8s_nodes(list(self.nodes.values()), rack_label=self.config.rack_label)
+        graph, _ = build_graph(list(self.nodes.values()), self.topologies, rack_label=self.config.rack_label)
         self.matcher = Matcher(graph, policy=self.config.match_policy)
         self.scheduler = Scheduler(TimedMatcher(self.matcher), QueuePolicy.parse(self.config.policy))
         self.node_down = {n: _node_down(obj) for n, obj in self.nodes.items()}
@@ -382,7 +430,7 @@ class Controller:
         r = g.spec.request
         req = PodRequest(r.cpu_millis, r.memory_bytes, r.gpus, dict(r.extended))
         return jobspec_from_pods(g.spec.size, req, duration=g.spec.duration, exclusive_nodes=g.spec.exclusive,
-                                 name=g.spec.name[:60])
+                                 name=g.spec.name[:60], locality=g.spec.locality)
 
     # ---------------------------------------------------------------- foreign pods
     def add_foreign(self, uid: str, pod: Mapping[str, Any], node: str) -> None:
@@ -469,25 +517,30 @@ class Controller:
             namespace=ns, name=object_name(f"{kind.kind.lower()}-{meta.get('name', '')}"), size=kind.size(obj),
             request=request_of(tspec), duration=duration_of(merged, tspec, kind.deadline(obj)),
             priority=self.priority_of(tspec), owner=owner, jobspec=jobspec_of(merged),
-            exclusive=exclusive_of(merged), labels=dict(tmeta.get("labels") or {}),
+            exclusive=exclusive_of(merged), labels=dict(tmeta.get("labels") or {}), locality=locality_of(merged),
         )
 
     def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:
         meta = _meta(obj)
-        ns, name = meta.get("namespace") or "default", meta.get("name", "")
+        ns, name, uid = meta.get("namespace") or "default", meta.get("name", ""), str(meta.get("uid", ""))
         kind = kind_of(kind_name)
         assert kind is not None
         key = (kind_name, ns, name)
         gkey = (ns, object_name(f"{kind_name.lower()}-{name}"))
         if etype == "DELETED":
-            self.owners.pop(key, None)
+            cached = self.owners.get(key)
+            if cached is None or _meta(cached).get("uid") in (None, "", uid):
+                self.owners.pop(key, None)  # (a re-list may show the new object first: keep it)
             for k in [gkey, *self.scale_groups.get(gkey, ())]:
                 g = self.groups.get(k)
-                if g is not None and not g.phase.final:
+                if g is not None and not g.phase.final and self.same_owner(g, uid):
                     self.cancel_group(g, f"{kind_name} {name} was deleted")
             return
         self.owners[key] = obj
         g = self.groups.get(gkey)
+        if g is not None and not self.same_owner(g, uid):
+            self.drop_earlier_owner(gkey, f"{kind_name} {name} was deleted (a new one has its name)")
+            g = None
         managed = ((kind.template(obj).get("metadata") or {}).get("labels") or {}).get(names.LABEL_MANAGED) == "true"
         if g is None and managed and kind.resume_patch(obj) is not None and not kind.finished(obj):
             # a Job: its group is known without any pod (its template was gated at admission;
@@ -496,15 +549,15 @@ class Controller:
                 spec = self.group_for_workload(kind, obj)
             except GroupError as exc:
                 self.event({"apiVersion": kind.api_version, "kind": kind_name, "name": name, "namespace": ns,
-                            "uid": meta.get("uid", "")}, "Warning", "InvalidGroup", str(exc))
+                            "uid": uid}, "Warning", "InvalidGroup", str(exc))
                 return
             if spec.size < 1:
                 return  # parallelism 0: nothing to schedule until it is raised
             g = self.new_group(spec, kind)
             if g.phase == Phase.PROVISIONAL:
                 self.enqueue_workload(g, kind, obj)
-        elif g is not None and g.phase == Phase.RUNNING and kind.finished(obj):
-            self.finish_group(g)
+        elif g is not None and not g.phase.final and kind.finished(obj):
+            self.workload_finished(g, kind, obj)  # whatever the group's phase: never queued again
         elif g is not None and kind.resume_patch(obj) is not None:
             if g.kind is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
                 self.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
@@ -512,12 +565,44 @@ class Controller:
                 self.rescale(gkey, kind, obj)  # parallelism lowered: give back empty slots
         elif kind.owns_pods and (g is not None or gkey in self.scale_groups):
             self.rescale(gkey, kind, obj)  # replicas changed
-        # pods that arrived before their owner
-        for uid, pod in list(self.parked.items()):
+        # pods that arrived before their owner (matched by the owner's uid)
+        for puid, pod in list(self.parked.items()):
             owner = controller_of(_meta(pod))
-            if owner and owner.kind == kind_name and owner.name == name and _meta(pod).get("namespace") == ns:
-                del self.parked[uid]
+            if owner and owner.kind == kind_name and owner.name == name and _meta(pod).get("namespace") == ns \
+                    and (not owner.uid or owner.uid == uid):
+                del self.parked[puid]
                 self.on_pod("MODIFIED", pod)
+
+    def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None:
+        """Owners are matched by uid: a workload object with an earlier one's name (deleted and
+        created again) is a new workload. The earlier one's groups are over (what they hold is
+        given back) and forgotten, so they never answer for the new one."""
+        for k in [*self.scale_groups.get(gkey, ()), gkey]:
+            old = self.groups.get(k)
+            if old is None:
+                continue
+            if not old.phase.final:
+                self.cancel_group(old, reason)
+            self.drop_group(old)
+
+    def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """The group's workload is over (a Job's Complete/Failed condition). A running group
+        gives everything back; a group not allocated (in this operator's life: its Job ran
+        before a restart, or was resumed by someone else) is never queued again and ends with
+        its workload's outcome."""
+        if g.phase == Phase.RUNNING:
+            self.finish_group(g)
+            return
+        if g.phase in QUEUED:
+            self.scheduler.withdraw(g.qid)
+        failed = kind.failed(obj)
+        g.end = self.now()
+        phase = Phase.FAILED if failed else Phase.COMPLETED
+        self.set_phase(g, phase, f"{kind.kind} {_meta(obj).get('name', '')} "
+                                 f"{'failed' if failed else 'completed'} before this operator allocated it "
+                                 f"(it ran before a restart); nothing is held")
+        self.group_event(g, "Warning" if failed else "Normal", str(phase), g.reason, pods=False)
+        self.dirty = True
 
     def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
         """A workload group enters the queue, unless its user holds the workload (a Job created
@@ -839,11 +924,22 @@ class Controller:
         self.release_all(g)
         g.end = self.now()
         ok = g.failed_pods == 0
+        complete = False
         if g.kind is not None:
             owner = self.owner_obj(g.spec.owner, g.spec.namespace)
             for c in ((owner or {}).get("status") or {}).get("conditions") or []:
-                if c.get("type") == "Failed" and c.get("status") == "True":
+                if c.get("status") != "True":
+                    continue
+                if c.get("type") in ("Failed", "FailureTarget"):
                     ok = False
+                elif c.get("type") in ("Complete", "SuccessCriteriaMet"):
+                    complete = True
+        if ok and g.deleted_pods and not complete:
+            # its pods were deleted while they ran: the work was stopped, not finished
+            reason = f"pods deleted: {g.deleted_pods} pod(s) of the group were deleted before they finished"
+            self.set_phase(g, Phase.CANCELLED, reason)
+            self.group_event(g, "Normal", "Cancelled", reason, pods=False)
+            return
         phase = Phase.COMPLETED if ok else Phase.FAILED
         self.set_phase(g, phase, "all pods finished" if ok else f"{g.failed_pods} pod(s) failed")
         self.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
@@ -931,6 +1027,9 @@ class Controller:
             METRICS.reconcile_error("job")
             with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
                 log.warning("resuming %s: %s", g.qid, exc)
+            return
+        if self.debug_point("resumed", g):
+            self.debug_exit("resumed")  # the Job runs; no FluxJob status says so
 
     def start_group(self, g: Group, res: Any) -> None:
         g.jobid = res.jobid
@@ -1012,10 +1111,15 @@ class Controller:
         jid = placed_jobid(pod)
         if jid is not None and not g.recovered and jid != str(g.jobid):
             return False  # placed for an earlier group of the same name (that one is over)
+        owner = controller_of(meta)
+        if owner is not None and g.spec.owner is not None and not self.same_owner(g, owner.uid):
+            return False  # a pod of an earlier workload of the same name
         try:
             slot = int((meta.get("annotations") or {}).get(ANN_SLOT, "-1"))
         except ValueError:
             slot = -1
+        if slot in g.released:
+            return False  # its slot was given back already: the pod ended before
         self.member_of[uid] = g.key
         g.members[uid] = pod
         if 0 <= slot < len(g.slot_pod) and g.slot_pod[slot] is None:
@@ -1031,7 +1135,7 @@ class Controller:
         owner = controller_of(_meta(pod))
         okind = kind_of(owner.kind) if owner else None
         if owner is not None and okind is not None and okind.resume_patch({}) is not None:
-            obj = self.owners.get((owner.kind, key[0], owner.name))
+            obj = self.owner_obj(owner, key[0])
             if obj is not None:
                 self.on_owner(owner.kind, "ADDED", obj)  # a Job: its group comes from the Job
             return self.groups.get(key)
@@ -1066,12 +1170,13 @@ class Controller:
         owner = controller_of(meta)
         okind = kind_of(owner.kind) if owner else None
         if owner is not None and okind is not None and okind.owns_pods:
-            if (owner.kind, ns, owner.name) not in self.owners:
+            if self.owner_obj(owner, ns) is None:  # its owner (this uid) not seen yet
                 self.parked[uid] = pod
                 return
             gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
             if okind.resume_patch({}) is not None:
-                if gkey in self.groups:  # a workload group (Job): pods join by owner
+                if gkey in self.groups and self.same_owner(self.groups[gkey], owner.uid):
+                    # a workload group (Job): pods join by owner
                     self.add_member(self.groups[gkey], uid, pod)
                     return
             elif (gkey in self.groups or gkey in self.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
@@ -1124,12 +1229,17 @@ class Controller:
                 elif len(g.members) >= g.spec.size:
                     self.enqueue(g)  # a surplus pod went (e.g. after the workload was resized)
             return
-        if g.phase != Phase.RUNNING:
+        if g.phase != Phase.RUNNING and not g.held:
             return
         slot = next((i for i, u in enumerate(g.slot_pod) if u == uid), None)
         if slot is None:
             return
         g.slot_pod[slot] = None
+        if g.phase != Phase.RUNNING:
+            # the group failed (a node was lost) while this pod ran on: its share was kept
+            # for it until now (node_lost)
+            self.release_slot(g, slot)
+            return
         if failed:
             g.failed_pods += 1
         owner = self.owner_obj(g.spec.owner, g.spec.namespace)
@@ -1142,6 +1252,10 @@ class Controller:
         if replaced:
             self.assign(g)  # its replacement keeps the share
             return
+        if not failed and (pod.get("status") or {}).get("phase") != "Succeeded" \
+                and (g.kind is None or g.kind.resume_patch({}) is not None):
+            # deleted before it finished, and no scale-down explains it (finish_group)
+            g.deleted_pods += 1
         self.release_slot(g, slot)
         if g.phase == Phase.RUNNING and (len(g.released) >= len(g.slots) or not g.held):
             self.finish_group(g)
@@ -1167,9 +1281,10 @@ class Controller:
         down = _node_down(node)
         if old is None:
             try:
-                from fluxnetes.graph import from_k8s_nodes
+                from fluxnetes.graph.topology import node_graph
 
-                added = self.matcher.add_subgraph(from_k8s_nodes([node], rack_label=self.config.rack_label))
+                added = self.matcher.add_subgraph(
+                    node_graph(node, self.topologies.get(name), rack_label=self.config.rack_label)[0])
                 if not any(p.rstrip("/").endswith("/" + name) for p in added):
                     raise RuntimeError("the node's vertices were not attached")
             except Exception as exc:
@@ -1188,26 +1303,85 @@ class Controller:
         self.scheduler.invalidate()
         self.dirty = True
 
+    def on_topology(self, etype: str, obj: dict[str, Any]) -> None:
+        from fluxnetes.k8s.topology import replace_node
+
+        name = str(_meta(obj).get("name", ""))
+        if not self.topologies.update(etype, obj) or name not in self.nodes or self.matcher is None:
+            return
+        res = replace_node(self.matcher, self.nodes[name], self.topologies.get(name), rack_label=self.config.rack_label)
+        for note in res.notes:
+            self.event({"apiVersion": "v1", "kind": "Node", "name": name}, "Warning", "TopologyMismatch", note)
+        if res.lost:  # the node shrank under running work: re-record everything from the groups
+            log.warning("node %s: topology change lost %s; rebuilding the graph", name, res.lost)
+            self.rebuild()
+        self.scheduler.invalidate()
+        self.dirty = True
+
     def node_lost(self, name: str) -> None:
+        """Node ``name`` is gone (the matcher already dropped its vertices, and with them
+        every job's part there: remove_subgraph). A group that held a share on it loses
+        exactly that share. Under ``--on-node-lost requeue`` a workload's gang restarts
+        whole; otherwise the group fails, and the shares of its surviving pods stay held
+        until those pods end (member_gone gives them back as usual): they still run, and
+        nothing new may be placed on what they use."""
         what = f"node {name} was removed"
-        for g in self.groups.values():
-            if g.phase != Phase.RUNNING or name not in g.held:
+        for g in list(self.groups.values()):
+            if name not in g.held:
+                continue
+            if g.phase != Phase.RUNNING:
+                self.lose_share(g, name)  # failed earlier, its survivors still hold shares
                 continue
             if self.config.on_node_lost == "requeue" and g.kind is not None and g.spec.owner is not None:
                 # restart the whole gang: its surviving pods go (a Job is suspended again, the
-                # pods of a ReplicaSet/StatefulSet are deleted and come back gated)
+                # pods of a ReplicaSet/StatefulSet are deleted and come back gated); until they
+                # are gone they count as foreign pods, so nothing is placed on what they use
                 self.release_all(g)
-                self.spawn(self.evict(g))
+                survivors = self.survivors_to_foreign(g)
+                self.spawn(self.evict(g, [*survivors, *g.members.values()]))
+                g.failed_pods = g.deleted_pods = 0  # counted again for the next run
                 g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
                 self.set_phase(g, Phase.PENDING, f"{what}; requeued")
                 self.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
             else:
-                self.release_all(g)
+                self.lose_share(g, name)
+                # slots whose pod was never placed hold a share no pod will ever use
+                for slot, uid in enumerate(g.slot_pod):
+                    if uid is None and slot not in g.released:
+                        self.release_slot(g, slot)
                 g.end = self.now()
                 self.set_phase(g, Phase.FAILED, what)
                 self.group_event(g, "Warning", "NodeLost", g.reason)
 
-    async def evict(self, g: Group) -> None:
+    def lose_share(self, g: Group, name: str) -> None:
+        """The group's share on lost node ``name`` is gone with the node (and its slots)."""
+        g.held.pop(name, None)
+        g.released.update(i for i, n in enumerate(g.slots) if n == name)
+        if not g.held:
+            self.release_all(g)
+        elif g.jobid is None and all(n in self.nodes for n in g.held):
+            # recovered after a restart with nodes gone: the rest was never recorded
+            g.jobid = self.matcher.next_jobid
+            self.record_group(g)
+        self.scheduler.invalidate()
+        g.fj_dirty = True
+        self.dirty = True
+
+    def survivors_to_foreign(self, g: Group) -> list[dict[str, Any]]:
+        """The group's pods that are placed on a node and still run leave the group and are
+        followed as foreign pods until they are gone (their share then goes back)."""
+        moved = []
+        for uid, pod in list(g.members.items()):
+            node = (pod.get("spec") or {}).get("nodeName") or (None if _gated(pod) else assigned_node(pod))
+            if not node or _terminal(pod):
+                continue
+            del g.members[uid]
+            self.member_of.pop(uid, None)
+            self.add_foreign(uid, pod, str(node))
+            moved.append(pod)
+        return moved
+
+    async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
         assert g.kind is not None and g.spec.owner is not None
         try:
             if g.kind.resume_patch({}) is not None:  # Job: suspending deletes its active pods
@@ -1217,7 +1391,7 @@ class Controller:
                 body = {"metadata": {"annotations": {ANN_SUSPENDED_BY: SUSPENDED_BY_US}}, "spec": {"suspend": True}}
                 await self.kube.patch(OWNER_RESOURCES[g.kind.kind], g.spec.owner.name, body, g.spec.namespace)
             else:
-                for pod in list(g.members.values()):
+                for pod in list(g.members.values()) if pods is None else pods:
                     await self.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
         except ApiError as exc:
             log.warning("requeue of %s: %s", g.qid, exc)
@@ -1228,7 +1402,8 @@ class Controller:
         self.foreign_jobs.clear()
         self.foreign_dirty = set(self.foreign)
         for g in self.groups.values():
-            if g.phase == Phase.RUNNING and g.held:
+            # a failed group's surviving pods still hold their shares (node_lost)
+            if g.held and g.jobid is not None:
                 self.record_group(g)
         self.flush_foreign()
 
@@ -1266,7 +1441,9 @@ class Controller:
                 g.jobspec = parse_jobspec(spec.get("jobspec") or "") if spec.get("jobspec") else self.make_jobspec(g)
             except Exception:
                 g.jobspec = self.make_jobspec(g)
-            g.fj_exists, g.fj_dirty, g.fj_status, g.fj_uid = True, False, st, str(meta.get("uid", ""))
+            # a FluxJob without status (the operator died between its create and its status
+            # write) is written again once the group is reconciled with its workload
+            g.fj_exists, g.fj_dirty, g.fj_status, g.fj_uid = True, not st, st, str(meta.get("uid", ""))
             g.submit = _parse_time(st.get("submitTime")) or _parse_time(meta.get("creationTimestamp"))
             g.start = _parse_time(st.get("startTime"))
             if phase == Phase.RUNNING:
@@ -1344,6 +1521,292 @@ class Controller:
         self.store_only.clear()
         self.store_allocs = {}  # only needed to take rows over during the replay
 
+    # ---------------------------------------------------------------- exact recovery
+    # At start, with every cache complete and before any replayed event: what the records
+    # (FluxJob status, store) do not show is taken from the cluster itself. Pods placed before
+    # the crash for a group no record shows allocated give the allocation back exactly
+    # (their slot annotations and nodes); a finished workload is never queued again and gets
+    # its final FluxJob; afterwards `check_accounting` compares the graph with the bound pods.
+    def pod_share(self, g: Group, node: str) -> shares.Share:
+        """What one pod of the group holds on ``node``, in the matcher's units (as the
+        group's jobspec asks: whole cores, MiB)."""
+        from fluxnetes.jobspec.pods import cores_for, extended_type, mib_for
+
+        r = g.spec.request
+        return shares.Share(node, cores_for(r.cpu_millis), r.gpus, mib_for(r.memory_bytes),
+                            {extended_type(k): v for k, v in r.extended.items() if v})
+
+    def recover_from_cluster(self, pods: list[dict[str, Any]], fluxjobs: list[dict[str, Any]]) -> None:
+        final: set[tuple[str, str]] = set()
+        fj_owner: dict[tuple[str, str], str] = {}
+        for fj in fluxjobs:
+            m = _meta(fj)
+            key = (m.get("namespace") or "default", m.get("name", ""))
+            fj_owner[key] = str(((fj.get("spec") or {}).get("workload") or {}).get("uid", ""))
+            with contextlib.suppress(ValueError):
+                if Phase((fj.get("status") or {}).get("phase", "Provisional")).final:
+                    final.add(key)
+        by_owner: dict[str, list[dict[str, Any]]] = {}
+        placed: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for pod in pods:
+            m = _meta(pod)
+            owner = controller_of(m)
+            if owner is not None and owner.uid:
+                by_owner.setdefault(owner.uid, []).append(pod)
+            fjname = str((m.get("annotations") or {}).get(names.ANN_FLUXJOB) or "")
+            if fjname and (m.get("labels") or {}).get(names.LABEL_MANAGED) == "true" and not _gated(pod):
+                placed.setdefault((str(m.get("namespace") or "default"), fjname), []).append(pod)
+        # 1. finished workloads: never queued again; a final FluxJob if they never got one
+        for (kname, ns, name), obj in list(self.owners.items()):
+            kind = kind_of(kname)
+            if kind is None or kind.resume_patch({}) is None or not kind.finished(obj):
+                continue
+            tmpl_labels = (kind.template(obj).get("metadata") or {}).get("labels") or {}
+            if tmpl_labels.get(names.LABEL_MANAGED) != "true":
+                continue  # never admitted by fluxnetes (created while the webhook was away)
+            uid = str(_meta(obj).get("uid", ""))
+            gkey = (ns, object_name(f"{kname.lower()}-{name}"))
+            g = self.groups.get(gkey)
+            if g is not None and self.same_owner(g, uid):
+                if not g.phase.final:
+                    self.workload_finished(g, kind, obj)
+                continue
+            if g is not None:
+                self.drop_earlier_owner(gkey, f"{kname} {name} was deleted (a new one has its name)")
+            if fj_owner.get(gkey) == uid:
+                continue  # its (final) FluxJob exists
+            try:
+                spec = self.group_for_workload(kind, obj)
+            except GroupError:
+                continue
+            g = self.new_group(spec, kind)
+            ran = [p for p in by_owner.get(uid, []) if assigned_node(p)]
+            g.slots = sorted(str(assigned_node(p)) for p in ran)
+            g.alloc = [s for s in self.shares_of_pods(g, ran) if not s.empty]
+            g.released = set(range(len(g.slots)))
+            g.fj_dirty = True
+            st = obj.get("status") or {}
+            g.start = _parse_time(st.get("startTime"))
+            g.submit = _parse_time(_meta(obj).get("creationTimestamp"))
+            if self.store_only:
+                self.claim_store_record(g)
+            self.workload_finished(g, kind, obj)
+            log.info("%s finished while fluxnetes was away: FluxJob recorded as %s", g.qid, g.phase)
+        # 2. groups whose pods were placed but whose allocation no record shows
+        for key, members in sorted(placed.items()):
+            g = self.groups.get(key)
+            if (g is not None and (g.phase == Phase.RUNNING or g.phase.final)) or (g is None and key in final):
+                continue
+            if all(_terminal(p) for p in members):
+                continue  # nothing is held any more
+            if g is None:
+                g = self.group_of_placed(key, members)
+            if g is None or (g.phase != Phase.PROVISIONAL and g.phase not in QUEUED):
+                continue
+            if not self.adopt_placed(g, members):
+                log.warning("%s: pods placed before the restart, its allocation not recorded and not all "
+                            "its slots known; they count as foreign pods and the group is matched again",
+                            g.qid)
+
+    def shares_of_pods(self, g: Group, pods: list[dict[str, Any]]) -> list[shares.Share]:
+        per: dict[str, int] = {}
+        for p in pods:
+            node = assigned_node(p)
+            if node:
+                per[node] = per.get(node, 0) + 1
+        out = []
+        for node, n in sorted(per.items()):
+            one = self.pod_share(g, node)
+            out.append(shares.Share(node, one.cores * n, one.gpus * n, one.memory * n,
+                                    {k: v * n for k, v in one.extra.items()}))
+        return out
+
+    def group_of_placed(self, key: tuple[str, str], pods: list[dict[str, Any]]) -> Group | None:
+        """The group of pods placed before a crash that came before its FluxJob was created."""
+        pod = min(pods, key=lambda p: str(_meta(p).get("name", "")))
+        owner = controller_of(_meta(pod))
+        okind = kind_of(owner.kind) if owner else None
+        kind: WorkloadKind | None
+        try:
+            if owner is not None and okind is not None and okind.resume_patch({}) is not None:
+                obj = self.owner_obj(owner, key[0])
+                if obj is None or okind.finished(obj):
+                    return None
+                spec, kind = self.group_for_workload(okind, obj), okind
+            else:
+                spec = self.pod_group_spec(pod)
+                kind = kind_of(spec.owner.kind) if spec.owner else None
+        except GroupError:
+            return None
+        if spec.key != key or spec.key in self.groups:
+            return self.groups.get(key)
+        g = self.new_group(spec, kind)
+        if self.store_only:
+            self.claim_store_record(g)  # the store may know the allocation (then it is running)
+        return g
+
+    def adopt_placed(self, g: Group, pods: list[dict[str, Any]]) -> bool:
+        """The group's allocation, taken back from its placed pods: each pod's slot annotation
+        and node. Only when every slot is known (a live pod or one that ended), for jobspecs
+        fluxnetes derived itself (not exclusive): the share of each pod is then exact."""
+        if g.spec.exclusive or g.spec.jobspec or g.jobspec is None:
+            return False
+        size = g.spec.size
+        live: dict[int, dict[str, Any]] = {}
+        ended: dict[int, dict[str, Any]] = {}
+        for p in pods:
+            try:
+                slot = int((_meta(p).get("annotations") or {}).get(ANN_SLOT, "-1"))
+            except ValueError:
+                return False
+            if not 0 <= slot < size:
+                return False
+            if _terminal(p):
+                ended.setdefault(slot, p)
+            elif slot in live:
+                return False
+            else:
+                live[slot] = p
+        if not live or set(live) | set(ended) != set(range(size)):
+            return False
+        if any(assigned_node(p) not in self.nodes or self.node_down.get(str(assigned_node(p)), False)
+               for p in live.values()):
+            return False  # a node is gone or down: the node-loss rules apply to foreign pods
+        held = self.shares_of_pods(g, list(live.values()))
+        jobid = self.matcher.next_jobid
+        start = min((_parse_time(_meta(p).get("creationTimestamp")) or self.now()) for p in live.values())
+        try:
+            self.matcher.update_allocate(jobid, shares.to_match(held), at=start, duration=g.spec.duration)
+        except Exception as exc:
+            log.error("%s: its placed pods could not be recorded (%s)", g.qid, exc)
+            return False
+        g.phase, g.reason = Phase.RUNNING, "allocated before the restart (recovered from its placed pods)"
+        g.jobid, g.start, g.expected_start = jobid, start, None
+        g.held, g.alloc = {s.node: s for s in held}, list(held)
+        g.slots = [str(assigned_node(live[i] if i in live else ended[i]) or "") for i in range(size)]
+        g.slot_pod = [None] * size
+        g.released = {i for i in range(size) if i not in live}
+        for slot, p in live.items():
+            uid = str(_meta(p).get("uid", ""))
+            g.slot_pod[slot] = uid
+            g.members[uid] = p
+            self.member_of[uid] = g.key
+        g.resumed = g.recovered = True
+        g.fj_dirty = True
+        self._counts_dirty = self.dirty = True
+        if self.journal is not None:
+            self.journal.record(self.group_record(g), self.now())
+        self.group_event(g, "Normal", "Recovered",
+                         f"{g.reason}: job {g.jobid} on {','.join(sorted(set(g.held)))}", pods=False)
+        log.info("%s: %s (job %s on %s)", g.qid, g.reason, g.jobid, ",".join(sorted(g.held)))
+        return True
+
+    # ---------------------------------------------------------------- accounting check
+    def check_accounting(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
+        """Does the graph's use equal the requests of the bound, unfinished pods (in the
+        matcher's units), node by node? ``pods``: every pod, as the API server lists them.
+        Returns {"ok", "problems", "nodes", "bound", "unbound"}: ``unbound`` counts slots of
+        running groups whose pod is not bound yet (allocated, still held: at rest it is 0, and
+        then the graph's use is exactly the bound pods')."""
+        from collections import Counter
+
+        def add(acc: dict[str, Counter[str]], s: shares.Share) -> None:
+            c = acc.setdefault(s.node, Counter())
+            c["cores"] += s.cores
+            c["gpus"] += s.gpus
+            c["memory"] += s.memory
+            for k, v in s.extra.items():
+                c[k] += v
+
+        graph: dict[str, Counter[str]] = {}
+        for rec in self.matcher.jobs.values():
+            if rec.reserved:
+                continue
+            for ns_ in rec.nodes:
+                add(graph, shares.Share(ns_.name, ns_.cores, ns_.gpus, ns_.memory, dict(ns_.extra or {})))
+        expected: dict[str, Counter[str]] = {}
+        foreign: dict[str, list[PodResources]] = {}
+        bound_uids: set[str] = set()
+        slot_of: dict[str, tuple[Group, int]] = {}
+        for g in self.groups.values():
+            if g.phase == Phase.RUNNING:
+                for i, u in enumerate(g.slot_pod):
+                    if u and i not in g.released:
+                        slot_of[u] = (g, i)
+        bound = 0
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not node or _terminal(pod) or node not in self.nodes:
+                continue
+            bound += 1
+            uid = str(_meta(pod).get("uid", ""))
+            hit = slot_of.get(uid)
+            if hit is not None and hit[0].slots[hit[1]] == node:
+                g = hit[0]
+                bound_uids.add(uid)
+                if g.spec.exclusive:
+                    add(expected, g.held.get(node, shares.Share(node)))
+                else:
+                    add(expected, self.pod_share(g, node))
+            else:
+                try:
+                    foreign.setdefault(node, []).append(request_of(pod.get("spec") or {}))
+                except GroupError:
+                    foreign.setdefault(node, [])
+        for node, reqs in foreign.items():
+            add(expected, shares.of_pods(node, reqs))
+        unbound = 0
+        for g in self.groups.values():
+            if g.phase != Phase.RUNNING:
+                continue
+            for i, node in enumerate(g.slots):
+                u = g.slot_pod[i] if i < len(g.slot_pod) else None
+                if i in g.released or (u and u in bound_uids):
+                    continue
+                unbound += 1
+                add(expected, g.held.get(node, shares.Share(node)) if g.spec.exclusive else self.pod_share(g, node))
+        problems = []
+        for node in sorted(set(graph) | set(expected)):
+            a, b = graph.get(node, Counter()), expected.get(node, Counter())
+            if +a != +b:
+                problems.append(f"{node}: graph {dict(+a)} != pods {dict(+b)}")
+        return {"ok": not problems, "problems": problems, "nodes": len(self.nodes), "bound": bound,
+                "unbound": unbound}
+
+    async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None:
+        """List the pods from the API server and log ``check_accounting``'s answer."""
+        if delay:
+            await asyncio.sleep(delay)
+        res: dict[str, Any] = {}
+        for attempt in range(3):
+            # the list is a moment older than the state it is compared with: while pods come
+            # and go a difference may be that moment; only one seen three times is reported
+            try:
+                pods, _ = await self.kube.list(PODS)
+            except ApiError as exc:
+                log.info("accounting check: pods not listed: %s", exc)
+                return None
+            if self.foreign_dirty:
+                self.flush_foreign()  # what the cluster shows now is what the graph must hold
+            res = self.check_accounting(pods)
+            if res["ok"]:
+                break
+            if attempt < 2:
+                await asyncio.sleep(0.5)
+        if res["ok"]:
+            log.info("accounting check: ok (%d nodes, %d bound pods, %d slots not bound yet)",
+                     res["nodes"], res["bound"], res["unbound"], extra={"accounting": res})
+        else:
+            log.warning("accounting check: MISMATCH %s", "; ".join(res["problems"][:20]), extra={"accounting": res})
+        self.last_check = res
+        return res
+
+    async def _check_every(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            if self.reconciled:
+                await self.accounting_check()
+
     # ---------------------------------------------------------------- node rules
     def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None:
         """The pod spec whose node rules a group follows: its workload's pod template, else
@@ -1409,9 +1872,21 @@ class Controller:
         self.flush_foreign()
         self.prune_finished()
         self.fit_groups()
+        self.reexamine_unsatisfiable()
         now = self.now()
-        pending = [QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or now, priority=g.spec.priority)
-                   for g in self.groups.values() if g.phase in QUEUED and g.jobspec is not None]
+        pending = []
+        for g in list(self.groups.values()):
+            if g.phase not in QUEUED or g.jobspec is None:
+                continue
+            # every queued group, not only the one the matcher is asked to reserve for:
+            # the count questions (queue/satisfy.py), answered once per graph version
+            short = self.judge.short(g.key, g.jobspec, self.matcher)
+            if short is not None:
+                self.unsatisfiable(g, short)
+                continue
+            pending.append(QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or now,
+                                     priority=g.spec.priority))
+        self.judge.keep_only(self.groups.keys())
         self.dirty = False
         if not pending:
             return
@@ -1429,18 +1904,77 @@ class Controller:
                 self.set_phase(g, Phase.RESERVED, f"reserved; expected to start at {fluxjob.rfc3339(at)}")
                 self.group_event(g, "Normal", "Reserved", g.reason)
         for job, reason in result.unsatisfiable:
-            g = by_id[job.id]
-            g.end = now
-            self.set_phase(g, Phase.UNSATISFIABLE,
-                           f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
-            self.group_event(g, "Warning", "Unsatisfiable", g.reason)
+            self.unsatisfiable(by_id[job.id], reason)
         for job in result.blocked:
             g = by_id[job.id]
+            never = self.judge.never(g.key, g.jobspec, self.matcher)  # once per request shape
+            if never is not None:
+                self.unsatisfiable(g, never)
+                continue
             if g.phase == Phase.RESERVED:
                 g.expected_start = None
                 self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
             elif g.reason == "queued":
                 self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
+
+    def unsatisfiable(self, g: Group, reason: str) -> None:
+        """A queued group that can never run on this cluster as it is: out of the queue, the
+        short resource named (looked at again when nodes change: reexamine_unsatisfiable)."""
+        if g.phase in QUEUED:
+            self.scheduler.withdraw(g.qid)
+        g.end = self.now()
+        g.expected_start = None
+        self.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
+        self.group_event(g, "Warning", "Unsatisfiable", g.reason)
+
+    def reexamine_unsatisfiable(self) -> None:
+        """Nodes were added, removed or resized, or their labels/taints changed: an
+        Unsatisfiable group whose workload still waits (a Job, gated pods) goes back to the
+        queue if it could run now (its node rules, the count questions and the matcher's
+        satisfiability walk all agree). Its store row stays unsatisfiable (a final state);
+        the group continues under a new row."""
+        if self.matcher is None or not self.judge.changed(self.matcher, self.node_view.version):
+            return
+        view = self.node_view
+        for g in list(self.groups.values()):
+            if g.phase != Phase.UNSATISFIABLE or g.jobspec is None or g.reason.startswith("invalid jobspec"):
+                continue
+            if not self.still_waits(g):
+                continue
+            spec = self.pod_spec_of(g)
+            js = nodefit.unconstrained(g.jobspec)
+            if spec is not None:
+                f = view.fit(spec)
+                if f.none:
+                    continue
+                js = nodefit.constrain(js, f)
+            if self.judge.short(g.key, js, self.matcher) is not None or \
+                    self.judge.never(g.key, js, self.matcher) is not None:
+                continue
+            if js is not g.jobspec:
+                g.jobspec, g.jobspec_yaml = js, None
+                if g.fj_exists:
+                    self.spawn(self._patch_fluxjob_spec(g, {"jobspec": self.jobspec_text(g)}))
+            self.fitted.pop(g.key, None)
+            if self.journal is not None:
+                if g.store_uid:
+                    self.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
+                base = g.store_uid or (g.spec.owner.uid if g.spec.owner else next(iter(g.members), ""))
+                stem, _, n = base.rpartition("~requeue-")
+                g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
+                g.store_id = None
+            g.end, g.expected_start = None, None
+            self.set_phase(g, Phase.PENDING, "queued again: the cluster changed and the group can run on it now")
+            self.group_event(g, "Normal", "Requeued", g.reason, pods=False)
+            self.dirty = True
+
+    def still_waits(self, g: Group) -> bool:
+        """Is the group's work still there, held for fluxnetes (gated pods, or a workload
+        that is neither finished nor gone)?"""
+        if g.kind is not None and g.spec.owner is not None and g.kind.resume_patch({}) is not None:
+            owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+            return owner is not None and not g.kind.finished(owner)
+        return any(_gated(p) and not _terminal(p) for p in g.members.values())
 
     # ---------------------------------------------------------------- FluxJob writes
     def fluxjob_status(self, g: Group) -> dict[str, Any]:
@@ -1470,18 +2004,54 @@ class Controller:
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
+                    if not await self.take_over_fluxjob(g, body):
+                        g.fj_dirty = True  # an earlier group's FluxJob is still going away: later
+                        return
                 g.fj_exists = True
-            await self.kube.patch(FLUXJOBS, name, {"status": st}, ns, sub="status", background=True)
+                if self.debug_point("fluxjob-created", g):
+                    self.debug_exit("fluxjob-created")  # the FluxJob exists without any status
+            # the uid precondition: never write this group's status onto another group's FluxJob
+            body_st: dict[str, Any] = {"status": st}
+            if g.fj_uid:
+                body_st["metadata"] = {"uid": g.fj_uid}
+            await self.kube.patch(FLUXJOBS, name, body_st, ns, sub="status", background=True)
             g.fj_status = st
         except ApiError as exc:
-            if exc.status == 404:
-                g.fj_exists = False
-                if g.phase.final:
+            if exc.status in (404, 409):  # gone, or (uid precondition) another group's
+                g.fj_exists, g.fj_uid = False, ""
+                if g.phase.final and exc.status == 404:
                     return  # its owner is gone and took it along
             METRICS.reconcile_error("fluxjob")
             with log_context(job=g.qid, group=g.spec.name, namespace=ns):
                 log.info("FluxJob %s/%s: %s", ns, name, exc)
             g.fj_dirty = True
+
+    async def take_over_fluxjob(self, g: Group, body: Mapping[str, Any]) -> bool:
+        """Creating the group's FluxJob found one of that name. Its own (same workload uid, or
+        the same group made again after a restart): take it. An earlier workload's (a Job
+        deleted and created again under its name; the garbage collector has not removed its
+        FluxJob yet): delete that one and create ours. False: try again later."""
+        ns, name = g.spec.namespace, g.spec.name
+        cur = await self.kube.get_or_none(FLUXJOBS, name, ns)
+        if cur is not None:
+            theirs = str(((cur.get("spec") or {}).get("workload") or {}).get("uid", ""))
+            ours = g.spec.owner.uid if g.spec.owner else ""
+            if not theirs or not ours or theirs == ours:
+                g.fj_uid = str(_meta(cur).get("uid", ""))
+                return True
+            with contextlib.suppress(ApiError):
+                await self.kube.request("DELETE", FLUXJOBS.path(ns, name),
+                                        {"preconditions": {"uid": _meta(cur).get("uid")}})
+            log.info("FluxJob %s/%s belonged to an earlier %s of that name: replaced", ns, name,
+                     g.spec.owner.kind if g.spec.owner else "object")
+        try:
+            created = await self.kube.create(FLUXJOBS, body, ns, background=True)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return False
+        g.fj_uid = str(_meta(created).get("uid", ""))
+        return True
 
     async def _flush_once(self) -> None:
         try:
@@ -1537,6 +2107,8 @@ class Controller:
             self.on_pod(etype, obj)
         elif kind == "Node":
             self.on_node(etype, obj)
+        elif kind == "NodeResourceTopology":
+            self.on_topology(etype, obj)
         elif kind == "PriorityClass":
             name = str(_meta(obj).get("name", ""))
             if etype == "DELETED":
@@ -1583,11 +2155,18 @@ class Controller:
                 for obj in inf.cache.values():
                     m = _meta(obj)
                     self.owners[(inf.kind, m.get("namespace") or "default", m.get("name", ""))] = obj
+        await self.topology_source.load(self.topologies)  # the first graph is built with them
+        self.spawn(self.topology_source.run())
         self.build_matcher()
         fjs = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "FluxJob")
         self.recover(fjs)
         if self.journal is not None:
             self.recover_store()
+        # what neither the FluxJobs nor the store recorded, the cluster shows (exact recovery)
+        self.recover_from_cluster(next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod"), fjs)
+        every = os.environ.get(CHECK_EVERY, "")
+        if every:  # tests and soaks: the accounting check, logged periodically
+            self.spawn(self._check_every(float(every)))
         self.ready.set()
         log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
 
@@ -1601,11 +2180,15 @@ class Controller:
                 self.assign(g)
                 self.resume_if_held(g)  # allocated before the crash, resume not sent
             if g.kind is not None:
-                if g.spec.owner is not None and self.owner_obj(g.spec.owner, g.spec.namespace) is None \
-                        and not g.phase.final:
+                owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+                if g.spec.owner is not None and owner is None and not g.phase.final:
                     self.cancel_group(g, f"{g.spec.owner.kind} {g.spec.owner.name} no longer exists")
+                elif owner is not None and not g.phase.final and g.kind.finished(owner):
+                    self.workload_finished(g, g.kind, owner)  # over while the operator was away
                 continue
-            if g.phase == Phase.RUNNING:
+            if g.phase == Phase.PROVISIONAL and not g.members and g.fj_exists:
+                self.cancel_group(g, "all pods of the group are gone (found after a restart)")
+            elif g.phase == Phase.RUNNING:
                 for slot, uid in enumerate(g.slot_pod):
                     if uid is None and slot not in g.released:
                         self.release_slot(g, slot)
@@ -1617,6 +2200,7 @@ class Controller:
                     self.cancel_group(g, "all pods of the group were deleted")
                 else:
                     self.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
+        self.spawn(self.accounting_check())  # logged: the graph's use against the bound pods
 
     async def run(self) -> None:
         await self.start()

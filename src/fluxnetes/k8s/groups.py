@@ -58,6 +58,7 @@ class GroupSpec:
     jobspec: str | None = None  # user-given jobspec (annotation), overrides the derived one
     exclusive: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    locality: str | None = None  # "socket": each pod within one NUMA domain (fluxnetes.io/topology)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -166,6 +167,16 @@ def exclusive_of(meta: Mapping[str, Any]) -> bool:
     raise GroupError(f"annotation {names.ANN_EXCLUSIVE}={raw!r}: must be true or false")
 
 
+def locality_of(meta: Mapping[str, Any]) -> str | None:
+    from fluxnetes.jobspec.model import JobspecError
+    from fluxnetes.jobspec.pods import locality_from_annotations
+
+    try:
+        return locality_from_annotations(meta.get("annotations"))
+    except JobspecError as exc:
+        raise GroupError(str(exc)) from None
+
+
 def request_of(spec: Mapping[str, Any]) -> PodResources:
     try:
         return pod_request(spec)
@@ -186,6 +197,7 @@ def check_pod_template(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> None
     duration_of(meta, spec)
     jobspec_of(meta)
     exclusive_of(meta)
+    locality_of(meta)
     request_of(spec)
 
 
@@ -242,4 +254,5 @@ def group_of_pod(
         jobspec=jobspec_of(meta),
         exclusive=exclusive_of(meta),
         labels=dict(labels),
+        locality=locality_of(meta),
     )

@@ -13,7 +13,10 @@ store outage is logged once, ``ok`` turns False (the operator's /readyz follows 
 writes are retried until the store answers again (nothing is dropped). Transitions the store
 would refuse as illegal are bridged through the legal path (e.g. a job that completed while
 its start was still being written is started, then completed) or skipped when the store is
-already in a terminal state.
+already in a terminal state. A completion found after a restart with no allocation known (its
+pods gone too) ends the row as cancelled, saying so: a live row would be queued again.
+``FLUXNETES_DEBUG_EXIT_AT=store-<state>`` / ``store-release`` stops the operator right before
+such a write (crashpoints.py): the store is then behind the cluster.
 """
 
 from __future__ import annotations
@@ -144,7 +147,17 @@ class Journal:
     # ------------------------------------------------------------------ writes
     def record(self, rec: GroupRecord, now: int) -> None:
         """Bring the group's store row to ``rec.phase`` (submitting it the first time)."""
+        self._crash_point(f"store-{_STATE[rec.phase]}", rec)
         self._q.put(lambda: self._record(rec, now))
+
+    def _crash_point(self, point: str, rec: GroupRecord) -> None:
+        """``FLUXNETES_DEBUG_EXIT_AT=store-<state>``: exit right before the store is told (the
+        store is then behind the cluster; see crashpoints.py)."""
+        from fluxnetes.k8s import crashpoints
+
+        if crashpoints.wanted(point, f"{rec.namespace}/{rec.name}"):
+            self.drain()  # everything before this write is in the store
+            crashpoints.exit_now(point)
 
     def cancel(self, store_id: int, now: int, reason: str) -> None:
         def op() -> None:
@@ -157,6 +170,8 @@ class Journal:
         self._q.put(op)
 
     def release_nodes(self, rec: GroupRecord, nodes: Sequence[str], now: int, reason: str) -> None:
+        self._crash_point("store-release", rec)
+
         def op() -> None:
             jid = self._ids.get(rec.key) or rec.store_id
             if jid is not None and str(self.store.get(jid).state) == "running":
@@ -212,7 +227,10 @@ class Journal:
         elif target == "completed":
             if cur != "running":
                 if not rec.shares:
+                    # it ran while no operator recorded where (found finished after a restart, its
+                    # pods gone): the row must still end, never stay live to be queued again
                     log.warning("store: %s/%s completed without a recorded allocation", rec.namespace, rec.name)
+                    step("cancelled", f"{rec.reason} (where it ran is not known)")
                     return
                 start()  # it started while its start was being written: record both
             step("completed", rec.reason)

@@ -398,6 +398,11 @@ class Matcher:
             cap = self._type_capacity(t, up_only=False)
             if n > cap:
                 return f"needs {n} {t}, only {cap} exist in this graph"
+        from fluxnetes.queue.satisfy import Capacity  # the short resource, by the count questions
+
+        short = Capacity.of(self.graph).check(js)
+        if short is not None:
+            return short.text()
         return "no part of this graph has the requested shape (per-node/per-slot counts, exclusivity or constraints)"
 
     def _busy_reason(self, js: Jobspec, now: int) -> str:

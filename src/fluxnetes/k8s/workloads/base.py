@@ -111,4 +111,10 @@ class WorkloadKind:
         return None
 
     def finished(self, obj: Mapping[str, Any]) -> bool:
+        """The workload is over (e.g. a Job's Complete or Failed condition): its group is never
+        queued again and holds nothing."""
+        return False
+
+    def failed(self, obj: Mapping[str, Any]) -> bool:
+        """The workload is over and failed (a Job's Failed condition)."""
         return False

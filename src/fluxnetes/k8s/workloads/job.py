@@ -79,10 +79,22 @@ class JobKind(WorkloadKind):
             return None
 
     def finished(self, obj: Mapping[str, Any]) -> bool:
-        for cond in (obj.get("status") or {}).get("conditions") or []:
-            if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+        # SuccessCriteriaMet / FailureTarget come first (1.31+), Complete / Failed once the
+        # pods are gone; a Job whose every completion succeeded is done even before either
+        # (its condition lags its last pod: after a restart that moment must not queue it)
+        status = obj.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") in _DONE and cond.get("status") == "True":
                 return True
-        return False
+        comp = (obj.get("spec") or {}).get("completions")
+        return comp is not None and int(status.get("succeeded") or 0) >= int(comp) > 0
+
+    def failed(self, obj: Mapping[str, Any]) -> bool:
+        return any(c.get("type") in ("Failed", "FailureTarget") and c.get("status") == "True"
+                   for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+_DONE = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
 
 
 KIND = JobKind()

@@ -1,0 +1,362 @@
+"""Unit level (no cluster): exact recovery and owners matched by uid.
+
+A restart is played the way the operator does it: a fresh Controller gets the caches (nodes,
+owners, FluxJobs, pods), runs ``recover`` / ``recover_from_cluster`` as ``start`` does, then
+the replayed ADDED events, then ``reconcile``. Its API writes go to a recording fake (the only
+fake here). The real control plane versions are in tests/test_k8s_recovery_exact.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.kube import ApiError
+from fluxnetes.k8s.placement import ANN_SLOT
+from test_k8s_prune import RecordingKube, bound, finished, job, node, pod, settle
+
+NODES = ("n0", "n1", "n2", "n3")
+
+
+class Kube(RecordingKube):
+    """RecordingKube that also keeps FluxJob objects (create answers 409 for a name in use),
+    answers GET/DELETE for them and lists pods."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fluxjobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.deleted: list[str] = []
+        self.n = 0
+
+    async def create(self, res: Any, body: Any, namespace: str | None = None, **kw: Any) -> dict[str, Any]:
+        if res.plural == "fluxjobs":
+            key = (namespace or "", body["metadata"]["name"])
+            if key in self.fluxjobs:
+                raise ApiError(409, {}, "POST", res.plural)
+            self.n += 1
+            obj = copy.deepcopy(dict(body))
+            obj["metadata"]["uid"] = f"fj-{self.n}"
+            self.fluxjobs[key] = obj
+            return obj
+        return await super().create(res, body, namespace, **kw)
+
+    async def get_or_none(self, res: Any, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return self.fluxjobs.get((namespace or "", name))
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        if method == "DELETE":
+            self.deleted.append(path)
+            for key, obj in list(self.fluxjobs.items()):
+                if path.endswith(f"/{key[1]}") and obj["metadata"]["uid"] == body["preconditions"]["uid"]:
+                    del self.fluxjobs[key]
+        return {}
+
+    async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None, *,
+                    sub: str | None = None, **kw: Any) -> dict[str, Any]:
+        if sub == "status":
+            obj = self.fluxjobs.get((namespace or "", name))
+            want = (body.get("metadata") or {}).get("uid")
+            if obj is not None and want and obj["metadata"]["uid"] != want:
+                raise ApiError(409, {}, "PATCH", name)
+            if obj is not None:
+                obj["status"] = body["status"]
+        return await super().patch(res, name, body, namespace, sub=sub, **kw)
+
+    async def list(self, res: Any, namespace: str | None = None, **_: Any) -> tuple[list[dict[str, Any]], str]:
+        return copy.deepcopy(self.pods), "1"
+
+
+def controller(kube: Kube, store: str | None = None) -> Controller:
+    c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
+    for n in NODES:
+        c.nodes[n] = node(n)
+    c.build_matcher()
+    return c
+
+
+def restart(kube: Kube, owners: list[dict[str, Any]], fluxjobs: list[dict[str, Any]],
+            pods: list[dict[str, Any]], store: str | None = None) -> Controller:
+    """A new operator over the given cluster state, as ``Controller.start`` + the replay."""
+    c = controller(kube, store)
+    for o in owners:
+        c.owners[(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])] = o
+    c.recover(fluxjobs)
+    if c.journal is not None:
+        c.recover_store()
+    c.recover_from_cluster(pods, fluxjobs)
+    for p in pods:
+        c.handle(("Pod", "ADDED", p))
+    for o in owners:
+        c.handle((o["kind"], "ADDED", o))
+    c.reconciled = True
+    c.reconcile()
+    return c
+
+
+def placed(p: dict[str, Any], node_name: str, slot: int, jobid: int, fluxjob: str) -> dict[str, Any]:
+    out = bound(p, node_name)
+    out["metadata"].setdefault("annotations", {}).update({names.ANN_FLUXJOB: fluxjob, ANN_SLOT: str(slot)})
+    out["metadata"]["labels"][names.LABEL_JOBID] = str(jobid)
+    return out
+
+
+def resumed(j: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(j)
+    out["spec"]["suspend"] = False
+    return out
+
+
+def complete(j: dict[str, Any], cond: str = "Complete") -> dict[str, Any]:
+    out = resumed(j)
+    out["status"] = {"conditions": [{"type": cond, "status": "True"}], "startTime": "2026-01-01T00:00:00Z"}
+    return out
+
+
+def fluxjob(name: str, owner: dict[str, Any], status: dict[str, Any] | None) -> dict[str, Any]:
+    fj: dict[str, Any] = {"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob",
+                          "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                                       "creationTimestamp": "2026-01-01T00:00:00Z"},
+                          "spec": {"size": 1, "duration": 0, "priority": 0,
+                                   "request": {"cpu": 2000},
+                                   "workload": {"apiVersion": "batch/v1", "kind": "Job",
+                                                "name": owner["metadata"]["name"],
+                                                "uid": owner["metadata"]["uid"]}}}
+    if status is not None:
+        fj["status"] = status
+    return fj
+
+
+def used(c: Controller) -> dict[str, int]:
+    """Cores the graph holds, per node (allocations only)."""
+    out: dict[str, int] = {}
+    for rec in c.matcher.jobs.values():
+        if not rec.reserved:
+            for n in rec.nodes:
+                out[n.name] = out.get(n.name, 0) + n.cores
+    return out
+
+
+def one_job(name: str) -> dict[str, Any]:
+    return job(name, 1)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_status_less_fluxjob_of_a_finished_job_is_completed_not_queued() -> None:
+    """Crash between the FluxJob's create and its status write, the Job finished meanwhile:
+    recovery used to make a new provisional group and queue it (a leak that never ended)."""
+    async def main() -> None:
+        kube = Kube()
+        j = one_job("a")
+        p = finished(placed(pod("a-0", owner=j), "n1", 0, 7, "job-a"))
+        fj = fluxjob("job-a", j, None)
+        kube.fluxjobs[("ns", "job-a")] = copy.deepcopy(fj)
+        c = restart(kube, [complete(j)], [fj], [p])
+        await settle(c)
+        await settle(c)
+        g = c.groups.get(("ns", "job-a"))
+        assert g is None or g.phase == Phase.COMPLETED
+        assert used(c) == {}
+        assert kube.fluxjobs[("ns", "job-a")]["status"]["phase"] == "Completed"
+        assert "j" not in kube.resumed and not kube.placed
+
+    asyncio.run(main())
+
+
+def test_pending_fluxjob_whose_pod_runs_is_running_again_exactly() -> None:
+    """The FluxJob said Pending, the group was then allocated, its Job resumed and its pod
+    placed, and the operator died before writing Running: the allocation comes back from the
+    pod (slot, node), once, and is given back when the pod ends."""
+    async def main() -> None:
+        kube = Kube()
+        j = one_job("b")
+        p = placed(pod("b-0", owner=j), "n2", 0, 3, "job-b")
+        fj = fluxjob("job-b", j, {"phase": "Pending", "reason": "queued"})
+        kube.fluxjobs[("ns", "job-b")] = copy.deepcopy(fj)
+        kube.pods = [p]
+        c = restart(kube, [resumed(j)], [fj], [p])
+        g = c.groups[("ns", "job-b")]
+        assert g.phase == Phase.RUNNING and g.slots == ["n2"] and g.slot_pod == ["pod-b-0"]
+        assert used(c) == {"n2": 2}
+        assert c.foreign_node == {}  # its pod is the group's, not foreign
+        await settle(c)
+        assert kube.fluxjobs[("ns", "job-b")]["status"]["phase"] == "Running"
+        check = await c.accounting_check()
+        assert check is not None and check["ok"] and check["unbound"] == 0, check
+        # the queue never matched it a second time
+        await settle(c)
+        assert len(c.matcher.jobs) == 1
+        c.handle(("Pod", "MODIFIED", finished(p)))
+        c.handle(("Job", "MODIFIED", complete(j)))
+        await settle(c)
+        assert g.phase == Phase.COMPLETED and used(c) == {}
+
+    asyncio.run(main())
+
+
+def test_finished_job_without_fluxjob_gets_a_final_one() -> None:
+    """The Job ran and finished inside the status interval and the operator died before its
+    FluxJob was created: after the restart it has one, final, and nothing is held."""
+    async def main() -> None:
+        kube = Kube()
+        j = one_job("c")
+        p = finished(placed(pod("c-0", owner=j), "n0", 0, 2, "job-c"))
+        c = restart(kube, [complete(j, "Failed")], [], [p])
+        await settle(c)
+        st = kube.fluxjobs[("ns", "job-c")]["status"]
+        assert st["phase"] == "Failed" and st["nodes"] == ["n0"]
+        assert used(c) == {} and not kube.resumed
+        await settle(c)
+        await settle(c)
+        assert ("ns", "job-c") not in c.groups  # over: forgotten, its FluxJob keeps the result
+
+    asyncio.run(main())
+
+
+def test_finished_job_store_row_ends_completed_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+
+    async def main() -> None:
+        kube = Kube()
+        j = one_job("d")
+        # first life: queued (store row pending), then the operator dies
+        c = controller(kube, url)
+        c.reconciled = True
+        c.handle(("Job", "ADDED", j))
+        assert c.journal.drain()
+        await c.stop()
+        # meanwhile it ran (by an operator whose writes were lost) and finished
+        p = finished(placed(pod("d-0", owner=j), "n3", 0, 1, "job-d"))
+        c2 = restart(kube, [complete(j)], [], [p], store=url)
+        await settle(c2)
+        assert c2.journal.drain()
+        rows = [r for r in c2.journal.store.jobs() if r.name == "job-d"]
+        assert len(rows) == 1 and str(rows[0].state) == "completed"
+        assert [str(e.to_state) for e in c2.journal.store.events(rows[0].id)].count("running") == 1
+        assert not c2.journal.store.allocations()
+        await c2.stop()
+
+    asyncio.run(main())
+
+
+def test_queued_group_whose_job_finished_is_never_allocated() -> None:
+    async def main() -> None:
+        kube = Kube()
+        c = controller(kube)
+        c.reconciled = True
+        big = job("e", 1)
+        big["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+        for i in range(4):  # the cluster is full: e waits
+            c.handle(("Pod", "ADDED", bound(pod(f"x{i}"), f"n{i}") | {"metadata": {
+                "name": f"x{i}", "namespace": "ns", "uid": f"x{i}"}}))
+        c.handle(("Job", "ADDED", big))
+        await settle(c)
+        g = c.groups[("ns", "job-e")]
+        assert g.phase in (Phase.PENDING, Phase.RESERVED)
+        c.handle(("Job", "MODIFIED", complete(big)))
+        await settle(c)
+        assert g.phase == Phase.COMPLETED and "nothing is held" in g.reason
+        for i in range(4):
+            c.handle(("Pod", "DELETED", {"metadata": {"name": f"x{i}", "namespace": "ns", "uid": f"x{i}"},
+                                         "spec": {"nodeName": f"n{i}"}}))
+        await settle(c)
+        assert g.phase == Phase.COMPLETED and used(c) == {}
+
+    asyncio.run(main())
+
+
+def test_recreated_job_with_the_same_name_is_a_new_workload() -> None:
+    """Delete and create a Job again at once: the finished group of the old one (not pruned
+    yet) used to answer for the new Job, which then stayed suspended forever."""
+    async def main() -> None:
+        for relist in (False, True):
+            kube = Kube()
+            c = controller(kube)
+            c.reconciled = True
+            old = job("f", 1)
+            c.handle(("Job", "ADDED", old))
+            await settle(c)
+            p = placed(pod("f-0", owner=old), "n0", 0, 1, "job-f")
+            c.handle(("Pod", "ADDED", pod("f-0", owner=old)))
+            await settle(c)
+            c.handle(("Pod", "MODIFIED", finished(p)))
+            c.handle(("Job", "MODIFIED", complete(old)))
+            await settle(c)
+            assert c.groups[("ns", "job-f")].phase == Phase.COMPLETED
+            new = job("f", 1)
+            new["metadata"]["uid"] = "job-f-2"
+            kube.resumed.clear()
+            if relist:  # a re-list reports the new object before the old one's deletion
+                c.handle(("Job", "ADDED", new))
+                c.handle(("Job", "DELETED", complete(old)))
+            else:
+                c.handle(("Job", "DELETED", complete(old)))
+                c.handle(("Job", "ADDED", new))
+            await settle(c)
+            g = c.groups[("ns", "job-f")]
+            assert g.spec.owner is not None and g.spec.owner.uid == "job-f-2"
+            assert g.phase == Phase.RUNNING and kube.resumed == ["f"], (relist, g.phase, g.reason)
+            # its FluxJob: the old one (the old Job's) was replaced, not written over
+            await settle(c)
+            fj = kube.fluxjobs[("ns", "job-f")]
+            assert fj["spec"]["workload"]["uid"] == "job-f-2" and fj["status"]["phase"] == "Running"
+            # the old Job's pod (going away) never joins the new group
+            c.handle(("Pod", "MODIFIED", finished(p)))
+            assert g.members == {} and g.phase == Phase.RUNNING
+
+    asyncio.run(main())
+
+
+def test_stale_fluxjob_of_an_earlier_job_is_replaced_after_a_restart() -> None:
+    async def main() -> None:
+        kube = Kube()
+        old = job("h", 1)
+        stale = fluxjob("job-h", old, {"phase": "Completed", "reason": "all pods finished"})
+        kube.fluxjobs[("ns", "job-h")] = copy.deepcopy(stale)
+        new = job("h", 1)
+        new["metadata"]["uid"] = "job-h-2"
+        c = restart(kube, [new], [stale], [])
+        await settle(c)
+        await settle(c)
+        fj = kube.fluxjobs[("ns", "job-h")]
+        assert fj["spec"]["workload"]["uid"] == "job-h-2"
+        assert fj["status"]["phase"] == "Running" and kube.resumed == ["h"]
+        assert any(p.endswith("/job-h") for p in kube.deleted)
+
+    asyncio.run(main())
+
+
+def test_accounting_check_sees_a_leak() -> None:
+    async def main() -> None:
+        kube = Kube()
+        c = controller(kube)
+        c.reconciled = True
+        j = one_job("k")
+        c.handle(("Job", "ADDED", j))
+        await settle(c)
+        p = pod("k-0", owner=j)
+        c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "job-k")]
+        pl = placed(p, g.slots[0], 0, g.jobid, "job-k")
+        c.handle(("Pod", "MODIFIED", pl))
+        kube.pods = [pl]
+        res = c.check_accounting(kube.pods)
+        assert res["ok"] and res["bound"] == 1 and res["unbound"] == 0, res
+        kube.pods = [finished(pl)]  # the API server says it ended; the operator has not seen it
+        res = c.check_accounting(kube.pods)
+        assert res["unbound"] == 1 and res["bound"] == 0  # held for no bound pod: a leak at rest
+        kube.pods = []
+        c.matcher.cancel(g.jobid)  # the graph forgot a pod that is bound
+        res = c.check_accounting([pl])
+        assert not res["ok"] and g.slots[0] in res["problems"][0]
+
+    asyncio.run(main())
