@@ -363,3 +363,15 @@ def test_topology_source_load(caplog: pytest.LogCaptureFixture) -> None:
     assert asyncio.run(denied.load(Topologies())) == 0
     assert asyncio.run(denied.load(Topologies())) == 0
     assert sum("cannot be read" in r.message for r in caplog.records) == 1
+
+
+def test_only_nodes_whose_kubelet_aligns_get_sockets() -> None:
+    """A node whose topology manager does not keep a pod in one NUMA domain stays flat, so a
+    pod larger than one domain still fits there (the graph follows what the node enforces)."""
+    topos = Topologies()
+    assert not topos.update("ADDED", nrt_obj("n1", TWO_BY_FOUR, policy="best-effort"))
+    assert topos.get("n1") is None
+    assert topos.update("MODIFIED", nrt_obj("n1", TWO_BY_FOUR))
+    assert topos.get("n1") is not None
+    assert topos.update("MODIFIED", nrt_obj("n1", TWO_BY_FOUR, policy="none"))
+    assert topos.get("n1") is None

@@ -42,6 +42,7 @@ KIND = "NodeResourceTopology"
 CRD_NAME = "noderesourcetopologies.topology.node.k8s.io"
 NRT = Resource("topology.node.k8s.io/v1alpha2", "noderesourcetopologies", namespaced=False)
 DEFAULT_RACK_LABEL = "fluxnetes.io/rack"
+ALIGNED_POLICY = "single-numa-node"  # the topology manager policy that sockets in the graph need
 
 
 class Topologies:
@@ -50,6 +51,7 @@ class Topologies:
     def __init__(self) -> None:
         self.by_node: dict[str, NodeTopology] = {}
         self.errors: dict[str, str] = {}  # node -> why its NRT object was not usable
+        self.unaligned: set[str] = set()  # nodes whose kubelet does not align to one NUMA node
 
     def get(self, node: str) -> NodeTopology | None:
         return self.by_node.get(node)
@@ -62,6 +64,7 @@ class Topologies:
             return False
         if etype == "DELETED":
             self.errors.pop(name, None)
+            self.unaligned.discard(name)
             return self.by_node.pop(name, None) is not None
         try:
             topo = topology_from_nrt(obj)
@@ -71,6 +74,16 @@ class Topologies:
             self.errors[name] = str(exc)
             return self.by_node.pop(name, None) is not None
         self.errors.pop(name, None)
+        if topo.policy != ALIGNED_POLICY:
+            # The graph follows what the node enforces: only a kubelet that puts each pod in
+            # one NUMA domain makes socket placement true. Elsewhere a pod larger than one
+            # domain is normal, and a socket subtree would refuse it: the node stays flat.
+            if name not in self.unaligned:
+                log.info("node %s: topologyManagerPolicy %s (not %s): its graph stays flat",
+                         name, topo.policy, ALIGNED_POLICY)
+            self.unaligned.add(name)
+            return self.by_node.pop(name, None) is not None
+        self.unaligned.discard(name)
         if not topo.zones:
             return self.by_node.pop(name, None) is not None
         if self.by_node.get(name) == topo:
