@@ -380,3 +380,62 @@ def test_failed_start_stops_what_already_runs(tmp_path: Path) -> None:
     assert list(data_root.iterdir()) == []
     assert not (tmp_path / "c" / "state.json").exists()
     assert os.listdir(tmp_path / "c" / "logs")  # logs stay for diagnosis
+
+
+def _job(name: str, annotations: dict[str, str]) -> dict[str, object]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"template": {
+            "metadata": {"annotations": annotations},
+            "spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "example.invalid/x:1"}]}}},
+    }
+
+
+def test_faults_restart_the_apiserver_keeping_etcd_replace_nodes_and_timed_pods(
+    tmp_path: Path,
+) -> None:
+    """What the chaos soak needs: API server restart with every object kept, nodes deleted and
+    added, and Job pods that run for the time their annotation says."""
+    from datetime import datetime
+
+    from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
+
+    shape = NodeShape(count=1, cpu="4", memory="8Gi")
+    cluster = Cluster.up(ClusterOptions(nodes=shape, dir=tmp_path / "c", timed_pods=True,
+                                        die_with_parent=True))
+    try:
+        cluster.kubectl("create", "configmap", "kept", "--from-literal=a=1")
+        before = cluster.pids["kube-apiserver"]
+        cluster.restart_component("kube-apiserver")
+        assert cluster.pids["kube-apiserver"] != before
+        assert Cluster.attach(cluster.dir).pids["kube-apiserver"] == cluster.pids["kube-apiserver"]
+        assert cluster.kubectl_json("get", "configmap", "kept")["data"] == {"a": "1"}
+        assert cluster.status().healthy
+
+        cluster.add_node(shape, "extra-node", zone="zone-9", rack="rack-9")
+        extra = cluster.kubectl_json("get", "node", "extra-node")
+        assert extra["metadata"]["labels"][ZONE_LABEL] == "zone-9"
+        assert cluster.delete_node("extra-node")
+        assert "extra-node" not in kwok_nodes(cluster)
+        assert not cluster.delete_node("extra-node")
+
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(_job("quick", {})))
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(_job("timed", {TIMED_POD_ANNOTATION: "8s"})))
+        for name in ("quick", "timed"):
+            cluster.kubectl("wait", "--for=condition=Complete", f"job/{name}", "--timeout=90s", timeout=100)
+
+        def ran(name: str) -> float:
+            pod = cluster.kubectl_json("get", "pods", "-l", f"job-name={name}")["items"][0]
+            term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+            running = next(c["lastTransitionTime"] for c in pod["status"]["conditions"]
+                           if c["type"] == "PodScheduled")
+            end = datetime.fromisoformat(term["finishedAt"].replace("Z", "+00:00"))
+            return (end - datetime.fromisoformat(running.replace("Z", "+00:00"))).total_seconds()
+
+        assert ran("timed") >= 7
+        assert ran("quick") < 7
+    finally:
+        cluster.down()

@@ -39,6 +39,8 @@ from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
 from fluxnetes.devcluster.nodes import (
     DEV_NODE_LABEL,
     NOT_READY_TAINT,
+    RACK_LABEL,
+    ZONE_LABEL,
     NodeShape,
     has_ready_condition,
     is_ready,
@@ -61,6 +63,8 @@ class ClusterOptions:
     data_root: Path | None = None  # parent of etcd's data dir; default /dev/shm (else $TMPDIR)
     die_with_parent: bool = False  # tests: processes end when the starting process dies
     log: Callable[[str], None] | None = None  # progress messages (the CLI prints them)
+    # Job pods annotated components.TIMED_POD_ANNOTATION="20s" run that long (default: at once)
+    timed_pods: bool = False
 
 
 @dataclass
@@ -77,6 +81,8 @@ class ClusterState:
     nodes: dict[str, Any] = field(default_factory=dict)
     started_at: str = ""
     version: int = STATE_VERSION
+    timed_pods: bool = False
+    die_with_parent: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -259,6 +265,27 @@ class Cluster:
         with urlopen(req, self.ssl_context(), timeout) as resp:
             return json.loads(resp.read())
 
+    def api_call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = 10.0,
+    ) -> Any:
+        """One request as admin; returns the decoded JSON answer (None when empty). HTTP errors
+        raise urllib.error.HTTPError (its `code` says which), connection errors OSError."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.api_url + path,
+            data=data,
+            method=method,
+            headers={"Accept": "application/json", "Content-Type": content_type},
+        )
+        with urlopen(req, self.ssl_context(), timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
     def up(cls, options: ClusterOptions | None = None) -> Cluster:
@@ -323,27 +350,14 @@ class Cluster:
             data_dir=data_dir,
             nodes=asdict(opts.nodes),
             started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            timed_pods=opts.timed_pods,
+            die_with_parent=opts.die_with_parent,
         )
         cluster = cls(state, tools)
         try:
             for name in COMPONENTS:
-                argv = components.argv(
-                    name,
-                    tools,
-                    ports=ports,
-                    kubeconfig=str(kubeconfig),
-                    data_dir=data_dir,
-                    advertise_address=adv,
-                    pki=pki,
-                    run=run,
-                )
                 say(f"starting {name}")
-                popen, rec = procs.spawn(
-                    name, argv, logs / f"{name}.log", cwd=run, die_with_parent=opts.die_with_parent
-                )
-                cluster._popens[rec.pid] = popen
-                state.processes.append(rec)
-                _save_state(state)  # saved after every spawn: `down` can always find them
+                cluster._spawn(name)
                 cluster._wait_component(name, deadline)
             say("waiting for the default service account")
             cluster._wait_for(
@@ -355,6 +369,90 @@ class Cluster:
             cluster.down()
             raise
         return cluster
+
+    def _spawn(self, name: str) -> procs.ProcessRecord:
+        """Start one component (its log is appended to) and record it in the state file."""
+        st = self.state
+        run = self.dir / "run"
+        argv = components.argv(
+            name,
+            self.tools,
+            ports=st.ports,
+            kubeconfig=st.kubeconfig,
+            data_dir=st.data_dir,
+            advertise_address=st.advertise_address,
+            pki=self.pki,
+            run=run,
+            timed_pods=st.timed_pods,
+        )
+        popen, rec = procs.spawn(
+            name, argv, self.dir / "logs" / f"{name}.log", cwd=run,
+            die_with_parent=st.die_with_parent,
+        )
+        self._popens[rec.pid] = popen
+        others = [p for p in st.processes if p.name != name]
+        # keep start order (COMPONENTS), so `down` stops them in reverse
+        st.processes = sorted([*others, rec], key=lambda p: COMPONENTS.index(p.name))
+        _save_state(st)  # saved after every spawn: `down` can always find them
+        return rec
+
+    # -- faults (the chaos soak): stop, start and restart one component --------------------------
+    def stop_component(self, name: str, kill: bool = False) -> None:
+        """Stop one component by its recorded pid (SIGKILL at once when `kill`); etcd's data and
+        every other component stay. `start_component` brings it back."""
+        if name not in COMPONENTS:
+            raise ClusterError(f"unknown component {name!r} (known: {', '.join(COMPONENTS)})")
+        recs = [p for p in self.state.processes if p.name == name]
+        procs.stop(recs, timeout=0.0 if kill else 15.0)
+        for rec in recs:
+            popen = self._popens.pop(rec.pid, None)
+            if popen is not None:
+                with contextlib.suppress(Exception):
+                    popen.wait(timeout=1)
+
+    def start_component(self, name: str, timeout: float = 120.0) -> None:
+        """Start a stopped component again with its original command line and wait until it
+        serves (an API server with the same etcd, so every object is kept). With
+        `die_with_parent` the process ends when the *calling thread* ends (PR_SET_PDEATHSIG)."""
+        if name not in COMPONENTS:
+            raise ClusterError(f"unknown component {name!r} (known: {', '.join(COMPONENTS)})")
+        if any(p.name == name and procs.is_running(p) for p in self.state.processes):
+            raise ClusterError(f"{name} is already running")
+        self._spawn(name)
+        self._wait_component(name, time.monotonic() + timeout)
+
+    def restart_component(self, name: str, kill: bool = False, timeout: float = 120.0) -> None:
+        self.stop_component(name, kill=kill)
+        self.start_component(name, timeout=timeout)
+
+    def delete_node(self, name: str) -> bool:
+        """Delete a Node object (its kwok node disappears with it). False if it was not there."""
+        req = Request("DELETE", f"/api/v1/nodes/{name}", {}, f"deleting node {name}",
+                      ignore=frozenset({404}))
+        existed = self._exists(f"/api/v1/nodes/{name}")
+        self._send([req], 1)
+        return existed
+
+    def add_node(
+        self,
+        shape: NodeShape,
+        name: str,
+        zone: str | None = None,
+        rack: str | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        """Create one more kwok node of `shape` named `name` (in `zone`/`rack`, default those of
+        node 0 of the shape) and wait until it is Ready."""
+        body = shape.manifest(0)
+        labels = body["metadata"]["labels"]
+        body["metadata"]["name"] = labels["kubernetes.io/hostname"] = name
+        if zone is not None:
+            labels[ZONE_LABEL] = zone
+        if rack is not None:
+            labels[RACK_LABEL] = rack
+        self._send([Request("POST", "/api/v1/nodes", body, f"creating node {name}")], 1)
+        self._wait_for(f"node {name} to be Ready", lambda: self._nodes_ready({name}, 1),
+                       time.monotonic() + timeout)
 
     def _wait_component(self, name: str, deadline: float) -> None:
         ports = self.state.ports

@@ -34,8 +34,13 @@ def argv(
     advertise_address: str,
     pki: ClusterPKI,
     run: Path,
+    timed_pods: bool = False,
 ) -> list[str]:
-    """Command line of one component; every listener and every client URL is on 127.0.0.1."""
+    """Command line of one component; every listener and every client URL is on 127.0.0.1.
+
+    timed_pods: Job pods carrying the annotation TIMED_POD_ANNOTATION (a duration such as
+    "20s") complete that long after they run instead of at once (kwok stages below).
+    """
     p = ports
     kc = kubeconfig
     exe = str(tools.binary(name))
@@ -106,7 +111,12 @@ def argv(
     if name == "kwok":
         config = run / "kwok.yaml"
         config.write_text(KWOK_CONFIG)
-        stages = [f"--config={s}" for s in [config, *tools.stage_files]]
+        files = [config, *tools.stage_files]
+        if timed_pods:
+            timed = run / "kwok-timed-stages.yaml"
+            timed.write_text(TIMED_STAGES)
+            files = [f for f in files if not str(f).endswith("pod/fast/pod-complete.yaml")] + [timed]
+        stages = [f"--config={s}" for s in files]
         return [
             exe,
             f"--kubeconfig={kc}",
@@ -131,6 +141,83 @@ options:
   podPlayStageParallelism: 16
   nodeLeaseParallelism: 16
 """
+
+
+# the annotation kwok's own "general" stages read for a pod's run time; with timed_pods the dev
+# cluster honours it for Job pods (a duration: "20s"), and Job pods without it end at once
+TIMED_POD_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
+
+_COMPLETE_STATUS = """\
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range $index, $item := .spec.containers }}
+      - image: {{ $item.image | Quote }}
+        name: {{ $item.name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"""
+
+# replaces kwok's fast pod-complete stage: untimed Job pods end at once (as before), timed ones
+# after their annotation's duration
+TIMED_STAGES = f"""\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-complete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.ownerReferences.[].kind'
+      operator: 'In'
+      values: ['Job']
+    - key: '.metadata.annotations["{TIMED_POD_ANNOTATION}"]'
+      operator: 'DoesNotExist'
+  next:
+{_COMPLETE_STATUS}---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-complete-timed
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.ownerReferences.[].kind'
+      operator: 'In'
+      values: ['Job']
+    - key: '.metadata.annotations["{TIMED_POD_ANNOTATION}"]'
+      operator: 'Exists'
+  delay:
+    durationMilliseconds: 1000
+    durationFrom:
+      expressionFrom: '.metadata.annotations["{TIMED_POD_ANNOTATION}"]'
+  next:
+{_COMPLETE_STATUS}"""
 
 
 def kubeconfig_doc(api_url: str, pki: ClusterPKI) -> dict[str, Any]:

@@ -48,6 +48,10 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# for other spawners (the chaos soak's operator processes): the same parent-death signal
+die_with_parent_hook = _die_with_parent
+
+
 def spawn(
     name: str,
     argv: Sequence[str],

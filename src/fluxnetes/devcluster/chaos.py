@@ -1,0 +1,989 @@
+"""The chaos soak: a stream of mixed work on a dev cluster, two operator replicas, and faults at
+seeded random moments, judged throughout by `invariants.Checker` (see `bench/chaos.py`).
+
+Parts, each usable alone:
+
+- `Postgres`: a private PostgreSQL server in a temporary directory (initdb + pg_ctl, as
+  hack/lib.sh does), so restarting it never touches anyone else's database.
+- `WebhookProxy`: a TCP forwarder standing in for the chart's Service: the API server calls one
+  address, and every live operator replica answers behind it (TLS passes through).
+- `Replicas`: the operator processes (`python -m fluxnetes.k8s run`), leader found by its Lease.
+- `Stream`: the workloads (single gated pods, Jobs, gang Jobs, label groups, Deployments scaled
+  up and down), their lifecycle, and the judgement of each at the end (finished, explicitly
+  failed with a reason, or lost).
+- `Soak`: puts them together, injects the faults (leader SIGKILL, node replaced, PostgreSQL
+  restart, API server restart with etcd kept) and writes the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fluxnetes.devcluster import procs
+from fluxnetes.devcluster.cluster import Cluster, ClusterOptions, free_ports
+from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
+from fluxnetes.devcluster.errors import ClusterError
+from fluxnetes.devcluster.invariants import Checker, Poller, Violation
+from fluxnetes.devcluster.nodes import DEV_NODE_LABEL, RACK_LABEL, ZONE_LABEL, NodeShape
+
+FAULT_KINDS = ("leader-kill", "node-replace", "postgres-restart", "apiserver-restart")
+WORKLOAD_KINDS = ("pod", "job", "gang", "group", "deploy")
+WORKLOAD_LABEL = "chaos.fluxnetes.io/workload"
+OPERATOR_NAMESPACE = "fluxnetes-chaos"
+LEASE = "fluxnetes-leader"
+
+
+def _say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------------
+def pg_bindir() -> Path | None:
+    for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (d / "initdb").exists():
+            return d
+    found = shutil.which("initdb")
+    return Path(found).parent if found else None
+
+
+class Postgres:
+    """A PostgreSQL server of our own on 127.0.0.1 (runs as `postgres` when we are root)."""
+
+    def __init__(self) -> None:
+        bindir = pg_bindir()
+        if bindir is None:
+            raise ClusterError("PostgreSQL is not installed (initdb not found); "
+                               "install the `postgresql` package or use --store sqlite")
+        self.bin = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="fluxnetes-chaos-pg."))
+        self.port = free_ports(1)[0]
+        self._as: list[str] = []
+        if os.getuid() == 0:
+            shutil.chown(self.dir, "postgres")
+            self._as = ["runuser", "-u", "postgres", "--"]
+        self.url = f"postgresql+psycopg://fluxnetes@127.0.0.1:{self.port}/fluxnetes"
+
+    def _run(self, *argv: str, timeout: float = 120) -> None:
+        res = subprocess.run([*self._as, *argv], capture_output=True, text=True, timeout=timeout,
+                             check=False)
+        if res.returncode != 0:
+            raise ClusterError(f"{Path(argv[0]).name} failed: {res.stderr.strip() or res.stdout.strip()}")
+
+    def start(self) -> Postgres:
+        data = self.dir / "data"
+        if not data.exists():
+            self._run(str(self.bin / "initdb"), "-D", str(data), "-U", "fluxnetes", "--auth=trust",
+                      "-E", "UTF8")
+        self._pg_ctl("start")
+        if not getattr(self, "_created", False):
+            self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
+                      "fluxnetes", "fluxnetes")
+            self._created = True
+        return self
+
+    def _pg_ctl(self, action: str) -> None:
+        opts = f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off -c max_connections=100"
+        args = [str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-l", str(self.dir / "log"), "-w"]
+        if action == "start":
+            self._run(*args, "-o", opts, "start")
+        elif action == "stop":
+            self._run(*args, "-m", "fast", "stop")
+        else:
+            self._run(*args, "-m", "fast", "-o", opts, "restart")
+
+    def restart(self) -> None:
+        self._pg_ctl("restart")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ClusterError, subprocess.TimeoutExpired):
+            if (self.dir / "data" / "postmaster.pid").exists():
+                self._pg_ctl("stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- the webhook's Service stand-in ------------------------------------------------------------------
+class WebhookProxy:
+    """Forwards TCP connections on 127.0.0.1:port to the first live backend, round robin."""
+
+    def __init__(self, backends: Callable[[], list[int]]) -> None:
+        self.backends = backends
+        self.port = free_ports(1)[0]
+        self._loop = asyncio.new_event_loop()
+        self._next = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="webhook-proxy", daemon=True)
+        self._server: asyncio.base_events.Server | None = None
+
+    def start(self) -> WebhookProxy:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                w.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ports = self.backends()
+        self._next += 1
+        for i in range(len(ports)):
+            port = ports[(self._next + i) % len(ports)]
+            try:
+                r2, w2 = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+            except (OSError, TimeoutError):
+                continue
+            await asyncio.gather(self._pipe(reader, w2), self._pipe(r2, writer))
+            return
+        writer.close()
+
+    def stop(self) -> None:
+        def _close() -> None:
+            if self._server is not None:
+                self._server.close()
+            self._loop.stop()
+
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(_close)
+            self._thread.join(timeout=10)
+
+
+# -- the operator replicas ------------------------------------------------------------------------------
+@dataclass
+class Replica:
+    slot: int
+    webhook_port: int
+    metrics_port: int
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    starts: int = 0
+
+    @property
+    def identity(self) -> str:
+        return f"{socket.gethostname()}-{self.proc.pid}" if self.proc else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Replicas:
+    """`count` operator processes sharing one store, one Lease and the webhook proxy."""
+
+    def __init__(self, cluster: Cluster, store: str, log_dir: Path, count: int = 2,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.log_dir = log_dir
+        self.extra_args = extra_args
+        ports = free_ports(2 * count)
+        self.replicas = [Replica(i, ports[2 * i], ports[2 * i + 1]) for i in range(count)]
+        self.proxy = WebhookProxy(lambda: [r.webhook_port for r in self.replicas if r.alive()])
+        self.exits: list[dict[str, Any]] = []  # replicas that ended by themselves
+        self.lock = threading.RLock()  # the fault thread kills and restarts; the main loop watches
+
+    def start_all(self) -> None:
+        self.proxy.start()
+        for r in self.replicas:
+            self.start(r)
+
+    def start(self, r: Replica, wait: float = 120.0) -> None:
+        r.starts += 1
+        r.log = self.log_dir / f"operator-{r.slot}-{r.starts}.log"
+        argv = [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(self.cluster.kubeconfig),
+                "--namespace", OPERATOR_NAMESPACE, "--store", self.store,
+                "--webhook-port", str(r.webhook_port),
+                "--webhook-url", f"https://127.0.0.1:{self.proxy.port}",
+                "--metrics-port", str(r.metrics_port), "--log-format", "text", *self.extra_args]
+        with r.log.open("wb") as out:
+            # ends with the soak even if the soak is killed (SIGTERM from the kernel; per thread:
+            # the soak keeps the threads that start replicas alive until its teardown)
+            r.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      preexec_fn=procs.die_with_parent_hook)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and r.alive():
+            if self._ready(r):
+                return
+            time.sleep(0.3)
+        if not r.alive():
+            raise ClusterError(f"operator replica {r.slot} exited at start; end of {r.log}:\n"
+                               + "\n".join(r.log.read_text(errors="replace").splitlines()[-20:]))
+        _say(f"operator replica {r.slot} not ready after {wait:.0f} s; going on")
+
+    def _ready(self, r: Replica) -> bool:
+        try:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                    f"http://127.0.0.1:{r.metrics_port}/readyz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def leader(self) -> Replica | None:
+        try:
+            lease = self.cluster.api_get(
+                f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/{LEASE}")
+        except (urllib.error.URLError, OSError):
+            return None
+        holder = (lease.get("spec") or {}).get("holderIdentity")
+        for r in self.replicas:
+            if r.alive() and r.identity == holder:
+                return r
+        return None
+
+    def check_exits(self) -> list[dict[str, Any]]:
+        """Replicas that ended on their own (not killed by us): restart them, report them."""
+        ended: list[dict[str, Any]] = []
+        with self.lock:
+            return self._check_exits(ended)
+
+    def _check_exits(self, ended: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for r in self.replicas:
+            if r.proc is not None and r.proc.poll() is not None:
+                tail = "\n".join((r.log.read_text(errors="replace") if r.log else "").splitlines()[-15:])
+                ended.append({"slot": r.slot, "exit": r.proc.returncode, "log": str(r.log), "tail": tail})
+                with contextlib.suppress(ClusterError):
+                    self.start(r, wait=30)
+        self.exits.extend(ended)
+        return ended
+
+    def kill(self, r: Replica, sig: int = signal.SIGKILL) -> None:
+        if r.proc is not None and r.proc.poll() is None:
+            r.proc.send_signal(sig)
+            try:
+                r.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for r in self.replicas:
+            self.kill(r, signal.SIGTERM)
+        self.proxy.stop()
+
+
+# -- the workloads ------------------------------------------------------------------------------------
+@dataclass
+class Workload:
+    id: str
+    kind: str  # one of WORKLOAD_KINDS
+    namespace: str
+    name: str
+    size: int  # pods (deploy: replicas now)
+    cpu: int  # per pod
+    submitted: float
+    run_seconds: int = 0  # jobs: how long each pod runs; others: how long they live once running
+    uid: str = ""
+    running_since: float | None = None  # service-like: when fully running (at the current size)
+    finished: float | None = None  # jobs: complete; others: ran at their final size
+    failed: str = ""  # explicit failure with its reason
+    deleted: float | None = None
+    scales: list[int] = field(default_factory=list)  # deploy: replica counts still to apply
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None or bool(self.failed)
+
+
+def _container(cpu: int) -> list[dict[str, Any]]:
+    req = {"cpu": str(cpu), "memory": f"{cpu}Gi"}
+    return [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": req, "limits": req}}]
+
+
+def _belongs(fj: Mapping[str, Any], w: Workload) -> bool:
+    md = fj.get("metadata") or {}
+    wl = (fj.get("spec") or {}).get("workload") or {}
+    if md.get("namespace") != w.namespace:
+        return False
+    return bool(w.uid and wl.get("uid") == w.uid) or f"-{w.name}-" in f"-{md.get('name', '')}-"
+
+
+class Stream:
+    """Creates the workloads, follows them to their end and deletes the long-running ones."""
+
+    def __init__(self, cluster: Cluster, rng: random.Random, namespaces: list[str],
+                 max_cpu: int, job_seconds: tuple[int, int] = (8, 30),
+                 life_seconds: tuple[int, int] = (10, 40)) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.namespaces = namespaces
+        self.max_cpu = max_cpu
+        self.job_seconds = job_seconds
+        self.life_seconds = life_seconds
+        self.workloads: list[Workload] = []
+        self.api_errors = 0
+        self._n = 0
+
+    # API calls that ride out an API server restart
+    def call(self, method: str, path: str, body: Any = None, patch: bool = False,
+             patience: float = 90.0) -> Any:
+        deadline = time.monotonic() + patience
+        retried = False
+        while True:
+            try:
+                return self.cluster.api_call(
+                    method, path, body, content_type="application/merge-patch+json" if patch else "application/json")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404 and method == "DELETE":
+                    return None
+                if exc.code == 409 and method == "POST" and retried:
+                    # an earlier attempt was created before the API server went away
+                    return self.cluster.api_get(f"{path}/{body['metadata']['name']}")
+                if exc.code not in (429, 500, 502, 503, 504) or time.monotonic() > deadline:
+                    raise
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+            self.api_errors += 1
+            retried = True
+            time.sleep(0.5)
+
+    def submit(self, kind: str) -> Workload:
+        self._n += 1
+        ns = self.rng.choice(self.namespaces)
+        wid = f"{kind}-{self._n}"
+        cpu = self.rng.randint(1, max(1, min(4, self.max_cpu)))
+        size = 1
+        if kind in ("gang", "group"):
+            size = self.rng.randint(2, 5)
+        elif kind == "deploy":
+            size = self.rng.randint(1, 4)
+        run = self.rng.randint(*(self.job_seconds if kind in ("job", "gang") else self.life_seconds))
+        w = Workload(wid, kind, ns, wid, size, cpu, time.time(), run)
+        if kind == "deploy":
+            w.scales = [self.rng.randint(1, 6)]
+        labels = {WORKLOAD_LABEL: wid}
+        try:
+            if kind == "pod":
+                body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": wid, "labels": labels},
+                        "spec": {"containers": _container(cpu), "terminationGracePeriodSeconds": 0}}
+                obj = self.call("POST", f"/api/v1/namespaces/{ns}/pods", body)
+            elif kind == "group":
+                group = {**labels, "fluxnetes.io/group": wid, "fluxnetes.io/group-size": str(size)}
+                obj = None
+                for i in range(size):
+                    body = {"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": f"{wid}-{i}", "labels": group},
+                            "spec": {"containers": _container(cpu), "terminationGracePeriodSeconds": 0}}
+                    obj = self.call("POST", f"/api/v1/namespaces/{ns}/pods", body)
+            elif kind in ("job", "gang"):
+                spec: dict[str, Any] = {
+                    "parallelism": size, "completions": size, "backoffLimit": 6,
+                    "ttlSecondsAfterFinished": 120,
+                    "template": {"metadata": {"labels": labels,
+                                              "annotations": {TIMED_POD_ANNOTATION: f"{run}s"}},
+                                 "spec": {"restartPolicy": "Never", "containers": _container(cpu),
+                                          "terminationGracePeriodSeconds": 0}}}
+                if kind == "gang":
+                    spec["completionMode"] = "Indexed"
+                if self.rng.random() < 0.5:
+                    spec["activeDeadlineSeconds"] = 1800  # gives the queue a duration to backfill with
+                body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": wid, "labels": labels},
+                        "spec": spec}
+                obj = self.call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body)
+            else:
+                body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": wid, "labels": labels},
+                        "spec": {"replicas": size, "selector": {"matchLabels": labels},
+                                 "template": {"metadata": {"labels": labels},
+                                              "spec": {"containers": _container(cpu),
+                                                       "terminationGracePeriodSeconds": 0}}}}
+                obj = self.call("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", body)
+            w.uid = str(((obj or {}).get("metadata") or {}).get("uid", ""))
+        except urllib.error.HTTPError as exc:
+            w.failed = f"refused at creation: HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}"
+        except (urllib.error.URLError, OSError) as exc:
+            w.failed = f"could not be created: {exc}"
+        self.workloads.append(w)
+        return w
+
+    def follow(self, pods: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]],
+               deployments: Sequence[Mapping[str, Any]], fluxjobs: Sequence[Mapping[str, Any]], now: float,
+               draining: bool = False) -> None:
+        """Advance every workload from a snapshot: mark finished ones, scale, delete aged ones."""
+        by_wl: dict[str, list[Mapping[str, Any]]] = {}
+        for p in pods:
+            wid = ((p.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
+            if wid:
+                by_wl.setdefault(wid, []).append(p)
+        job_of = {((j.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL): j for j in jobs}
+        dep_of = {((d.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL): d for d in deployments}
+        for w in self.workloads:
+            if w.deleted is not None or (w.failed and w.kind in ("job", "gang")):
+                continue
+            if w.failed and not w.uid:
+                continue
+            ps = [p for p in by_wl.get(w.id, []) if not (p.get("metadata") or {}).get("deletionTimestamp")]
+            running = [p for p in ps if (p.get("spec") or {}).get("nodeName")
+                       and (p.get("status") or {}).get("phase") == "Running"]
+            if w.kind in ("job", "gang"):
+                j = job_of.get(w.id)
+                if j is None:
+                    continue
+                for c in (j.get("status") or {}).get("conditions") or []:
+                    if c.get("status") != "True":
+                        continue
+                    if c.get("type") == "Complete" and w.finished is None:
+                        w.finished = now
+                    elif c.get("type") == "Failed" and not w.done:
+                        w.failed = f"Job failed: {c.get('reason')}: {c.get('message', '')}"
+                continue
+            if draining:
+                w.scales = []  # the size it has now is its last
+            target = w.size
+            # a Deployment is judged by its pods (its own status may lag after API restarts)
+            full = len(running) == target and (w.kind != "deploy" or w.id in dep_of)
+            if full and w.running_since is None:
+                w.running_since = now
+            if not full:
+                w.running_since = None
+            if w.running_since is None:
+                continue
+            if w.kind == "deploy" and w.scales:  # not finished before its last size runs
+                if now - w.running_since >= w.run_seconds / 2:
+                    w.size = w.scales.pop(0)
+                    w.running_since = None
+                    with contextlib.suppress(urllib.error.URLError, OSError):
+                        self.call("PATCH", f"/apis/apps/v1/namespaces/{w.namespace}/deployments/{w.name}",
+                                  {"spec": {"replicas": w.size}}, patch=True, patience=5)
+                continue
+            if w.finished is None:
+                w.finished = now
+            if draining or now - w.running_since >= w.run_seconds:
+                self.delete(w, now)
+
+    def judge_unfinished(self, fluxjobs: Sequence[Mapping[str, Any]]) -> None:
+        """At the end: a workload that did not finish but whose newest FluxJob is final with a
+        reason (Unsatisfiable, Failed, Cancelled) failed explicitly; the others are lost."""
+        for w in self.workloads:
+            if w.done:
+                continue
+            mine = [f for f in fluxjobs if _belongs(f, w)]
+            if not mine:
+                continue
+            newest = max(mine, key=lambda f: str((f.get("metadata") or {}).get("creationTimestamp", "")))
+            st = newest.get("status") or {}
+            if st.get("phase") in ("Unsatisfiable", "Failed", "Cancelled") and st.get("reason"):
+                w.failed = f"FluxJob {newest['metadata']['name']} {st['phase']}: {st['reason']}"
+
+    def delete(self, w: Workload, now: float) -> None:
+        opts = {"propagationPolicy": "Background"}
+        try:
+            if w.kind == "pod":
+                self.call("DELETE", f"/api/v1/namespaces/{w.namespace}/pods/{w.name}", opts, patience=5)
+            elif w.kind == "group":
+                for i in range(w.size):
+                    self.call("DELETE", f"/api/v1/namespaces/{w.namespace}/pods/{w.name}-{i}", opts, patience=5)
+            elif w.kind == "deploy":
+                self.call("DELETE", f"/apis/apps/v1/namespaces/{w.namespace}/deployments/{w.name}", opts,
+                          patience=5)
+            w.deleted = now
+        except (urllib.error.URLError, OSError):
+            pass  # the next pass tries again
+
+    def summary(self) -> dict[str, Any]:
+        by_kind: dict[str, dict[str, int]] = {}
+        for w in self.workloads:
+            k = by_kind.setdefault(w.kind, {"submitted": 0, "finished": 0, "failed": 0, "lost": 0})
+            k["submitted"] += 1
+            if w.finished is not None:
+                k["finished"] += 1
+            elif w.failed:
+                k["failed"] += 1
+            else:
+                k["lost"] += 1
+        return by_kind
+
+
+# -- faults -------------------------------------------------------------------------------------------
+@dataclass
+class Fault:
+    kind: str
+    planned: float  # seconds after the stream started
+    at: float = 0.0  # wall clock when injected
+    done: float = 0.0  # wall clock when the injection (and the component's return) finished
+    detail: str = ""
+    error: str = ""
+    next_bind_after: float | None = None  # seconds from `at` to the next fluxnetes bind
+
+    def as_dict(self, t0: float) -> dict[str, Any]:
+        d = asdict(self)
+        d["at_s"] = round(self.at - t0, 1) if self.at else None
+        d["duration_s"] = round(self.done - self.at, 2) if self.at and self.done else None
+        for k in ("at", "done"):
+            d[k] = round(d[k], 3)
+        return d
+
+
+def plan_faults(rng: random.Random, kinds: tuple[str, ...], each: int, start: float, end: float,
+                min_gap: float) -> list[Fault]:
+    """`each` faults of every kind at random moments in [start, end), at least `min_gap` apart
+    (evenly spaced slots, shuffled kinds, jittered within the slot), sorted by time."""
+    order = [k for k in kinds for _ in range(each)]
+    rng.shuffle(order)
+    if not order:
+        return []
+    slot = (end - start) / len(order)
+    jitter = max(0.0, slot - min_gap)
+    return [Fault(kind, round(start + i * slot + rng.uniform(0, jitter), 1)) for i, kind in enumerate(order)]
+
+
+# -- the soak ------------------------------------------------------------------------------------------
+@dataclass
+class SoakOptions:
+    minutes: float = 30.0
+    faults_each: int = 20
+    nodes: int = 50
+    node_cpu: int = 8
+    seed: int = 1
+    arrival_seconds: float = 1.0  # mean time between submissions
+    group_grace: float = 10.0
+    share_grace: float = 30.0
+    drain_seconds: float = 300.0
+    warmup_seconds: float = 20.0
+    cooldown_seconds: float = 30.0
+    replicas: int = 2
+    store: str = "postgres"  # postgres (our own server) or a store URL
+    operator_args: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = FAULT_KINDS
+    cluster_dir: Path | None = None  # attach to a running cluster instead of starting one
+    work_dir: Path | None = None
+    probe: bool = True  # end with a gang asking every core of every node (finds leaked capacity)
+    log: Callable[[str], None] = _say
+
+
+class Soak:
+    def __init__(self, opts: SoakOptions) -> None:
+        self.opts = opts
+        self.rng = random.Random(opts.seed)  # the workloads
+        self.fault_rng = random.Random(opts.seed + 1_000_003)  # the faults' moments and victims
+        self.work = opts.work_dir or Path(tempfile.mkdtemp(prefix="fluxnetes-chaos."))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.cluster: Cluster | None = None
+        self.own_cluster = False
+        self.pg: Postgres | None = None
+        self.replicas: Replicas | None = None
+        self.stream: Stream | None = None
+        self.namespaces = ["chaos-a", "chaos-b"]
+        self.checker = Checker(managed_namespaces=lambda: self.namespaces,
+                               group_grace=opts.group_grace, share_grace=opts.share_grace)
+        self.poller: Poller | None = None
+        self.faults: list[Fault] = []
+        self.shape = NodeShape(count=opts.nodes, cpu=str(opts.node_cpu), memory=f"{4 * opts.node_cpu}Gi",
+                               pods=110, zones=2, racks=2)
+        self._node_seq = opts.nodes
+        self.t0 = 0.0
+        self.probe: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self._lost_evidence: list[dict[str, Any]] | None = None
+        self._faults_done = threading.Event()
+        self._release = threading.Event()
+        self._injector: threading.Thread | None = None
+
+    # -- setup and teardown ---------------------------------------------------------------------
+    def setup(self) -> None:
+        o = self.opts
+        if o.cluster_dir is not None:
+            self.cluster = Cluster.attach(o.cluster_dir)
+        else:
+            o.log(f"starting a dev cluster with {o.nodes} nodes in {self.work / 'cluster'}")
+            self.cluster = Cluster.up(ClusterOptions(nodes=self.shape, dir=self.work / "cluster",
+                                                     timed_pods=True, die_with_parent=True))
+            self.own_cluster = True
+        c = self.cluster
+        if o.store == "postgres":
+            o.log("starting a private PostgreSQL")
+            self.pg = Postgres().start()
+            store = self.pg.url
+        else:
+            store = o.store
+        for ns in self.namespaces:
+            with contextlib.suppress(urllib.error.HTTPError):
+                c.api_call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                          "metadata": {"name": ns, "labels": {
+                                                              "fluxnetes.io/enabled": "true"}}})
+        o.log(f"starting {o.replicas} operator replicas (store {store.split('@')[-1]})")
+        self.replicas = Replicas(c, store, self.work, o.replicas, o.operator_args)
+        self.replicas.start_all()
+        self.stream = Stream(c, self.rng, self.namespaces, o.node_cpu)
+        self.poller = Poller(c.api_get, self.checker, 1.0, on_violation=self._on_violation).start()
+
+    def teardown(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
+        if self.replicas is not None:
+            self.replicas.stop_all()
+        if self.cluster is not None:
+            for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+                with contextlib.suppress(urllib.error.URLError, OSError):
+                    self.cluster.api_call("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/fluxnetes.io")
+            if self.own_cluster:
+                self.cluster.down()
+            else:
+                for ns in self.namespaces:
+                    with contextlib.suppress(urllib.error.URLError, OSError):
+                        self.cluster.api_call("DELETE", f"/api/v1/namespaces/{ns}")
+        if self.pg is not None:
+            self.pg.stop()
+        self._release.set()
+        if self._injector is not None:
+            self._injector.join(timeout=10)
+
+    def _on_violation(self, v: Violation) -> None:
+        before = [f for f in self.faults if f.at and f.at <= v.first_seen]
+        if before:
+            f = before[-1]
+            v.preceding_fault = {"kind": f.kind, "at_s": round(f.at - self.t0, 1),
+                                 "seconds_before": round(v.first_seen - f.at, 1), "detail": f.detail}
+        self.opts.log(f"VIOLATION {v.kind}: {v.detail}"
+                      + (f" [after {v.preceding_fault['kind']} at {v.preceding_fault['at_s']} s]"
+                         if v.preceding_fault else ""))
+
+    # -- faults ---------------------------------------------------------------------------------
+    def inject(self, f: Fault) -> None:
+        assert self.cluster is not None and self.replicas is not None
+        f.at = time.time()
+        try:
+            if f.kind == "leader-kill":
+                with self.replicas.lock:
+                    r = self.replicas.leader()
+                    if r is None:
+                        r = next((x for x in self.replicas.replicas if x.alive()), self.replicas.replicas[0])
+                        f.detail = f"no Lease holder among the replicas; killed replica {r.slot}"
+                    else:
+                        f.detail = f"killed leader replica {r.slot} (pid {r.proc.pid if r.proc else '?'})"
+                    self.replicas.kill(r, signal.SIGKILL)
+                    self.replicas.start(r, wait=60)
+            elif f.kind == "node-replace":
+                f.detail = self._replace_node()
+            elif f.kind == "postgres-restart":
+                if self.pg is None:
+                    f.detail = "skipped: the store is not our PostgreSQL"
+                else:
+                    self.pg.restart()
+                    f.detail = "pg_ctl restart -m fast"
+            elif f.kind == "apiserver-restart":
+                self.cluster.restart_component("kube-apiserver")
+                f.detail = "kube-apiserver stopped (SIGTERM) and started again, etcd kept"
+            else:
+                raise ValueError(f"unknown fault kind {f.kind}")
+        except Exception as exc:  # a fault that could not be injected is reported, never fatal
+            f.error = f"{type(exc).__name__}: {exc}"
+        f.done = time.time()
+        self.opts.log(f"fault {f.kind}: {f.detail or ''}{' ERROR ' + f.error if f.error else ''}"
+                      f" ({f.done - f.at:.1f} s)")
+
+    def _replace_node(self) -> str:
+        assert self.cluster is not None
+        snap = self.poller.latest if self.poller else None
+        names = sorted(str(n["metadata"]["name"]) for n in (snap.nodes if snap else ())
+                       if (n["metadata"].get("labels") or {}).get(DEV_NODE_LABEL) == "true")
+        if not names:
+            names = sorted(n["metadata"]["name"] for n in self.cluster.api_get(
+                f"/api/v1/nodes?labelSelector={DEV_NODE_LABEL}%3Dtrue")["items"])
+        busy = sorted({str(p["spec"]["nodeName"]) for p in (snap.pods if snap else ())
+                       if (p.get("spec") or {}).get("nodeName") in names
+                       and ((p.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
+                       and (p.get("status") or {}).get("phase") == "Running"})
+        victim = self.fault_rng.choice(busy or names)
+        node = self.cluster.api_get(f"/api/v1/nodes/{victim}")
+        labels = node["metadata"].get("labels") or {}
+        self.cluster.delete_node(victim)
+        new = f"{self.shape.prefix}-{self._node_seq}"
+        self._node_seq += 1
+        self.cluster.add_node(self.shape, new, zone=labels.get(ZONE_LABEL), rack=labels.get(RACK_LABEL))
+        return f"deleted {victim} ({'running work' if busy else 'idle'}), added {new}"
+
+    # -- the run --------------------------------------------------------------------------------
+    def _list(self, path: str) -> list[dict[str, Any]]:
+        assert self.cluster is not None
+        try:
+            return list(self.cluster.api_get(path + "?resourceVersion=0", 20)["items"])
+        except (urllib.error.URLError, OSError):
+            return []
+
+    def _follow(self, draining: bool = False) -> None:
+        assert self.stream is not None and self.poller is not None
+        snap = self.poller.latest
+        if snap is None:
+            return
+        deps: list[dict[str, Any]] = []
+        for ns in self.namespaces:
+            deps += self._list(f"/apis/apps/v1/namespaces/{ns}/deployments")
+        self.stream.follow(snap.pods, snap.jobs, deps, snap.fluxjobs, time.time(), draining)
+
+    def run(self) -> dict[str, Any]:
+        o = self.opts
+        try:
+            self.setup()
+            self._stream_phase()
+            self._drain_phase()
+            if o.probe:
+                self._probe_phase()
+        except KeyboardInterrupt:
+            self.errors.append("interrupted")
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            o.log(f"soak error: {exc}")
+        finally:
+            result = self.result()
+            self.teardown()
+        return result
+
+    def _stream_phase(self) -> None:
+        o = self.opts
+        assert self.stream is not None and self.replicas is not None
+        duration = o.minutes * 60
+        self.t0 = time.time()
+        self.faults = plan_faults(self.fault_rng, o.kinds, o.faults_each, o.warmup_seconds,
+                                  max(o.warmup_seconds + 1, duration - o.cooldown_seconds), 8.0)
+        o.log(f"stream for {duration:.0f} s with {len(self.faults)} faults")
+        stop = threading.Event()
+        self._injector = threading.Thread(target=self._inject_all, args=(stop, duration), name="faults",
+                                          daemon=True)
+        self._injector.start()
+        try:
+            self._submit_until(duration)
+        finally:
+            stop.set()
+            self._faults_done.wait(timeout=300)
+
+    def _inject_all(self, stop: threading.Event, duration: float) -> None:
+        """The faults, one after the other at their planned moments (in their own thread, so the
+        stream goes on while a component is down)."""
+        for f in self.faults:
+            while not stop.is_set() and time.time() - self.t0 < f.planned:
+                stop.wait(0.2)
+            if stop.is_set() or time.time() - self.t0 >= duration:
+                f.error = "not injected: the stream ended first"
+                continue
+            self.inject(f)
+        self._faults_done.set()
+        # a component restarted from this thread gets SIGTERM when the thread ends (the dev
+        # cluster's die_with_parent is per thread): live until the soak has stopped everything
+        self._release.wait()
+
+    def _submit_until(self, duration: float) -> None:
+        o = self.opts
+        assert self.stream is not None and self.replicas is not None
+        next_submit = 0.0
+        last_follow = 0.0
+        mix = ("pod", "job", "job", "gang", "gang", "group", "deploy")
+        while (now := time.time() - self.t0) < duration:
+            if now >= next_submit:
+                self.stream.submit(self.rng.choice(mix))
+                next_submit = now + self.rng.expovariate(1.0 / o.arrival_seconds)
+            if now - last_follow >= 1.0:
+                self._follow()
+                for e in self.replicas.check_exits():
+                    o.log(f"operator replica {e['slot']} exited by itself (status {e['exit']}): {e['log']}")
+                last_follow = now
+            time.sleep(0.1)
+
+    def _drain_phase(self) -> None:
+        o = self.opts
+        assert self.stream is not None
+        o.log(f"draining (up to {o.drain_seconds:.0f} s)")
+        deadline = time.time() + o.drain_seconds
+        while time.time() < deadline:
+            self._follow(draining=True)
+            if all(w.done and (w.kind in ("job", "gang") or w.deleted is not None or w.failed)
+                   for w in self.stream.workloads):
+                break
+            time.sleep(1.0)
+        # a final look after the status writes and the last grace periods
+        time.sleep(min(5.0, o.share_grace))
+        self._follow(draining=True)
+        if self.poller is not None and self.poller.latest is not None:
+            self.stream.judge_unfinished(self.poller.latest.fluxjobs)
+            # what the lost ones look like now, before the probe's clean-up deletes them
+            self._lost_evidence = [self._evidence(w, self.poller.latest)
+                                   for w in self.stream.workloads if not w.done]
+
+    def _probe_phase(self) -> None:
+        """Every workload is gone: a gang asking every core of every node must start now. If the
+        operator's graph kept anything (a leak) or lost a node, it cannot."""
+        o = self.opts
+        assert self.cluster is not None and self.stream is not None and self.poller is not None
+        # whatever is left (lost work included) goes first: the probe needs empty nodes
+        for ns in self.namespaces:
+            for coll in (f"/apis/apps/v1/namespaces/{ns}/deployments", f"/apis/batch/v1/namespaces/{ns}/jobs",
+                         f"/api/v1/namespaces/{ns}/pods"):
+                with contextlib.suppress(urllib.error.URLError, OSError):
+                    self.stream.call("DELETE", coll, {"propagationPolicy": "Background"}, patience=30)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            snap = self.poller.latest
+            left = [p for p in (snap.pods if snap else [{}])
+                    if (p.get("metadata") or {}).get("namespace") in self.namespaces
+                    and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+            if snap is not None and not left:
+                break
+            time.sleep(1.0)
+        else:
+            self.probe = {"skipped": "pods of the soak were still there 120 s after deleting them"}
+            return
+        nodes = [n for n in self._list("/api/v1/nodes")
+                 if (n["metadata"].get("labels") or {}).get(DEV_NODE_LABEL) == "true"]
+        count = len(nodes)
+        ns = self.namespaces[0]
+        name = "capacity-probe"
+        body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": {WORKLOAD_LABEL: name}},
+                "spec": {"parallelism": count, "completions": count, "completionMode": "Indexed",
+                         "template": {"metadata": {"labels": {WORKLOAD_LABEL: name},
+                                                   "annotations": {TIMED_POD_ANNOTATION: "2s"}},
+                                      "spec": {"restartPolicy": "Never",
+                                               "containers": _container(o.node_cpu),
+                                               "terminationGracePeriodSeconds": 0}}}}
+        o.log(f"capacity probe: {count} pods of {o.node_cpu} cpu (every core of every node)")
+        started = time.time()
+        self.probe = {"pods": count, "cpu_each": o.node_cpu, "ok": False}
+        try:
+            self.stream.call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body)
+        except (urllib.error.URLError, OSError) as exc:
+            self.probe["error"] = str(exc)
+            return
+        while time.time() - started < 120:
+            try:
+                job = self.cluster.api_get(f"/apis/batch/v1/namespaces/{ns}/jobs/{name}")
+            except (urllib.error.URLError, OSError):
+                time.sleep(1)
+                continue
+            if any(c.get("type") == "Complete" and c.get("status") == "True"
+                   for c in (job.get("status") or {}).get("conditions") or []):
+                self.probe.update(ok=True, seconds=round(time.time() - started, 1))
+                return
+            time.sleep(1.0)
+        fjs = [f for f in self._list(f"/apis/fluxnetes.io/v1alpha1/namespaces/{ns}/fluxjobs")]
+        mine = [f for f in fjs if name in f["metadata"]["name"]]
+        holding = [f"{f['metadata']['namespace']}/{f['metadata']['name']}"
+                   for f in self._list("/apis/fluxnetes.io/v1alpha1/fluxjobs")
+                   if (f.get("status") or {}).get("phase") == "Running"
+                   and name not in f["metadata"]["name"]]
+        self.probe["fluxjob"] = [{"name": f["metadata"]["name"], "phase": (f.get("status") or {}).get("phase"),
+                                  "reason": (f.get("status") or {}).get("reason")} for f in mine]
+        self.probe["running_fluxjobs_left"] = holding
+        v = Violation("leaked-capacity", name,
+                      f"a gang asking all {count * o.node_cpu} cores of the {count} empty nodes did not "
+                      f"complete within 120 s (its FluxJob: {self.probe['fluxjob']}; FluxJobs still "
+                      f"Running: {holding[:10]})", started, time.time(), dict(self.probe))
+        self.checker.violations.append(v)
+        self._on_violation(v)
+
+    # -- the result -----------------------------------------------------------------------------
+    def result(self) -> dict[str, Any]:
+        o = self.opts
+        binds = sorted(t for t, _ in self.checker.binds)
+        for f in self.faults:
+            if f.at:
+                nxt = next((t for t in binds if t >= f.at), None)
+                f.next_bind_after = None if nxt is None else round(nxt - f.at, 2)
+        per_kind: dict[str, list[float]] = {}
+        for f in self.faults:
+            if f.next_bind_after is not None:
+                per_kind.setdefault(f.kind, []).append(f.next_bind_after)
+        workloads = self.stream.workloads if self.stream else []
+        lost = [w for w in workloads if not w.done]
+        dup_jobs = {str(v.evidence.get("job_uid")) for v in self.checker.violations if v.kind == "duplicate-run"}
+        duplicated = [w for w in workloads if w.uid and w.uid in dup_jobs]
+        snap = self.poller.latest if self.poller else None
+        violations = [v.as_dict() for v in self.checker.violations]
+        counts: dict[str, int] = {}
+        for v in self.checker.violations:
+            counts[v.kind] = counts.get(v.kind, 0) + 1
+        injected = [f for f in self.faults if f.at and not f.error]
+        return {
+            "benchmark": "chaos",
+            "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()
+                           if k != "log"},
+            "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
+                        "platform": platform.platform(), "load_avg_at_end": os.getloadavg()},
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0 or time.time())),
+            "stream_seconds": round(o.minutes * 60, 1),
+            "wall_seconds": round(time.time() - self.t0, 1) if self.t0 else 0,
+            "faults": [f.as_dict(self.t0) for f in self.faults],
+            "faults_injected": {k: sum(1 for f in injected if f.kind == k) for k in o.kinds},
+            "faults_failed": [f.as_dict(self.t0) for f in self.faults if f.error],
+            "time_to_next_bind_s": {k: {"median": round(statistics.median(v), 2), "max": round(max(v), 2),
+                                        "count": len(v)} for k, v in per_kind.items()},
+            "workloads": {
+                "submitted": len(workloads),
+                "finished": sum(1 for w in workloads if w.finished is not None),
+                "failed_with_reason": sum(1 for w in workloads if w.failed and w.finished is None),
+                "lost": len(lost),
+                "duplicated": len(duplicated),
+                "by_kind": self.stream.summary() if self.stream else {},
+            },
+            "lost": (self._lost_evidence if self._lost_evidence is not None
+                     else [self._evidence(w, snap) for w in lost]),
+            "failed": [{"id": w.id, "kind": w.kind, "reason": w.failed} for w in workloads if w.failed][:50],
+            "duplicated": [w.id for w in duplicated],
+            "violations": violations,
+            "violation_counts": counts,
+            "open_conditions_at_end": self.checker.open_episodes(),
+            "probe": self.probe,
+            "operator_exits": self.replicas.exits if self.replicas else [],
+            "operator_logs": str(self.work),
+            "invariant_polls": self.checker.snapshots,
+            "failed_polls": self.poller.failed_reads if self.poller else 0,
+            "api_retries": self.stream.api_errors if self.stream else 0,
+            "errors": self.errors,
+            "ok": (not violations and not lost and not duplicated and not self.errors
+                   and len(injected) == len(self.faults)),
+        }
+
+    def _evidence(self, w: Workload, snap: Any) -> dict[str, Any]:
+        pods = []
+        fluxjobs = []
+        if snap is not None:
+            for p in snap.pods:
+                md = p.get("metadata") or {}
+                if (md.get("labels") or {}).get(WORKLOAD_LABEL) != w.id:
+                    continue
+                pods.append({"name": md.get("name"), "phase": (p.get("status") or {}).get("phase"),
+                             "node": (p.get("spec") or {}).get("nodeName"),
+                             "gated": bool((p.get("spec") or {}).get("schedulingGates")),
+                             "fluxjob": (md.get("annotations") or {}).get("fluxnetes.io/fluxjob")})
+            for f in snap.fluxjobs:
+                if _belongs(f, w):
+                    st = f.get("status") or {}
+                    fluxjobs.append({"name": f["metadata"].get("name"), "phase": st.get("phase"),
+                                     "reason": st.get("reason")})
+        return {"id": w.id, "kind": w.kind, "namespace": w.namespace, "size": w.size, "cpu": w.cpu,
+                "submitted_s": round(w.submitted - self.t0, 1), "deleted": w.deleted is not None,
+                "pods": pods, "fluxjobs": fluxjobs}
+
+
+def write_result(result: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
