@@ -74,25 +74,11 @@ def topology_policies(policy: str, scope: str) -> list[str]:
     return [word + ("PodLevel" if scope == "pod" else "ContainerLevel")]
 
 
-def _scale(values: list[int], limit: int) -> list[int]:
-    """Scale ``values`` down so they sum to ``limit`` (floor, remainder to the largest)."""
-    total = sum(values)
-    if total <= limit or total <= 0:
-        return list(values)
-    out = [v * limit // total for v in values]
-    rest = limit - sum(out)
-    for i in sorted(range(len(values)), key=lambda i: (-values[i], i)):
-        if rest <= 0:
-            break
-        out[i] += 1
-        rest -= 1
-    return out
-
-
 def build_nrt(node_name: str, hw: NodeHardware, *, node: dict[str, Any] | None = None) -> dict[str, Any]:
     """The NodeResourceTopology object for ``hw`` (see the module docstring). ``node``: the
     Node object, for the owner reference and to cap allocatable at the Node's."""
     from fluxnetes.graph.builders import parse_quantity
+    from fluxnetes.graph.topology import scale_to_fit
 
     if hw.flat:
         raise ValueError(f"node {node_name}: the hardware topology is unknown (flat); nothing to publish")
@@ -110,11 +96,11 @@ def build_nrt(node_name: str, hw: NodeHardware, *, node: dict[str, Any] | None =
         alloc = (node.get("status") or {}).get("allocatable") or {}
         try:
             if "cpu" in alloc:
-                cpu_alloc = _scale(cpu_alloc, int(parse_quantity(alloc["cpu"])))
+                cpu_alloc = scale_to_fit(cpu_alloc, int(parse_quantity(alloc["cpu"])))
             if "memory" in alloc:
-                mem_alloc = _scale(mem_alloc, int(parse_quantity(alloc["memory"])))
+                mem_alloc = scale_to_fit(mem_alloc, int(parse_quantity(alloc["memory"])))
             for r in gpu_res:
-                gpu_alloc[r] = _scale(gpus[r], int(parse_quantity(alloc.get(r, 0))))
+                gpu_alloc[r] = scale_to_fit(gpus[r], int(parse_quantity(alloc.get(r, 0))))
         except ValueError as exc:  # GraphError is a ValueError: a malformed Node quantity
             log.warning("node %s: allocatable not used to cap the zones: %s", node_name, exc)
     out_zones = []

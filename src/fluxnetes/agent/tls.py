@@ -45,29 +45,14 @@ def _key_pem(key: Any) -> bytes:
 
 
 def make_ca(directory: Path, cn: str = "fluxnetes-agent-test-ca") -> Path:
-    """A fresh CA (ca.crt, ca.key) in ``directory`` (tests and local trials)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    """A fresh CA (ca.crt, ca.key) in ``directory`` (tests and local trials; in a cluster the
+    agents use the operator's CA, made the same way by fluxnetes.k8s.certs)."""
+    from fluxnetes.k8s.certs import make_ca as new_ca
 
     directory.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    (directory / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "ca.key").write_bytes(_key_pem(key))
+    crt, key = new_ca(datetime.now(UTC), cn)
+    (directory / "ca.crt").write_bytes(crt)
+    (directory / "ca.key").write_bytes(key)
     (directory / "ca.key").chmod(0o600)
     return directory
 

@@ -159,7 +159,7 @@ def _numa_id(name: Any) -> int | None:
     return int(rest) if rest.isdigit() else None
 
 
-def _fit(values: list[int], limit: int) -> list[int]:
+def scale_to_fit(values: list[int], limit: int) -> list[int]:
     """Scale ``values`` down to sum to ``limit`` (floor; remainder to the largest first)."""
     total = sum(values)
     if total <= limit or total <= 0:
@@ -192,7 +192,7 @@ def reconcile(topo: NodeTopology, allocatable: Mapping[str, Any]) -> tuple[NodeT
             "memory": [z.memory for z in topo.zones]}
     for t in ("core", "gpu", "memory"):
         if mine[t] > node[t]:
-            cols[t] = _fit(cols[t], node[t])
+            cols[t] = scale_to_fit(cols[t], node[t])
             notes.append(f"NodeResourceTopology {topo.node} places {mine[t]} {unit[t]} but the Node's "
                          f"allocatable {label[t]} is {node[t]}: using {node[t]}")
         elif mine[t] < node[t]:

@@ -44,12 +44,13 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def make_ca(now: datetime) -> tuple[bytes, bytes]:
+def make_ca(now: datetime, cn: str = "fluxnetes-webhook-ca") -> tuple[bytes, bytes]:
+    """A self-signed CA (certificate, key; PEM), valid ten years."""
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name("fluxnetes-webhook-ca"))
-        .issuer_name(_name("fluxnetes-webhook-ca"))
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - timedelta(minutes=5))
