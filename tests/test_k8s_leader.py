@@ -254,3 +254,32 @@ def test_run_refuses_bad_leadership_flags_naming_them(args: list[str], flag: str
     run_cmd.register(app)
     res = CliRunner().invoke(app, ["run", *args])
     assert res.exit_code == 2 and flag in res.output, res.output
+
+
+def test_start_up_waits_for_an_unreachable_api_server_and_fails_fast_on_configuration() -> None:
+    """A replica started while the API server restarts tries again instead of exiting with a
+    traceback; a configuration error (no kubeconfig file) still fails at once."""
+    from fluxnetes.k8s import operator as op
+    from fluxnetes.k8s.config import OperatorConfig
+
+    async def main() -> None:
+        o = op.Operator(OperatorConfig())
+        tries: list[int] = []
+
+        async def flaky_setup() -> None:
+            tries.append(1)
+            if len(tries) < 3:
+                raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 6443)")
+
+        o.setup = flaky_setup  # type: ignore[method-assign]
+        await o._setup_when_reachable(asyncio.Event())
+        assert len(tries) == 3
+
+        async def misconfigured() -> None:
+            raise FileNotFoundError(2, "No such file", "/nope/kubeconfig")
+
+        o.setup = misconfigured  # type: ignore[method-assign]
+        with pytest.raises(FileNotFoundError):
+            await o._setup_when_reachable(asyncio.Event())
+
+    asyncio.run(main())

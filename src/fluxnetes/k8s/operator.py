@@ -270,7 +270,7 @@ class Operator:
                      self.metrics_server.port)
         tracker = asyncio.ensure_future(self._track_readiness())
         try:
-            await self.setup()
+            await self._setup_when_reachable(stop)
         except BaseException:
             tracker.cancel()
             if self.metrics_server is not None:
@@ -306,6 +306,33 @@ class Operator:
                 elector.rejoin()
         finally:
             await self._shutdown(tracker)
+
+    async def _setup_when_reachable(self, stop: asyncio.Event) -> None:
+        """``setup``, tried again while the API server is unreachable or answers 5xx/429 (a
+        replica started during an API server restart must wait for it, not exit with a
+        traceback); a missing permission or bad configuration still fails at once."""
+        backoff = 1.0
+        while True:
+            try:
+                await self.setup()
+                return
+            except Exception as exc:
+                if not _transient(exc) or stop.is_set():
+                    raise
+                log.warning("start-up: the API server is not reachable (%s); trying again in %.0f s",
+                            _short(exc), backoff)
+            # what the failed attempt had opened is made again by the next one
+            if self.webhook is not None:
+                await self.webhook.stop()
+                self.webhook = None
+            if self.kube is not None:
+                await self.kube.close()
+                self.kube = None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            if stop.is_set():
+                raise SystemExit(0)
+            backoff = min(backoff * 2, 10.0)
 
     @staticmethod
     async def _beat(elector: LeaderElector) -> None:
@@ -375,6 +402,20 @@ class Operator:
         if self.kube is not None:
             await self.kube.close()
         await asyncio.gather(tracker, return_exceptions=True)
+
+
+def _transient(exc: BaseException) -> bool:
+    """An outage that passes (connection refused or reset, timeout, 5xx, 429)."""
+    import aiohttp
+
+    if isinstance(exc, ApiError):
+        return exc.status >= 500 or exc.status == 429
+    # not every OSError: a missing kubeconfig file is configuration, not an outage
+    return isinstance(exc, ConnectionError | aiohttp.ClientError | asyncio.TimeoutError)
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
 
 
 async def _first(*aws: Any) -> None:
