@@ -384,14 +384,19 @@ def test_publish_leaves_nfd_objects_alone(trees: dict[str, Path], monkeypatch: p
 # ----------------------------------------------------------------------------- real API server
 
 
-def test_publish_on_the_api_server(k8s_cluster: Any, trees: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publish_on_the_api_server(k8s_cluster: Any, trees: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                   tmp_path: Path) -> None:
     """CRD installed (the API server accepts its schema), object created and updated, read back
     by the operator side; the kwok node's allocatable (16 cpu, 64Gi, 4 GPUs) caps the zones."""
     from fluxnetes.k8s.kube import CRDS, NODES, Kube
     from fluxnetes.k8s.topology import NRT
 
     monkeypatch.setattr(nrt, "_crd_ready", False)
-    hw = discover(trees["dgx-h100"], kubelet_config=None)
+    # a kubelet that aligns pods to one NUMA node: the operator builds sockets only for those
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                   "topologyManagerPolicy: single-numa-node\n")
+    hw = discover(trees["dgx-h100"], kubelet_config=cfg)
 
     async def main() -> None:
         kube = await Kube.from_config(str(k8s_cluster.kubeconfig))
