@@ -29,7 +29,7 @@ def sockets_of(c: Any, node: str) -> list[str]:
 
 def test_topology_events_shape_the_graph_and_keep_running_work() -> None:
     async def main() -> None:
-        c, kube = make_controller()  # n0..n3, 16 cpu each, flat
+        c, _kube = make_controller()  # n0..n3, 16 cpu each, flat
         assert sockets_of(c, "n0") == []
         # n0's kubelet aligns pods to one NUMA node: 2 zones of 8 cpus
         c.handle(("NodeResourceTopology", "ADDED", nrt_obj("n0", [(8, 32, 0), (8, 32, 0)])))
