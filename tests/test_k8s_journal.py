@@ -73,3 +73,23 @@ def test_a_completion_with_no_known_allocation_still_ends_the_row(tmp_path: Path
     r = j.store.find("ns", "job-a", "u-job-a")
     assert r is not None and str(r.state) == "cancelled"
     assert j.live_jobs() == []
+
+
+def test_no_write_goes_out_once_the_leader_fence_has_closed(tmp_path: Path) -> None:
+    """A leader that lost its lease (or stops) must not write late: another replica may lead."""
+    from fluxnetes.k8s.kube import Fence
+
+    fence = Fence()
+    fence.extend(10**9)
+    j = Journal(f"sqlite:///{tmp_path / 'j.db'}", fence=lambda: fence)
+    j.record(rec(name="before"), now=1)
+    assert j.drain()
+    fence.close()
+    j.record(rec(name="after"), now=2)
+    j.record(rec(name="before", phase=Phase.RUNNING, reason="allocated", start=2, shares=SHARES), now=2)
+    assert j.drain()  # the drain marker itself is not a write: it still answers
+    j.close()
+    before = j.store.find("ns", "before", "u-before")
+    assert before is not None and str(before.state) == "pending"
+    assert j.store.find("ns", "after", "u-after") is None
+    assert j.dropped == 2

@@ -283,3 +283,37 @@ def test_start_up_waits_for_an_unreachable_api_server_and_fails_fast_on_configur
             await o._setup_when_reachable(asyncio.Event())
 
     asyncio.run(main())
+
+
+def test_a_leader_waits_for_an_unreachable_store_instead_of_exiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--store` down while a replica takes the lead: it tries again (not ready meanwhile),
+    and gives up only when told to stop."""
+    from fluxnetes.k8s import operator as op
+    from fluxnetes.k8s.config import OperatorConfig
+    from fluxnetes.store import StoreUnavailable
+
+    async def main() -> None:
+        o = op.Operator(OperatorConfig())
+        o.kube = object()  # type: ignore[assignment]  # the stand-in controller below never uses it
+        tries: list[int] = []
+
+        def flaky_controller(kube: object, config: object) -> str:
+            tries.append(1)
+            if len(tries) < 3:
+                raise StoreUnavailable("postgresql://127.0.0.1:5432/fluxnetes: connection refused")
+            return "controller"
+
+        monkeypatch.setattr(op, "Controller", flaky_controller)
+        made: object = await o._controller_when_store_answers(asyncio.Event())
+        assert made == "controller"
+        assert len(tries) == 3
+
+        def down(kube: object, config: object) -> str:
+            raise StoreUnavailable("connection refused")
+
+        monkeypatch.setattr(op, "Controller", down)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, stop.set)
+        assert await o._controller_when_store_answers(stop) is None
+
+    asyncio.run(main())

@@ -77,6 +77,10 @@ class Journal:
     _q: queue.Queue[Callable[[], None] | None] = field(default_factory=queue.Queue)
     _thread: threading.Thread | None = None
     retry_seconds: float = 1.0
+    # the leader's write fence (kube.Fence), read when each write is about to run: once it
+    # has closed another replica may lead and write, so nothing queued before goes out
+    fence: Callable[[], Any] | None = None
+    dropped: int = 0
 
     def __post_init__(self) -> None:
         from fluxnetes.store import Store
@@ -94,6 +98,8 @@ class Journal:
             if op is None:
                 return
             while True:
+                if self._fenced(op):
+                    break
                 try:
                     op()
                     if not self.ok:
@@ -109,6 +115,17 @@ class Journal:
                     log.warning("store write failed: %s", exc)
                     break
 
+    def _fenced(self, op: Callable[[], None]) -> bool:
+        """The fence has closed: this write (and every later one) is dropped, never sent late.
+        The next leader reads the store and the cluster back (exact recovery) as after a crash."""
+        fence = self.fence() if self.fence is not None else None
+        if fence is None or fence.remaining() > 0 or getattr(op, "unfenced", False):
+            return False
+        if not self.dropped:
+            log.warning("store writes dropped: not the leader any more (the lease was lost or the operator stops)")
+        self.dropped += 1
+        return True
+
     def close(self) -> None:
         self._q.put(None)
         if self._thread is not None:
@@ -117,7 +134,12 @@ class Journal:
     def drain(self, timeout: float = 30) -> bool:
         """Wait until every write queued so far is done (tests, clean shutdown)."""
         done = threading.Event()
-        self._q.put(done.set)
+
+        def mark() -> None:
+            done.set()
+
+        mark.unfenced = True  # type: ignore[attr-defined]  # a marker, not a write
+        self._q.put(mark)
         return done.wait(timeout)
 
     # ------------------------------------------------------------------ reads (at start)

@@ -347,7 +347,11 @@ class Operator:
 
         assert self.kube is not None
         METRICS.leader.set(1)
-        self.controller = controller = Controller(self.kube, self.config)
+        made = await self._controller_when_store_answers(stop)
+        if made is None:
+            METRICS.leader.set(0)
+            return self.elector is not None and self.elector.lost.is_set() and not stop.is_set()
+        self.controller = controller = made
         _slow_cycles_for_tests(controller)
         run = asyncio.ensure_future(controller.run())
         try:
@@ -363,6 +367,28 @@ class Operator:
             await controller.stop()
             await asyncio.gather(run, return_exceptions=True)
             self.controller = None
+
+    async def _controller_when_store_answers(self, stop: asyncio.Event) -> Controller | None:
+        """The controller, once its store (``--store``) answers: a leader started while the
+        database restarts waits for it (not ready, the lease kept) instead of exiting; None
+        when told to stop or the lease is lost meanwhile. A bad store URL still fails at once."""
+        from fluxnetes.store import StoreUnavailable
+
+        assert self.kube is not None
+        backoff = 1.0
+        while True:
+            try:
+                return Controller(self.kube, self.config)
+            except StoreUnavailable as exc:
+                log.warning("the store is not reachable (%s); trying again in %.0f s", _short(exc), backoff)
+            waits: list[Any] = [stop.wait()]
+            if self.elector is not None:
+                waits.append(self.elector.lost.wait())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(_first(*waits), backoff)
+            if stop.is_set() or (self.elector is not None and self.elector.lost.is_set()):
+                return None
+            backoff = min(backoff * 2, 10.0)
 
     def begin_shutdown(self) -> None:
         """The stop signal arrived (maybe in the middle of a cycle): no write from now on."""
