@@ -80,6 +80,9 @@ class Jobspec:
     # total requirement per type of the whole request (Fluxion's dfv), all types
     totals: dict[str, int] = field(default_factory=dict)
     types: frozenset[str] = frozenset()
+    # labels of the pod sets when the request holds several slot-holding siblings (a
+    # multi-role gang: see fluxnetes.jobspec.podsets); empty for every Fluxion-shaped request
+    sets: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical mapping form (what parse_jobspec accepts back)."""
@@ -243,9 +246,50 @@ def _build(data: Any) -> Jobspec:
         totals[r.type] = totals.get(r.type, 0) + r.count.min
         for t, n in r.agg.items():
             totals[t] = totals.get(t, 0) + r.count.min * n
+    split = split_sets(resources)
+    sets = tuple(_slot_labels(e)[0] for e in split[1]) if split is not None else ()
     return Jobspec(version=version, resources=resources, tasks=tasks, attributes=attributes,
                    duration=duration, constraint=constraint, queue=queue, totals=totals,
-                   types=frozenset(types))
+                   types=frozenset(types), sets=sets)
+
+
+def _slot_labels(r: Resource) -> list[str]:
+    """Labels of every slot at or under ``r`` (pre-order)."""
+    if r.type == "slot":
+        return [r.label]
+    out: list[str] = []
+    for c in r.with_:
+        out.extend(_slot_labels(c))
+    return out
+
+
+def _set_entries(rs: list[Resource]) -> bool:
+    """Several siblings, each holding exactly one slot, all slot labels distinct: pod sets of
+    one gang (Fluxion's traverser refuses such siblings; fluxnetes matches them together)."""
+    if len(rs) < 2:
+        return False
+    labels: list[str] = []
+    for r in rs:
+        mine = _slot_labels(r)
+        if len(mine) != 1:
+            return False
+        labels.extend(mine)
+    return len(set(labels)) == len(labels)
+
+
+def split_sets(resources: list[Resource]) -> tuple[list[Resource], list[Resource]] | None:
+    """(wrappers, entries) of a multi-set request: ``entries`` are the pod-set siblings, and
+    ``wrappers`` the chain of single resources above them (e.g. ``rack[1]`` for a packed
+    gang; empty when the sets are at the top). None for an ordinary request."""
+    wrappers: list[Resource] = []
+    level = resources
+    while True:
+        if _set_entries(level):
+            return wrappers, level
+        if len(level) != 1 or level[0].type == "slot":
+            return None
+        wrappers.append(level[0])
+        level = level[0].with_
 
 
 def _prime(r: Resource, types: set[str]) -> None:
@@ -360,6 +404,8 @@ def _check_slots(r: Resource, path: str, in_slot: bool) -> None:
 
 
 def _check_siblings(rs: list[Resource], path: str) -> None:
+    if _set_entries(rs):
+        return  # pod sets: each sibling holds one slot of its own label
     seen: set[str] = set()
     has_slot = False
     for i, r in enumerate(rs):

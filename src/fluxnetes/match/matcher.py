@@ -213,6 +213,10 @@ class Matcher:
         duration = js.duration if js.duration > 0 else GRAPH_END
         if now >= GRAPH_END:
             return self._fail(MatchStatus.BUSY, jid, js, "now is at or past the graph horizon")
+        if js.sets:  # several pod sets: one transaction of ordinary walks (match/gang.py)
+            from fluxnetes.match.gang import match_gang
+
+            return match_gang(self, js, op, now, jid, duration)
         eng = self.engine
         x_types = _exclusive_types(js.resources)
         constraint = js.constraint

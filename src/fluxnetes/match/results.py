@@ -63,11 +63,13 @@ class AllocVertex(NamedTuple):
 class MatchResult:
     """Answer of one match. ``vertices`` (emit order) and ``nodes`` are built on first use."""
 
-    __slots__ = ("_emitted", "_nodes", "_vertices", "at", "duration", "jobid", "queue", "reason", "status")
+    __slots__ = ("_emitted", "_nodes", "_vertices", "at", "duration", "jobid", "podsets", "queue", "reason",
+                 "status")
 
     def __init__(self, status: MatchStatus, jobid: int, at: int = 0, duration: int = 0, reason: str = "",
                  nodes: list[NodeShare] | None = None, vertices: list[AllocVertex] | None = None,
-                 queue: str = "", emitted: list[Any] | None = None) -> None:
+                 queue: str = "", emitted: list[Any] | None = None,
+                 podsets: dict[str, list[str]] | None = None) -> None:
         self.status = status
         self.jobid = jobid
         self.at = at
@@ -77,6 +79,8 @@ class MatchResult:
         self._nodes = nodes
         self._vertices = vertices
         self._emitted = emitted  # engine Emitted records (vs, needs, excl), post-order
+        # several pod sets (fluxnetes.match.gang): set label -> node of each of its slots
+        self.podsets = podsets
 
     def __repr__(self) -> str:
         return (f"MatchResult(status={self.status.name}, jobid={self.jobid}, at={self.at}, "
