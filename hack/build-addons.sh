@@ -1,49 +1,146 @@
 #!/usr/bin/env bash
 # Build the controllers of the multi-role workload kinds from Go modules, at pinned versions,
-# and keep their CRDs next to them (the module proxy serves these exact versions but does not
-# list them, so they are named here, never resolved as "latest"):
+# and keep their CRDs, admission webhook manifests and (Trainer) a training runtime next to
+# them (the module proxy serves these exact versions but does not list them, so they are
+# named here, never resolved as "latest"):
 #   jobset       sigs.k8s.io/jobset v0.10.1              (JobSet)
 #   mpi-operator github.com/kubeflow/mpi-operator v0.6.0 (MPIJob v2beta1)
 #   trainer      github.com/kubeflow/trainer/v2 v2.0.0   (TrainJob, training runtimes)
 #   lws          sigs.k8s.io/lws v0.7.0                  (LeaderWorkerSet)
 # Usage: bash hack/build-addons.sh [jobset mpi trainer lws]   (default: all four)
-# Cache: $FLUXNETES_K8S_HOME/addons/<name>/{bin/manager,crds/*.yaml} (default ~/.cache/fluxnetes/k8s);
-# whatever is already built is skipped.
+# Cache: $FLUXNETES_K8S_HOME/addons/<name>/{bin/manager,crds/,webhooks/,runtimes/,VERSION}
+# (default ~/.cache/fluxnetes/k8s); whatever is already built is skipped (seconds).
+#
+# Two releases are built from a patched copy of their module in a temporary directory (the
+# module cache itself is untouched; each patch is one line renamed plus one added file, and the
+# build fails if the line is not found) so that several dev clusters can run on one machine,
+# each as plain processes:
+#   mpi:     the health server's address, hard-coded to :8080, comes from
+#            $MPI_OPERATOR_HEALTH_ADDR when set (default unchanged).
+#   trainer: FLUXNETES_EXTERNAL_CERTS=1 skips its built-in certificate rotator (which wants a
+#            Secret in kubeflow-system and a Service DNS name); the dev cluster then provides
+#            the serving certificate itself, as for the other three (default unchanged).
 set -euo pipefail
 HOME_DIR=${FLUXNETES_K8S_HOME:-$HOME/.cache/fluxnetes/k8s}
 export GOFLAGS=-mod=readonly CGO_ENABLED=0 GOTOOLCHAIN=local
 
-# name | module@version | main package inside the module | CRD files inside the module
+# name | module@version | main package | CRD files | webhook manifests | patch tag | runtimes
 ADDONS=(
-  "jobset|sigs.k8s.io/jobset@v0.10.1|.|config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
-  "mpi|github.com/kubeflow/mpi-operator@v0.6.0|./cmd/mpi-operator|manifests/base/kubeflow.org_mpijobs.yaml"
-  "trainer|github.com/kubeflow/trainer/v2@v2.0.0|./cmd/trainer-controller-manager|manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml"
-  "lws|sigs.k8s.io/lws@v0.7.0|./cmd|config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+  "jobset|sigs.k8s.io/jobset@v0.10.1|.|config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml|config/components/webhook/manifests.yaml||"
+  "mpi|github.com/kubeflow/mpi-operator@v0.6.0|./cmd/mpi-operator|manifests/base/kubeflow.org_mpijobs.yaml||health-addr-1|"
+  "trainer|github.com/kubeflow/trainer/v2@v2.0.0|./cmd/trainer-controller-manager|manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml|manifests/base/webhook/manifests.yaml|external-certs-1|manifests/base/runtimes/torch_distributed.yaml"
+  "lws|sigs.k8s.io/lws@v0.7.0|./cmd|config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml|config/webhook/manifests.yaml||"
 )
 
 fail() { echo "build-addons: FAILED: $*" >&2; echo "build-addons: retry with: bash hack/build-addons.sh (cache in $HOME_DIR/addons)" >&2; exit 1; }
+
+# patch_copy <name> <module copy>: applies fluxnetes' patch to a writable copy of the module
+patch_copy() {
+  local name=$1 dir=$2
+  python3 - "$name" "$dir" <<'EOF'
+import pathlib, sys
+name, mod = sys.argv[1], pathlib.Path(sys.argv[2])
+def patched(rel, old, new):
+    text = (mod / rel).read_text()
+    if text.count(old) != 1:
+        sys.exit(f"build-addons: {rel} does not contain exactly one {old!r}: the patch is out of date")
+    (mod / rel).write_text(text.replace(old, new))
+def added(rel, text):
+    (mod / rel).write_text(text)
+if name == "mpi":
+    patched("cmd/mpi-operator/app/server.go", 'Addr:    fmt.Sprintf(":%d", healthCheckPort),', "Addr:    healthAddr(),")
+    added("cmd/mpi-operator/app/zz_fluxnetes_health.go", '''package app
+
+import (
+	"fmt"
+	"os"
+)
+
+// healthAddr: $MPI_OPERATOR_HEALTH_ADDR, else the release's :8080 (added by fluxnetes'
+// hack/build-addons.sh so that several local clusters can run on one machine).
+func healthAddr() string {
+	if addr := os.Getenv("MPI_OPERATOR_HEALTH_ADDR"); addr != "" {
+		return addr
+	}
+	return fmt.Sprintf(":%d", healthCheckPort)
+}
+''')
+elif name == "trainer":
+    patched("pkg/util/cert/cert.go", "func ManageCerts(", "func manageCertsRotator(")
+    added("pkg/util/cert/zz_fluxnetes_certs.go", '''package cert
+
+import (
+	"os"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// ManageCerts: with FLUXNETES_EXTERNAL_CERTS=1 the serving certificate is provided by whoever
+// runs the manager (in the webhook server's CertDir) and the webhook configuration's caBundle
+// is theirs too; otherwise the release's rotator (added by fluxnetes' hack/build-addons.sh).
+func ManageCerts(mgr ctrl.Manager, cfg Config, setupFinished chan struct{}) error {
+	if os.Getenv("FLUXNETES_EXTERNAL_CERTS") == "1" {
+		close(setupFinished)
+		return nil
+	}
+	return manageCertsRotator(mgr, cfg, setupFinished)
+}
+''')
+else:
+    sys.exit(f"build-addons: no patch for {name}")
+EOF
+}
+
 command -v go >/dev/null || fail "the Go toolchain (>= 1.26) is not on PATH"
 
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(jobset mpi trainer lws)
 start=$(date +%s)
 for entry in "${ADDONS[@]}"; do
-  IFS='|' read -r name modver pkg crds <<<"$entry"
+  IFS='|' read -r name modver pkg crds webhooks patch runtimes <<<"$entry"
   case " ${want[*]} " in *" $name "*) ;; *) continue ;; esac
   out=$HOME_DIR/addons/$name
-  if [ -x "$out/bin/manager" ] && [ -f "$out/VERSION" ] && [ "$(cat "$out/VERSION")" = "$modver" ]; then
-    echo "build-addons: $name ($modver) present"; continue
+  version=$modver${patch:++$patch}
+  files_ok=1
+  for f in $crds; do [ -f "$out/crds/$(basename "$f")" ] || files_ok=0; done
+  [ -z "$webhooks" ] || [ -f "$out/webhooks/manifests.yaml" ] || files_ok=0
+  [ -z "$runtimes" ] || [ -f "$out/runtimes/$(basename "$runtimes")" ] || files_ok=0
+  built=0
+  if [ -x "$out/bin/manager" ] && [ -f "$out/VERSION" ] && [ "$(cat "$out/VERSION")" = "$version" ]; then
+    built=1
+    if [ "$files_ok" = 1 ]; then echo "build-addons: $name ($version) present"; continue; fi
   fi
-  echo "build-addons: $name ($modver)"
+  echo "build-addons: $name ($version)"
+  t0=$(date +%s)
   dir=$(go mod download -json "$modver" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])') \
     || fail "downloading $modver from the Go module proxy"
   mkdir -p "$out/bin" "$out/crds"
-  # Built inside the (read-only) module directory with its own go.mod and go.sum, exactly as
-  # released; only the build cache is written.
-  (cd "$dir" && go build -p 2 -trimpath -ldflags "-s -w" -o "$out/bin/manager" "$pkg") || fail "go build $modver $pkg"
+  if [ "$built" = 0 ]; then
+    src=$dir
+    if [ -n "$patch" ]; then
+      tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+      cp -r "$dir" "$tmp/src" && chmod -R u+w "$tmp/src" && src=$tmp/src
+      patch_copy "$name" "$src" || fail "patching a copy of $modver"
+    fi
+    # Built inside the module directory (or its patched copy) with its own go.mod and go.sum,
+    # exactly as released; only the build cache is written.
+    (cd "$src" && go build -p 2 -trimpath -ldflags "-s -w" -o "$out/bin/manager.new" "$pkg") \
+      || fail "go build $modver $pkg"
+    if [ -n "$patch" ]; then rm -rf "$tmp"; trap - EXIT; fi
+    mv -f "$out/bin/manager.new" "$out/bin/manager"
+  fi
   for crd in $crds; do
     [ -f "$dir/$crd" ] || fail "$modver has no $crd"
     install -m 0644 "$dir/$crd" "$out/crds/"
   done
-  echo "$modver" >"$out/VERSION"
+  if [ -n "$webhooks" ]; then
+    [ -f "$dir/$webhooks" ] || fail "$modver has no $webhooks"
+    mkdir -p "$out/webhooks" && install -m 0644 "$dir/$webhooks" "$out/webhooks/manifests.yaml"
+  fi
+  for rt in $runtimes; do
+    [ -f "$dir/$rt" ] || fail "$modver has no $rt"
+    mkdir -p "$out/runtimes" && install -m 0644 "$dir/$rt" "$out/runtimes/"
+  done
+  echo "$version" >"$out/VERSION"
+  echo "build-addons: $name built in $(( $(date +%s) - t0 )) s"
 done
 echo "build-addons: done in $(( $(date +%s) - start )) s"

@@ -11,6 +11,16 @@ cd "$(dirname "$0")/.."
 
 ensure_venv
 ensure_postgres_installed
+# -- addons (1/2): the controllers of the multi-role workload kinds (JobSet, MPI Operator,
+# LeaderWorkerSet, Kubeflow Trainer), from Go modules (hack/build-addons.sh; cached: seconds).
+# Cold it takes minutes, so it runs in the background while the other builds run.
+addons_pid=""
+if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ] && [ "${FLUXNETES_SKIP_ADDONS_BUILD:-0}" != "1" ]; then
+  addons_log=$(mktemp)
+  bash hack/build-addons.sh >"$addons_log" 2>&1 &
+  addons_pid=$!
+  trap 'kill "$addons_pid" 2>/dev/null || true' EXIT
+fi
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
   # The control plane's tests must run, never skip: a failed build fails the run (set
   # FLUXNETES_SKIP_K8S_BUILD=1 to run without them on purpose).
@@ -24,6 +34,17 @@ if [ "${FLUXNETES_SKIP_IMAGE_BUILD:-0}" != "1" ]; then
   # seconds when nothing changed). Once it builds, the image tests must run, never skip.
   bash hack/build-image.sh || { echo "test.sh: the operator image could not be built (hack/build-image.sh, above)" >&2; exit 1; }
   export FLUXNETES_REQUIRE_IMAGE=1
+fi
+
+# -- addons (2/2): once built, their tests must run, never skip (tests/test_addons.py)
+if [ -n "$addons_pid" ]; then
+  if wait "$addons_pid"; then
+    cat "$addons_log"; rm -f "$addons_log"; trap - EXIT
+    export FLUXNETES_REQUIRE_ADDONS=1
+  else
+    cat "$addons_log" >&2
+    echo "test.sh: the addon controllers could not be built (hack/build-addons.sh, above)" >&2; exit 1
+  fi
 fi
 
 pg_start

@@ -22,7 +22,13 @@ DirOption = Annotated[
 ]
 
 
-def build() -> None:
+def build(
+    addons: Annotated[
+        bool,
+        typer.Option("--addons", help="Also build the JobSet, MPI Operator, LeaderWorkerSet and Trainer "
+                     "controllers (hack/build-addons.sh) for `dev cluster up --addons`."),
+    ] = False,
+) -> None:
     """Build kube-apiserver, controller-manager, scheduler, kubectl, etcd and kwok from Go modules.
 
     Runs hack/build-k8s.sh (skips what is already built; the cache is $FLUXNETES_K8S_HOME,
@@ -30,6 +36,8 @@ def build() -> None:
     """
     from fluxnetes.devcluster.paths import k8s_home, repo_build_script, toolchain
 
+    if addons:
+        _build_addons()
     tools = toolchain()
     missing = tools.missing()
     if not missing:
@@ -52,6 +60,20 @@ def build() -> None:
         raise error_exit(f"{script} failed (exit {rc}); see its output above", rc)
 
 
+def _build_addons() -> None:
+    from fluxnetes.devcluster.paths import repo_build_script
+
+    k8s_script = repo_build_script()
+    script = k8s_script.with_name("build-addons.sh") if k8s_script else None
+    if script is None or not script.is_file():
+        raise error_exit("hack/build-addons.sh not found (fluxnetes is not running from a source checkout)")
+    if shutil.which("go") is None:
+        raise error_exit("the Go toolchain (>= 1.26) is needed to build the addons: `go` is not on PATH")
+    rc = subprocess.call(["bash", str(script)])
+    if rc != 0:
+        raise error_exit(f"{script} failed (exit {rc}); see its output above", rc)
+
+
 def up(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of fake nodes.")] = 3,
     cpu: Annotated[str, typer.Option(help="CPU of each node (quantity).")] = "32",
@@ -62,12 +84,20 @@ def up(
     racks: Annotated[int, typer.Option(help="Racks per zone (fluxnetes.io/rack).")] = 1,
     directory: DirOption = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for everything.")] = 300.0,
+    addons: Annotated[
+        str,
+        typer.Option(help="Controllers of multi-role workloads to run too, comma-separated: "
+                     "jobset, mpi, lws, trainer (brings jobset), or all. Built by hack/build-addons.sh."),
+    ] = "",
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
-    create fake nodes; returns when they are Ready (the processes keep running)."""
+    create fake nodes; returns when they are Ready (the processes keep running). With
+    --addons, also the JobSet, MPI Operator, LeaderWorkerSet and Trainer controllers, with
+    their CRDs and webhooks."""
     from rich.console import Console
 
     from fluxnetes.devcluster import Cluster, ClusterError, ClusterOptions, NodeShape, NodeSpecError
+    from fluxnetes.devcluster.addons import AddonError, parse
 
     console = Console(stderr=True)
     shape = NodeShape(
@@ -75,7 +105,8 @@ def up(
     )
     try:
         shape.validate()
-    except NodeSpecError as exc:
+        wanted = parse(addons)
+    except (NodeSpecError, AddonError) as exc:
         raise error_exit(str(exc), 2) from None
     start = time.monotonic()
     try:
@@ -84,6 +115,7 @@ def up(
                 nodes=shape,
                 dir=directory,
                 timeout=timeout,
+                addons=wanted,
                 log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False),
             )
         )
@@ -94,7 +126,9 @@ def up(
     typer.echo(
         f"dev cluster up in {elapsed:.1f} s: {nodes} nodes Ready (control plane "
         f"{t.get('control_plane', 0):.1f} s, node creation {t.get('create_nodes', 0):.1f} s, "
-        f"Ready after {t.get('nodes_ready', 0):.1f} s)"
+        f"Ready after {t.get('nodes_ready', 0):.1f} s"
+        + (f", addons {', '.join(wanted)} in {t.get('addons', 0):.1f} s" if wanted else "")
+        + ")"
     )
     typer.echo(f"  API server : {cluster.api_url}")
     typer.echo(f"  kubeconfig : {cluster.kubeconfig}")

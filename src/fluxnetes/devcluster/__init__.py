@@ -1,7 +1,8 @@
 """The local Kubernetes control plane for development and tests (`fluxnetes dev cluster`).
 
 Binaries come from hack/build-k8s.sh (cached in $FLUXNETES_K8S_HOME, default
-~/.cache/fluxnetes/k8s); every process listens on 127.0.0.1 only.
+~/.cache/fluxnetes/k8s), the optional addon controllers (JobSet, MPI Operator, LeaderWorkerSet,
+Kubeflow Trainer) from hack/build-addons.sh; every process listens on 127.0.0.1 only.
 """
 
 from fluxnetes.devcluster.cluster import (

@@ -5,6 +5,9 @@ kube-scheduler and kwok, all on 127.0.0.1, with fake nodes.
     cluster.kubectl("get", "nodes")
     cluster.down()
 
+With ``ClusterOptions(addons=("mpi", "jobset", "trainer", "lws"))`` it also runs the
+controllers of the multi-role workload kinds, with their CRDs and webhooks (addons.py).
+
 Everything the cluster owns lives in one directory (state.json, kubeconfig, pki/, logs/);
 etcd's data lives on /dev/shm (or the temp dir). `Cluster.attach(dir)` finds a running
 cluster again from its state file, which is how `fluxnetes dev cluster down/status` work.
@@ -32,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from fluxnetes.devcluster import addons as addon_defs
 from fluxnetes.devcluster import components, procs
 from fluxnetes.devcluster.apicalls import Request, http_ok, run_async, send_all, urlopen
 from fluxnetes.devcluster.components import COMPONENTS, PORT_NAMES, SERVICE_IP, kubeconfig_doc
@@ -47,7 +51,7 @@ from fluxnetes.devcluster.nodes import (
     not_ready_tainted,
 )
 from fluxnetes.devcluster.paths import Toolchain, default_cluster_dir, missing_message, toolchain
-from fluxnetes.devcluster.pki import ClusterPKI, write_cluster_pki
+from fluxnetes.devcluster.pki import ClusterPKI, write_cluster_pki, write_serving_cert
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -65,6 +69,13 @@ class ClusterOptions:
     log: Callable[[str], None] | None = None  # progress messages (the CLI prints them)
     # Job pods annotated components.TIMED_POD_ANNOTATION="20s" run that long (default: at once)
     timed_pods: bool = False
+    # controllers of multi-role workload kinds to run (devcluster/addons.py): jobset, mpi, lws,
+    # trainer (addons.parse() gives the order and what each requires)
+    addons: tuple[str, ...] = ()
+
+
+# every process the cluster may run, in start order (stopped in reverse)
+ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, *addon_defs.COMPONENTS)
 
 
 @dataclass
@@ -83,6 +94,7 @@ class ClusterState:
     version: int = STATE_VERSION
     timed_pods: bool = False
     die_with_parent: bool = False
+    addons: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -300,6 +312,13 @@ class Cluster:
         missing = tools.missing()
         if missing:
             raise BinariesMissing(missing_message(missing))
+        try:
+            wanted = addon_defs.parse(opts.addons)
+        except addon_defs.AddonError as exc:
+            raise ClusterError(str(exc)) from None
+        absent = addon_defs.missing(wanted, tools.home)
+        if absent:
+            raise BinariesMissing(addon_defs.missing_message(wanted, absent))
         directory = (opts.dir or default_cluster_dir()).expanduser().resolve()
         directory.mkdir(parents=True, exist_ok=True)
         with dir_lock(directory):
@@ -318,6 +337,8 @@ class Cluster:
             cluster.timings["control_plane"] = time.monotonic() - started
         try:
             cluster.create_nodes(shape, timeout=opts.timeout, log=opts.log)
+            if wanted:
+                cluster.start_addons(wanted, timeout=opts.timeout, log=opts.log)
         except BaseException:
             cluster.down()
             raise
@@ -374,6 +395,8 @@ class Cluster:
         """Start one component (its log is appended to) and record it in the state file."""
         st = self.state
         run = self.dir / "run"
+        if name in addon_defs.COMPONENTS:
+            return self._spawn_addon(name)
         argv = components.argv(
             name,
             self.tools,
@@ -389,19 +412,90 @@ class Cluster:
             name, argv, self.dir / "logs" / f"{name}.log", cwd=run,
             die_with_parent=st.die_with_parent,
         )
+        return self._record(popen, rec)
+
+    def _record(self, popen: subprocess.Popen[bytes], rec: procs.ProcessRecord) -> procs.ProcessRecord:
+        st = self.state
         self._popens[rec.pid] = popen
-        others = [p for p in st.processes if p.name != name]
-        # keep start order (COMPONENTS), so `down` stops them in reverse
-        st.processes = sorted([*others, rec], key=lambda p: COMPONENTS.index(p.name))
+        others = [p for p in st.processes if p.name != rec.name]
+        # keep start order (ALL_COMPONENTS), so `down` stops them in reverse
+        st.processes = sorted([*others, rec], key=lambda p: ALL_COMPONENTS.index(p.name))
         _save_state(st)  # saved after every spawn: `down` can always find them
         return rec
+
+    # -- addons: the controllers of multi-role workload kinds (devcluster/addons.py) -------------
+    def _spawn_addon(self, component: str) -> procs.ProcessRecord:
+        name = component.removeprefix(addon_defs.COMPONENT_PREFIX)
+        run = self.dir / "run" / component
+        run.mkdir(parents=True, exist_ok=True)
+        write_serving_cert(self.pki, f"{name}-webhook", addon_defs.cert_dirs(run))
+        cmd = addon_defs.command(name, ports=self.state.ports, kubeconfig=self.state.kubeconfig,
+                                 run=run, home=self.tools.home)
+        popen, rec = procs.spawn(
+            component, cmd.argv, self.dir / "logs" / f"{component}.log", cwd=run,
+            die_with_parent=self.state.die_with_parent, env=cmd.env,
+        )
+        return self._record(popen, rec)
+
+    def _established(self, crd: str) -> bool:
+        try:
+            obj = self.api_get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+        except (urllib.error.URLError, OSError):
+            return False
+        conds = (obj.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+    def _applies(self, path: Path) -> Callable[[], bool]:
+        return lambda: self.kubectl("apply", "--server-side", f"--filename={path}", check=False).returncode == 0
+
+    def start_addons(self, names: tuple[str, ...], timeout: float = 300.0,
+                     log: Callable[[str], None] | None = None) -> None:
+        """Install the CRDs of ``names`` (addons.parse order), start their managers, serve
+        their webhooks and (trainer) install its training runtime."""
+        say = log or (lambda _msg: None)
+        started = time.monotonic()
+        deadline = started + timeout
+        home = self.tools.home
+        st = self.state
+        new = [n for n in names if n not in st.addons]
+        ports = free_ports(len(addon_defs.PORT_KINDS) * len(new))
+        for i, (n, k) in enumerate((n, k) for n in new for k in addon_defs.PORT_KINDS):
+            st.ports[addon_defs.port_key(n, k)] = ports[i]
+        st.addons = [n for n in addon_defs.ADDON_NAMES if n in {*st.addons, *new}]
+        _save_state(st)
+        crds = [f"--filename={f}" for n in new for f in addon_defs.crd_files(n, home)]
+        if crds:
+            say(f"installing the CRDs of {', '.join(new)}")
+            # server-side: these CRDs are too big for client-side apply's annotation
+            self.kubectl("apply", "--server-side", "--force-conflicts", *crds)
+            crd_names = [addon_defs.crd_name(f) for n in new for f in addon_defs.crd_files(n, home)]
+            self._wait_for("the CRDs to be Established", lambda: all(self._established(c) for c in crd_names),
+                           deadline, interval=0.5)
+        ca = self.pki.ca_crt.read_bytes()
+        for n in new:  # all at once: each spends seconds syncing its caches
+            addon = addon_defs.ADDONS[n]
+            say(f"starting {addon.component} ({addon.module})")
+            self._spawn(addon.component)
+        for n in new:
+            addon = addon_defs.ADDONS[n]
+            self._wait_component(addon.component, deadline)
+            if addon.has_webhooks:
+                port = st.ports[addon_defs.port_key(n, "webhook")]
+                docs = addon_defs.webhook_configurations(n, port, ca, home)
+                self.kubectl("apply", "--filename=-",
+                             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+            for f in addon_defs.runtime_files(n, home):
+                say(f"installing {f.name}")
+                # the webhook that validates it has just been configured: retry until served
+                self._wait_for(f"{f.name} accepted", self._applies(f), deadline, interval=1.0)
+        self.timings["addons"] = time.monotonic() - started
 
     # -- faults (the chaos soak): stop, start and restart one component --------------------------
     def stop_component(self, name: str, kill: bool = False) -> None:
         """Stop one component by its recorded pid (SIGKILL at once when `kill`); etcd's data and
         every other component stay. `start_component` brings it back."""
-        if name not in COMPONENTS:
-            raise ClusterError(f"unknown component {name!r} (known: {', '.join(COMPONENTS)})")
+        if name not in ALL_COMPONENTS:
+            raise ClusterError(f"unknown component {name!r} (known: {', '.join(ALL_COMPONENTS)})")
         recs = [p for p in self.state.processes if p.name == name]
         procs.stop(recs, timeout=0.0 if kill else 15.0)
         for rec in recs:
@@ -414,8 +508,8 @@ class Cluster:
         """Start a stopped component again with its original command line and wait until it
         serves (an API server with the same etcd, so every object is kept). With
         `die_with_parent` the process ends when the *calling thread* ends (PR_SET_PDEATHSIG)."""
-        if name not in COMPONENTS:
-            raise ClusterError(f"unknown component {name!r} (known: {', '.join(COMPONENTS)})")
+        if name not in ALL_COMPONENTS:
+            raise ClusterError(f"unknown component {name!r} (known: {', '.join(ALL_COMPONENTS)})")
         if any(p.name == name and procs.is_running(p) for p in self.state.processes):
             raise ClusterError(f"{name} is already running")
         self._spawn(name)
@@ -468,6 +562,13 @@ class Cluster:
             insecure.verify_mode = ssl.CERT_NONE  # their self-signed serving certs; health only
             url = f"https://127.0.0.1:{port}/healthz"
             self._wait_for(name, lambda: http_ok(url, insecure), deadline)
+        elif name in addon_defs.COMPONENTS:
+            addon = name.removeprefix(addon_defs.COMPONENT_PREFIX)
+            url = addon_defs.health_url(addon, ports)
+            webhook = ports.get(addon_defs.port_key(addon, "webhook"))
+            hooks = addon_defs.ADDONS[addon].has_webhooks
+            self._wait_for(name, lambda: http_ok(url, None) and (not hooks or port_open(webhook or 0)),
+                           deadline, interval=0.5)
         else:  # kwok serves nothing; a second alive is enough, nodes turning Ready proves it
             self._wait_for(name, lambda: False, min(deadline, time.monotonic() + 1.0), quiet=True)
 

@@ -206,3 +206,22 @@ def write_cluster_pki(directory: Path, advertise_ip: str, service_ip: str) -> Cl
         )
     )
     return pki
+
+
+def load_ca(pki: ClusterPKI) -> CertKey:
+    """The cluster CA written by write_cluster_pki (to issue more certificates from it)."""
+    cert = x509.load_pem_x509_certificate(pki.ca_crt.read_bytes())
+    key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki.ca_key} is not an ECDSA key")
+    return CertKey(cert, key)
+
+
+def write_serving_cert(pki: ClusterPKI, common_name: str, directories: Sequence[Path],
+                       ips: Sequence[str] = ("127.0.0.1",), dns_names: Sequence[str] = ("localhost",)) -> None:
+    """A serving certificate from the cluster CA, written as tls.crt / tls.key (the names
+    controller-runtime's webhook and metrics servers read) into each of ``directories``."""
+    leaf = issue(load_ca(pki), common_name, ips=ips, dns_names=dns_names, server=True)
+    for d in directories:
+        d.mkdir(parents=True, exist_ok=True)
+        leaf.write(d / "tls.crt", d / "tls.key")

@@ -59,9 +59,11 @@ def spawn(
     *,
     cwd: Path,
     die_with_parent: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
     """Start `argv` in its own session (so Ctrl-C of the caller does not reach it), output to log.
 
+    env: variables added to this process's environment.
     die_with_parent: the kernel sends SIGTERM when the starting thread ends (for test
     fixtures, so a hard-killed pytest leaves nothing behind); off for `dev cluster up`,
     whose processes must outlive the command.
@@ -73,6 +75,7 @@ def spawn(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
             start_new_session=True,
             preexec_fn=_die_with_parent if die_with_parent else None,
         )

@@ -13,6 +13,13 @@ Mutating (CREATE):
   operator knows the hold is its own to lift), template gated. A Job its user created with
   ``spec.suspend: true`` keeps it and gets no such annotation: the operator waits for the user
   to resume it (see workloads/job.py). Deployment/ReplicaSet/StatefulSet: template gated.
+- Multi-role kinds (workloads/: MPIJob, JobSet, TrainJob, LeaderWorkerSet; only when the
+  operator asked the API server to send them, i.e. their CRD is served): held with their own
+  suspend field where they have one (marked ``fluxnetes.io/suspended-by: fluxnetes``) and
+  every pod template gated (a TrainJob's pods are held by the pod webhook instead, see
+  workloads/trainjob.py). What their controllers create for them (a JobSet's or MPIJob's
+  Jobs, an LWS's StatefulSets, a TrainJob's JobSet) is left alone: it belongs to the
+  workload's group, and its pods are born held from the gated templates.
 - Bad grouping input (malformed group label, group size 0, unparsable duration or jobspec
   annotation) is refused with a message naming the field: the user sees it at ``kubectl
   apply`` instead of finding a pod waiting forever.
@@ -32,8 +39,8 @@ from typing import Any
 from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
 from fluxnetes.k8s.hold import GATE, hold_ops
-from fluxnetes.k8s.workloads import kind_of
-from fluxnetes.k8s.workloads.base import JsonPatch, managed_label_ops
+from fluxnetes.k8s.workloads import any_kind_of, kind_of, made_for
+from fluxnetes.k8s.workloads.base import JsonPatch, WorkloadKind, managed_label_ops
 
 _DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -96,9 +103,12 @@ def mutate_pod(pod: Mapping[str, Any], hold: str = GATE) -> JsonPatch:
 
 
 def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = GATE) -> JsonPatch:
+    if made_for(obj) is not None:
+        return []  # part of a multi-role workload's group, held through it
     kind = kind_of(str(obj.get("kind", "")))
     if kind is None:
-        return []
+        addon = any_kind_of(str(obj.get("kind", "")))
+        return [] if addon is None else mutate_multi_role(obj, addon, suspend=suspend_jobs, hold=hold)
     meta = obj.get("metadata") or {}
     if (meta.get("labels") or {}).get(names.LABEL_ENABLED) == "false":
         return []
@@ -111,6 +121,30 @@ def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True, hold: 
     # the workload's own annotations may carry the duration too
     duration_of(meta, tspec, kind.deadline(obj))
     return kind.mutate(obj, suspend=suspend_jobs, hold=hold)
+
+
+def _field(path: str) -> str:
+    return path.strip("/").replace("/", ".")
+
+
+def mutate_multi_role(obj: Mapping[str, Any], kind: WorkloadKind, *, suspend: bool = True,
+                      hold: str = GATE) -> JsonPatch:
+    """A multi-role workload (MPIJob, JobSet, TrainJob, LeaderWorkerSet): every pod set's
+    template is checked as a Job's would be, then the kind holds it (workloads/<kind>.py)."""
+    meta = obj.get("metadata") or {}
+    if (meta.get("labels") or {}).get(names.LABEL_ENABLED) == "false":
+        return []
+    sets = kind.pod_sets(obj)
+    for ps in sets:
+        tmeta, tspec = ps.template.get("metadata") or {}, ps.template.get("spec") or {}
+        if ps.path:
+            _check_not_bound({}, tspec, f"{_field(ps.path)}.spec.nodeName")
+        if tspec.get("schedulerName", _DEFAULT_SCHEDULER) != _DEFAULT_SCHEDULER:
+            return []  # another scheduler's work, as for a Job's template
+        check_pod_template(tmeta, tspec)
+    first = (sets[0].template.get("spec") or {}) if sets else {}
+    duration_of(meta, first, kind.deadline(obj))
+    return kind.mutate(obj, suspend=suspend, hold=hold)
 
 
 def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = GATE) -> dict[str, Any]:

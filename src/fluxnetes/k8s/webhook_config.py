@@ -34,10 +34,14 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s import names
+
+if TYPE_CHECKING:
+    from fluxnetes.k8s.workloads.base import WorkloadKind
 
 NAME = "fluxnetes.io"
 MUTATE_PODS_PATH = "/mutate-pods"
@@ -143,9 +147,27 @@ def pod_match_conditions(scope: Scope) -> list[dict[str, str]]:
     return [{"name": "bound-by-hand-or-not-held-yet", "expression": f"{bound} || !({' || '.join(skipped)})"}]
 
 
-def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str, Any]:
+MULTI_ROLE_WEBHOOK = "multirole.mutate.fluxnetes.io"
+
+
+def multi_role_rules(kinds: Sequence[WorkloadKind]) -> list[dict[str, Any]]:
+    """CREATE rules for the multi-role kinds that are on (workloads.enabled_kinds), one per
+    API group and version, in a stable order."""
+    by_gv: dict[tuple[str, str], set[str]] = {}
+    for k in kinds:
+        by_gv.setdefault((k.group, k.version), set()).add(k.plural)
+    return [{"apiGroups": [g], "apiVersions": [v], "operations": ["CREATE"],
+             "resources": sorted(plurals), "scope": "Namespaced"}
+            for (g, v), plurals in sorted(by_gv.items())]
+
+
+def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes,
+             multi_role: Sequence[WorkloadKind] = ()) -> dict[str, Any]:
+    """The mutating webhooks: pods, the built-in workload kinds and, when ``multi_role`` names
+    any (the multi-role kinds whose CRD is served), a third webhook for those, on the same
+    handler as the built-in kinds."""
     not_disabled = {"matchExpressions": [{"key": names.LABEL_ENABLED, "operator": "NotIn", "values": ["false"]}]}
-    return {
+    config: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "fluxnetes"}},
@@ -174,6 +196,17 @@ def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str,
             },
         ],
     }
+    rules = multi_role_rules([k for k in multi_role if k.addon])
+    if rules:
+        config["webhooks"].append({
+            "name": MULTI_ROLE_WEBHOOK,
+            "clientConfig": target.client_config(MUTATE_WORKLOADS_PATH, ca_bundle),
+            "rules": rules,
+            "objectSelector": not_disabled,
+            "reinvocationPolicy": "Never",
+            **_common(scope),
+        })
+    return config
 
 
 def validating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str, Any]:

@@ -8,13 +8,100 @@ replacement instead of being released). Adding a kind = adding one module in thi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fluxnetes.k8s import names
 from fluxnetes.k8s.hold import hold_ops
 
 JsonPatch = list[dict[str, Any]]
+
+# the one pod set of a single-template kind (Job, ReplicaSet, StatefulSet)
+MAIN_POD_SET = "main"
+# set by the webhook on a workload it suspended: the operator resumes only workloads carrying it
+ANN_SUSPENDED_BY = f"{names.DOMAIN}/suspended-by"
+SUSPENDED_BY_US = "fluxnetes"
+
+
+@dataclass(frozen=True)
+class PodSetSpec:
+    """Pods of one role in a group: how many, and the template they are made from (its
+    requests and node rules). A group is matched all-or-nothing over all its pod sets, one
+    slot shape per set."""
+
+    name: str  # "main"; "launcher"/"worker" (MPIJob); a replicatedJob's name (JobSet); "leader"/"worker" (LWS)
+    count: int
+    template: Mapping[str, Any]  # a pod template: {"metadata": ..., "spec": ...}
+    # JSON pointer of the template inside the workload ("" when it is not there: TrainJob's
+    # pods come from its runtime, through the JobSet Trainer creates)
+    path: str = "/spec/template"
+    # the controller creates these pods only once other pods of the group run (JobSet InOrder
+    # startup or dependsOn, MPIJob WaitForWorkersReady, LWS LeaderReady): the group's slots
+    # are all allocated at once, but these pods arrive later and take theirs when they come
+    deferred: bool = False
+
+
+@dataclass(frozen=True)
+class PodRoute:
+    """Where a pod belongs: the top workload (the object the user made), the group within it
+    (``index``: one LeaderWorkerSet replica; None: the whole workload), the pod set and the
+    pod's stable index within that set (None when it has none)."""
+
+    kind: str  # the top workload's kind, e.g. "MPIJob"
+    namespace: str
+    name: str  # the top workload's name
+    pod_set: str
+    slot: int | None = None
+    index: int | None = None
+
+    @property
+    def group_base(self) -> str:
+        """The group's name before object_name(): "<kind>-<name>[-<index>]" (lower case)."""
+        base = f"{self.kind.lower()}-{self.name}"
+        return base if self.index is None else f"{base}-{self.index}"
+
+
+# (kind, namespace, name) -> the object as the operator's cache holds it, or None if unknown
+Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
+
+
+def suspend_ops(obj: Mapping[str, Any], path: str, value_path: str | None = None) -> JsonPatch:
+    """JSON patch ops suspending a workload at ``path`` (e.g. "/spec/suspend") and marking it
+    ``fluxnetes.io/suspended-by: fluxnetes`` — unless its user created it suspended (then it is
+    theirs to resume and carries no mark). ``value_path``: the parent object to create when
+    absent (e.g. "/spec/runPolicy")."""
+    cur: Any = obj
+    for part in path.strip("/").split("/"):
+        cur = (cur or {}).get(part) if isinstance(cur, Mapping) else None
+    if cur is True:
+        return []
+    ops: JsonPatch = []
+    if value_path is not None:
+        parent: Any = obj
+        for part in value_path.strip("/").split("/"):
+            parent = (parent or {}).get(part) if isinstance(parent, Mapping) else None
+        if not isinstance(parent, Mapping):
+            ops.append({"op": "add", "path": value_path, "value": {}})
+    ops.append({"op": "add", "path": path, "value": True})
+    meta = obj.get("metadata") or {}
+    if not meta.get("annotations"):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {ANN_SUSPENDED_BY: SUSPENDED_BY_US}})
+    else:
+        ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(ANN_SUSPENDED_BY)}",
+                    "value": SUSPENDED_BY_US})
+    return ops
+
+
+def marked_suspended_by_us(obj: Mapping[str, Any]) -> bool:
+    meta = obj.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(ANN_SUSPENDED_BY) == SUSPENDED_BY_US
+
+
+def condition_true(obj: Mapping[str, Any], *types: str) -> bool:
+    """Is one of the status conditions ``types`` True?"""
+    return any(c.get("type") in types and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
 
 
 def _escape(key: str) -> str:
@@ -39,9 +126,12 @@ def managed_label_ops(labels: Mapping[str, str], base: str) -> JsonPatch:
 def gate_template_patch(obj: Mapping[str, Any], base: str, hold: str = "gate") -> JsonPatch:
     """JSON patch adding fluxnetes' hold (see k8s/hold.py: the gate, or its scheduler name)
     and managed label to the pod template at ``base``."""
-    tmpl = obj
+    tmpl: Any = obj
     for part in base.strip("/").split("/"):
-        tmpl = (tmpl or {}).get(part) or {}
+        if isinstance(tmpl, list):  # a list index (JobSet's replicatedJobs/<i>/...)
+            tmpl = tmpl[int(part)] if part.isdigit() and int(part) < len(tmpl) else {}
+        else:
+            tmpl = (tmpl or {}).get(part) or {}
     ops: JsonPatch = []
     meta = tmpl.get("metadata")
     if not meta:
@@ -63,6 +153,13 @@ class WorkloadKind:
     # does this kind own pods directly (so that pods point at it as their controller)?
     owns_pods: ClassVar[bool] = True
     template_path: ClassVar[str] = "/spec/template"
+    # a multi-role kind served by a CRD (MPIJob, JobSet, TrainJob, LeaderWorkerSet): off until
+    # discovery shows its resource (workloads.enabled_kinds); its pods are routed with
+    # ``route`` (labels), not through their controlling owner
+    addon: ClassVar[bool] = False
+    # kinds of the objects its controller creates for it (a JobSet's Jobs, an LWS's
+    # StatefulSets, a TrainJob's JobSet): never grouped on their own (workloads.made_for)
+    children: ClassVar[tuple[str, ...]] = ()
 
     @property
     def group(self) -> str:
@@ -118,3 +215,21 @@ class WorkloadKind:
     def failed(self, obj: Mapping[str, Any]) -> bool:
         """The workload is over and failed (a Job's Failed condition)."""
         return False
+
+    # -- multi-role kinds (additive: the defaults are today's one-template behaviour) ----------
+    def pod_sets(self, obj: Mapping[str, Any]) -> list[PodSetSpec]:
+        """The pod sets of one group of this workload (of each group, for kinds with
+        ``replica_groups``). Default: one set, ``size`` pods from ``template``."""
+        return [PodSetSpec(MAIN_POD_SET, self.size(obj), self.template(obj), self.template_path)]
+
+    def replica_groups(self, obj: Mapping[str, Any]) -> int | None:
+        """How many groups the workload is (each made of ``pod_sets``): None for one group
+        for the whole workload (every kind but LeaderWorkerSet: one per replica)."""
+        return None
+
+    def route(self, pod: Mapping[str, Any], lookup: Lookup | None = None) -> PodRoute | None:
+        """The workload, group and pod set ``pod`` belongs to, if it is one of this kind's
+        pods (read from the labels its controller puts on them; ``lookup`` finds owners in the
+        operator's cache where labels are not enough). Default: None (such pods are found
+        through their controlling owner, as today)."""
+        return None

@@ -1,0 +1,243 @@
+"""The controllers of the multi-role workload kinds, run as processes of the dev cluster.
+
+``fluxnetes dev cluster up --addons mpi,jobset,trainer,lws``: each addon's CRDs are installed,
+its manager binary (built by hack/build-addons.sh into $FLUXNETES_K8S_HOME/addons/<name>/) runs
+on 127.0.0.1 like the other components, and its admission webhooks are served:
+
+- serving certificate: issued by the dev cluster's CA (pki/) for 127.0.0.1, written where the
+  manager's webhook server (and its metrics server) look for it: controller-runtime's default
+  ``$TMPDIR/k8s-webhook-server/serving-certs``, with TMPDIR set to the addon's own run/
+  directory (or the directory its configuration file names);
+- webhook configurations: the ones the release ships (its kustomize ``manifests.yaml``, copied
+  by the build script), with the same rules and the objectSelectors of the release's kustomize
+  patches, each ``clientConfig`` pointing at the local process by URL with the cluster CA as
+  caBundle. The four CRDs serve one version each, so no conversion webhook is needed.
+- leader election off (the MPI Operator always elects: its lease lives in kube-system and a
+  single instance wins at once), metrics and health endpoints on free ports of 127.0.0.1.
+
+Trainer runs TrainJobs as JobSets, so ``trainer`` brings ``jobset`` with it; it also gets the
+release's ``torch-distributed`` ClusterTrainingRuntime (kwok runs no containers: the image is
+never pulled).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fluxnetes.devcluster.paths import k8s_home
+
+# start order (Trainer needs the JobSet CRD and controller)
+ADDON_NAMES: tuple[str, ...] = ("jobset", "mpi", "lws", "trainer")
+REQUIRES: dict[str, tuple[str, ...]] = {"trainer": ("jobset",)}
+COMPONENT_PREFIX = "addon-"
+HOST = "127.0.0.1"
+PORT_KINDS = ("webhook", "metrics", "health")
+
+
+class AddonError(ValueError):
+    """Bad --addons value; the message names the option and the known names."""
+
+
+@dataclass(frozen=True)
+class Addon:
+    name: str
+    module: str  # what hack/build-addons.sh builds (for messages)
+    kinds: tuple[str, ...]  # the workload kinds it serves
+    has_webhooks: bool = True
+
+    @property
+    def component(self) -> str:
+        return COMPONENT_PREFIX + self.name
+
+
+ADDONS: dict[str, Addon] = {
+    a.name: a
+    for a in (
+        Addon("jobset", "sigs.k8s.io/jobset@v0.10.1", ("JobSet",)),
+        Addon("mpi", "github.com/kubeflow/mpi-operator@v0.6.0", ("MPIJob",), has_webhooks=False),
+        Addon("lws", "sigs.k8s.io/lws@v0.7.0", ("LeaderWorkerSet",)),
+        Addon("trainer", "github.com/kubeflow/trainer/v2@v2.0.0",
+              ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")),
+    )
+}
+COMPONENTS: tuple[str, ...] = tuple(ADDONS[n].component for n in ADDON_NAMES)
+
+
+def parse(spec: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``"mpi,jobset"`` (or a list) -> the addons to run, in start order, with what they
+    require (``trainer`` brings ``jobset``). Raises AddonError naming unknown ones."""
+    if spec is None:
+        return ()
+    words = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = {w.strip().lower() for w in words if w.strip()}
+    if "all" in names:
+        names = set(ADDON_NAMES)
+    unknown = sorted(names - set(ADDON_NAMES))
+    if unknown:
+        raise AddonError(
+            f"--addons: unknown addon(s) {', '.join(unknown)} (known: {', '.join(sorted(ADDON_NAMES))}, or all)"
+        )
+    for n in list(names):
+        names.update(REQUIRES.get(n, ()))
+    return tuple(n for n in ADDON_NAMES if n in names)
+
+
+def addon_home(name: str, home: Path | None = None) -> Path:
+    return (home if home is not None else k8s_home()) / "addons" / name
+
+
+def manager(name: str, home: Path | None = None) -> Path:
+    return addon_home(name, home) / "bin" / "manager"
+
+
+def crd_files(name: str, home: Path | None = None) -> list[Path]:
+    return sorted((addon_home(name, home) / "crds").glob("*.yaml"))
+
+
+def crd_name(path: Path) -> str:
+    """The CRD's name from its file's (controller-gen's ``<group>_<plural>.yaml``)."""
+    group, _, plural = path.stem.partition("_")
+    return f"{plural}.{group}"
+
+
+def runtime_files(name: str, home: Path | None = None) -> list[Path]:
+    return sorted((addon_home(name, home) / "runtimes").glob("*.yaml"))
+
+
+def missing(names: tuple[str, ...], home: Path | None = None) -> list[str]:
+    """What hack/build-addons.sh has not built yet for ``names`` (empty when all is there)."""
+    out: list[str] = []
+    for n in names:
+        if not os.access(manager(n, home), os.X_OK):
+            out.append(str(manager(n, home)))
+        if not crd_files(n, home):
+            out.append(str(addon_home(n, home) / "crds"))
+        if ADDONS[n].has_webhooks and not (addon_home(n, home) / "webhooks" / "manifests.yaml").is_file():
+            out.append(str(addon_home(n, home) / "webhooks" / "manifests.yaml"))
+        if n == "trainer" and not runtime_files(n, home):
+            out.append(str(addon_home(n, home) / "runtimes"))
+    return out
+
+
+def missing_message(names: tuple[str, ...], paths: list[str]) -> str:
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (
+        f"addon controllers not built ({shown}); build them once with "
+        f"`bash hack/build-addons.sh {' '.join(names)}` (Go >= 1.26; a few minutes per controller "
+        "when cold, seconds when cached), or point FLUXNETES_K8S_HOME at an existing build"
+    )
+
+
+def port_key(name: str, kind: str) -> str:
+    return f"{name}_{kind}"
+
+
+# -- command lines -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    env: dict[str, str]
+    health_url: str  # 200 once the manager is up (its webhook server listening, where it checks)
+    webhook_port: int | None
+
+
+def cert_dirs(run: Path) -> list[Path]:
+    """Where the manager's webhook and metrics servers read tls.crt / tls.key (TMPDIR=run)."""
+    return [run / "k8s-webhook-server" / "serving-certs", run / "k8s-metrics-server" / "serving-certs"]
+
+
+def health_url(name: str, ports: dict[str, int]) -> str:
+    """200 once the manager serves (controller-runtime's readyz waits for its webhook server)."""
+    health = ports[port_key(name, "health")]
+    return f"http://{HOST}:{health}/healthz" if name == "mpi" else f"http://{HOST}:{health}/readyz"
+
+
+def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
+            home: Path | None = None) -> Command:
+    """How addon ``name`` is started; writes its configuration file into ``run``."""
+    webhook, metrics, health = (ports[port_key(name, k)] for k in PORT_KINDS)
+    exe = str(manager(name, home))
+    env = {"KUBECONFIG": kubeconfig, "TMPDIR": str(run)}
+    certs = str(cert_dirs(run)[0])
+    url = health_url(name, ports)
+    if name in ("jobset", "lws"):
+        group = "config.jobset.x-k8s.io" if name == "jobset" else "config.lws.x-k8s.io"
+        cfg: dict[str, Any] = {
+            "apiVersion": f"{group}/v1alpha1",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "webhook": {"port": webhook, "host": HOST, "certDir": certs},
+            "metrics": {"bindAddress": f"{HOST}:{metrics}"},
+            "health": {"healthProbeBindAddress": f"{HOST}:{health}"},
+        }
+        if name == "jobset":
+            cfg["metrics"]["certDir"] = str(cert_dirs(run)[1])
+        path = run / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return Command([exe, f"--config={path}", "--zap-log-level=info"], env, url, webhook)
+    if name == "trainer":
+        env["FLUXNETES_EXTERNAL_CERTS"] = "1"  # see hack/build-addons.sh
+        return Command(
+            [exe, f"--metrics-bind-address={HOST}:{metrics}", "--metrics-secure=false",
+             f"--health-probe-bind-address={HOST}:{health}", f"--webhook-server-port={webhook}",
+             "--leader-elect=false"],
+            env, url, webhook,
+        )
+    if name == "mpi":
+        env["MPI_OPERATOR_HEALTH_ADDR"] = f"{HOST}:{health}"  # see hack/build-addons.sh
+        return Command(
+            [exe, "--lock-namespace=kube-system", f"--monitoring-port={metrics}",
+             "--kube-api-qps=200", "--kube-api-burst=400", "--threadiness=4"],
+            env, url, None,
+        )
+    raise ValueError(f"unknown addon {name}")
+
+
+# -- webhook configurations ----------------------------------------------------------------------
+# the objectSelectors the releases' kustomize patches put on their pod webhooks (only their own
+# pods reach them); name of the addon -> webhook name -> (selector, operations)
+_POD_WEBHOOK_PATCHES: dict[str, dict[str, tuple[dict[str, Any], list[str] | None]]] = {
+    "jobset": {
+        "mpod.kb.io": ({"matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}, None),
+        "vpod.kb.io": ({"matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}, None),
+    },
+    "lws": {
+        "mpod.kb.io": ({"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]},
+                       ["CREATE", "UPDATE"]),
+        "vpod.kb.io": ({"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]},
+                       ["CREATE", "UPDATE"]),
+    },
+}
+
+
+def webhook_configurations(name: str, port: int, ca_pem: bytes, home: Path | None = None) -> list[dict[str, Any]]:
+    """The release's webhook configurations of addon ``name``, served at 127.0.0.1:``port``."""
+    path = addon_home(name, home) / "webhooks" / "manifests.yaml"
+    out: list[dict[str, Any]] = []
+    patches = _POD_WEBHOOK_PATCHES.get(name, {})
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc or not doc.get("webhooks"):
+            continue
+        short = "mutating" if doc["kind"].startswith("Mutating") else "validating"
+        doc["metadata"] = {"name": f"{name}-{short}.fluxnetes-dev",
+                           "labels": {"app.kubernetes.io/managed-by": "fluxnetes-dev-cluster"}}
+        for wh in doc["webhooks"]:
+            svc = (wh.get("clientConfig") or {}).get("service") or {}
+            wh["clientConfig"] = {"url": f"https://{HOST}:{port}{svc.get('path', '/')}",
+                                  "caBundle": base64.b64encode(ca_pem).decode()}
+            if wh["name"] in patches:
+                selector, ops = patches[wh["name"]]
+                wh["objectSelector"] = selector
+                if ops is not None:
+                    for rule in wh.get("rules") or []:
+                        rule["operations"] = list(ops)
+            wh.setdefault("timeoutSeconds", 10)
+        out.append(doc)
+    return out

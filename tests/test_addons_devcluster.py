@@ -1,0 +1,146 @@
+"""`fluxnetes dev cluster up --addons ...` without starting anything: which addons, their
+command lines and configuration, their webhook configurations, and the errors a user sees
+(an unknown addon; controllers not built yet, naming hack/build-addons.sh). The controllers
+themselves run in tests/test_addons.py."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fluxnetes.cli.main import app
+from fluxnetes.devcluster import BinariesMissing, Cluster, ClusterError, ClusterOptions, k8s_home
+from fluxnetes.devcluster import addons as addon_defs
+from fluxnetes.devcluster.paths import BINARIES, KWOK_STAGES
+
+JOBSET_MANIFEST = """\
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: mutating-webhook-configuration
+webhooks:
+- admissionReviewVersions: [v1]
+  clientConfig:
+    service: {name: webhook-service, namespace: system, path: /mutate-jobset-x-k8s-io-v1alpha2-jobset}
+  failurePolicy: Fail
+  name: mjobset.kb.io
+  rules:
+  - {apiGroups: [jobset.x-k8s.io], apiVersions: [v1alpha2], operations: [CREATE], resources: [jobsets]}
+  sideEffects: None
+- admissionReviewVersions: [v1]
+  clientConfig:
+    service: {name: webhook-service, namespace: system, path: /mutate--v1-pod}
+  failurePolicy: Fail
+  name: mpod.kb.io
+  rules:
+  - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods]}
+  sideEffects: None
+"""
+
+
+def test_parse_orders_and_adds_requirements() -> None:
+    assert addon_defs.parse("") == ()
+    assert addon_defs.parse("trainer") == ("jobset", "trainer")
+    assert addon_defs.parse("lws, MPI,jobset") == ("jobset", "mpi", "lws")
+    assert addon_defs.parse("all") == addon_defs.ADDON_NAMES
+    with pytest.raises(addon_defs.AddonError, match=r"--addons: unknown addon\(s\) kueue .*known: jobset, lws, mpi, trainer"):
+        addon_defs.parse("kueue,mpi")
+
+
+def test_crd_name_from_controller_gen_file_name() -> None:
+    assert addon_defs.crd_name(Path("x/kubeflow.org_mpijobs.yaml")) == "mpijobs.kubeflow.org"
+    assert addon_defs.crd_name(Path("jobset.x-k8s.io_jobsets.yaml")) == "jobsets.jobset.x-k8s.io"
+
+
+def test_missing_names_the_build_script(tmp_path: Path) -> None:
+    absent = addon_defs.missing(("mpi", "trainer"), tmp_path)
+    assert str(tmp_path / "addons" / "mpi" / "bin" / "manager") in absent
+    assert str(tmp_path / "addons" / "trainer" / "runtimes") in absent
+    msg = addon_defs.missing_message(("mpi", "trainer"), absent)
+    assert "bash hack/build-addons.sh mpi trainer" in msg
+
+
+def _fake_k8s_home(tmp_path: Path) -> Path:
+    """Control plane binaries as (non-working) executables, no addon."""
+    home = tmp_path / "k8s"
+    (home / "bin").mkdir(parents=True)
+    for b in BINARIES:
+        exe = home / "bin" / b
+        exe.write_text("#!/bin/sh\nexit 1\n")
+        exe.chmod(0o755)
+    for rel in KWOK_STAGES:
+        (home / "stages" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / "stages" / rel).write_text("")
+    return home
+
+
+def test_up_refuses_unbuilt_addons_before_starting_anything(tmp_path: Path) -> None:
+    home = _fake_k8s_home(tmp_path)
+    with pytest.raises(BinariesMissing, match=r"hack/build-addons\.sh jobset trainer"):
+        Cluster.up(ClusterOptions(dir=tmp_path / "c", k8s_home=home, addons=("trainer",)))
+    with pytest.raises(ClusterError, match="unknown addon"):
+        Cluster.up(ClusterOptions(dir=tmp_path / "c", k8s_home=home, addons=("nope",)))
+    assert not (tmp_path / "c" / "state.json").exists()
+
+
+def test_cli_rejects_unknown_addon() -> None:
+    res = CliRunner().invoke(app, ["dev", "cluster", "up", "--addons", "volcano", "--dir", "/nonexistent"])
+    assert res.exit_code == 2
+    assert "unknown addon(s) volcano" in res.output
+
+
+def test_command_lines(tmp_path: Path) -> None:
+    ports = {addon_defs.port_key(n, k): 10000 + i * 3 + j
+             for i, n in enumerate(addon_defs.ADDON_NAMES) for j, k in enumerate(addon_defs.PORT_KINDS)}
+    for name in addon_defs.ADDON_NAMES:
+        run = tmp_path / name
+        run.mkdir()
+        cmd = addon_defs.command(name, ports=ports, kubeconfig="/kc", run=run, home=tmp_path)
+        assert cmd.argv[0] == str(tmp_path / "addons" / name / "bin" / "manager")
+        assert cmd.env["KUBECONFIG"] == "/kc" and cmd.env["TMPDIR"] == str(run)
+        health = ports[addon_defs.port_key(name, "health")]
+        assert cmd.health_url.startswith(f"http://127.0.0.1:{health}/")
+        if name in ("jobset", "lws"):
+            cfg = yaml.safe_load((run / "config.yaml").read_text())
+            assert cfg["leaderElection"] == {"leaderElect": False}
+            assert cfg["internalCertManagement"] == {"enable": False}
+            assert cfg["webhook"] == {"port": ports[addon_defs.port_key(name, "webhook")], "host": "127.0.0.1",
+                                      "certDir": str(addon_defs.cert_dirs(run)[0])}
+        elif name == "trainer":
+            assert cmd.env["FLUXNETES_EXTERNAL_CERTS"] == "1" and "--leader-elect=false" in cmd.argv
+        else:
+            assert cmd.env["MPI_OPERATOR_HEALTH_ADDR"] == f"127.0.0.1:{health}" and cmd.webhook_port is None
+
+
+def test_webhook_configurations_point_at_the_local_process(tmp_path: Path) -> None:
+    d = tmp_path / "addons" / "jobset" / "webhooks"
+    d.mkdir(parents=True)
+    (d / "manifests.yaml").write_text(JOBSET_MANIFEST)
+    (cfg,) = addon_defs.webhook_configurations("jobset", 9999, b"CA-PEM", tmp_path)
+    assert cfg["metadata"]["name"] == "jobset-mutating.fluxnetes-dev"
+    js, pod = cfg["webhooks"]
+    assert js["clientConfig"] == {"url": "https://127.0.0.1:9999/mutate-jobset-x-k8s-io-v1alpha2-jobset",
+                                  "caBundle": base64.b64encode(b"CA-PEM").decode()}
+    assert "objectSelector" not in js and js["rules"][0]["resources"] == ["jobsets"]
+    # the release's kustomize patch: only JobSet pods reach its pod webhook
+    assert pod["objectSelector"] == {"matchExpressions": [
+        {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
+
+
+@pytest.mark.skipif(addon_defs.missing(addon_defs.ADDON_NAMES) != [], reason="hack/build-addons.sh not run")
+def test_built_manifests_are_the_releases() -> None:
+    """What hack/build-addons.sh copied: every webhook has a path and a rule."""
+    for name in ("jobset", "lws", "trainer"):
+        docs = addon_defs.webhook_configurations(name, 1, b"x")
+        hooks = [w for d in docs for w in d["webhooks"]]
+        assert hooks and all(w["clientConfig"]["url"].startswith("https://127.0.0.1:1/") for w in hooks)
+        assert all(w["rules"] for w in hooks)
+    assert [p.name for p in addon_defs.runtime_files("trainer")] == ["torch_distributed.yaml"]
+    assert os.access(addon_defs.manager("mpi"), os.X_OK)
+    assert (k8s_home() / "addons" / "mpi" / "VERSION").read_text().strip().endswith("+health-addr-1")
