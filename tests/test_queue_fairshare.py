@@ -652,7 +652,7 @@ def test_shares_70_30_delivered_when_backlogged() -> None:
     head of ``order`` after ``held``. Once usage has built up, running cores track 70/30."""
     tree = AccountTree.from_dict({"accounts": {"a": {"shares": 70}, "b": {"shares": 30}}})
     for algorithm in ("fair_tree", "classic"):
-        fs = FairShare(tree, FairShareConfig(algorithm=algorithm, half_life=HOUR,  # type: ignore[arg-type]
+        fs = FairShare(tree, FairShareConfig(algorithm=algorithm, half_life=HOUR,
                                              weights=PriorityWeights(age=0, fairshare=10000, job_size=0, qos=0)))
         queue = [job(f"{acct}{i}", acct, submit=0) for acct in "ab" for i in range(500)]
         running: dict[str, tuple[Job, int]] = {}
@@ -685,7 +685,7 @@ def _run_with_scheduler(tree: AccountTree, submits: list[tuple[str, str, int]], 
 
     account = {job_id: acct for job_id, acct, _ in submits}
     fs = FairShare(tree, FairShareConfig(half_life=HOUR), account_of=lambda j: account[j.id])
-    sched = Scheduler(FakeMatcher(4), QueuePolicy.parse("easy", queue_depth=None))  # type: ignore[arg-type]
+    sched = Scheduler(FakeMatcher(4), QueuePolicy.parse("easy", queue_depth=None))
     pending = [QueuedJob(job_id, MatcherSpec(cores, duration), t, min_cores=cores)
                for job_id, _, t in submits]
     running: dict[str, tuple[QueuedJob, int]] = {}
@@ -734,3 +734,21 @@ def test_hook_on_the_core_scheduler_respects_limits() -> None:
     assert max(c["a"] for c in per_account) == 2  # never more, though 2 cores sat idle at 0-5
     assert per_account[0] == {"a": 2, "b": 0}
     assert started["b0"] == 5 and len(started) == 6
+
+
+def test_queued_job_account_field_is_what_fair_share_charges() -> None:
+    from fluxnetes.queue import QueuedJob
+
+    tree = AccountTree.from_dict({"default": "others", "accounts": {
+        "a": {"shares": 1}, "b": {"shares": 1}, "others": {"shares": 1}}})
+    fs = FairShare(tree, FairShareConfig(half_life=HOUR))
+    ja = QueuedJob("1", Spec({"core": 4}), 0, account="a")
+    jn = QueuedJob("2", Spec({"core": 4}), 0)  # names no account: the default leaf
+    assert QueuedJob("3", None, 0).account == ""
+    assert fs.leaf(ja) == "a" and fs.leaf(jn) == "others"
+    fs.record_start(ja, 0)
+    fs.record_end(ja, HOUR)
+    jb = QueuedJob("4", Spec({"core": 4}), 0, account="b")
+    # a used the machine, b did not: b's job goes first although a's was submitted first
+    assert [j.id for j in fs.order([ja, jb], HOUR)] == ["4", "1"]
+    assert fs.priority(jb, HOUR).fairshare > fs.priority(ja, HOUR).fairshare

@@ -20,6 +20,16 @@ def _err(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _short(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 86400 * 2:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
 def _hms(seconds: float) -> str:
     s = round(seconds)
     if s < 60:
@@ -92,6 +102,44 @@ def simulate_command(
         typer.Option("--store", help="Also record every job and decision in a fluxnetes store "
                      "(sqlite:///PATH or postgresql+psycopg://...); slower, to show the store"),
     ] = None,
+    fairshare: Annotated[
+        str | None,
+        typer.Option("--fairshare", help="Order the queue by fair share (multifactor priority): "
+                     "users (one account per SWF user, equal shares), groups (per SWF group) or "
+                     "an account tree FILE.yaml. With --compare, every policy runs plain and "
+                     "with fair share", rich_help_panel="Fair share"),
+    ] = None,
+    fairshare_algo: Annotated[
+        str | None,
+        typer.Option("--fairshare-algo", help="fairtree (default; Slurm's Fair Tree) or classic "
+                     "(Slurm's classic formula)", rich_help_panel="Fair share"),
+    ] = None,
+    half_life: Annotated[
+        str | None,
+        typer.Option("--half-life", help="Usage decay half-life: seconds or 90m, 12h, 7d, 2w; "
+                     "0 = no decay (default 7d)", rich_help_panel="Fair share"),
+    ] = None,
+    max_age: Annotated[
+        str | None,
+        typer.Option("--max-age", help="Age at which the age factor reaches 1 (default 7d)",
+                     rich_help_panel="Fair share"),
+    ] = None,
+    weight_age: Annotated[
+        float | None, typer.Option("--weight-age", help="Weight of the age factor (default 1000)",
+                                   rich_help_panel="Fair share")] = None,
+    weight_fairshare: Annotated[
+        float | None, typer.Option("--weight-fairshare", help="Weight of the fair-share factor "
+                                   "(default 10000)", rich_help_panel="Fair share")] = None,
+    weight_size: Annotated[
+        float | None, typer.Option("--weight-size", help="Weight of the job-size factor (cores / "
+                                   "machine; default 1000)", rich_help_panel="Fair share")] = None,
+    weight_qos: Annotated[
+        float | None, typer.Option("--weight-qos", help="Weight of the QoS (job priority) factor "
+                                   "(default 1000)", rich_help_panel="Fair share")] = None,
+    accounts_shown: Annotated[
+        int, typer.Option("--accounts-shown", help="Accounts in the per-account table (most "
+                          "jobs first; 0 = all); --json has them all", rich_help_panel="Fair share"),
+    ] = 10,
 ) -> None:
     """Replay a workload trace through fluxnetes' queue and matcher; report waits,
     slowdowns and utilization (the same code the Kubernetes operator schedules with)."""
@@ -129,6 +177,15 @@ def simulate_command(
         raise _err(str(exc)) from None
     if len({str(p) for p in policies}) != len(policies):
         raise _err(f"--compare lists a policy twice: {compare}")
+    fs_flags = {"--fairshare-algo": fairshare_algo, "--half-life": half_life, "--max-age": max_age,
+                "--weight-age": weight_age, "--weight-fairshare": weight_fairshare,
+                "--weight-size": weight_size, "--weight-qos": weight_qos}
+    if fairshare is None:
+        given = [flag for flag, value in fs_flags.items() if value is not None]
+        if given:
+            raise _err(f"{given[0]} needs --fairshare users|groups|FILE.yaml")
+    if accounts_shown < 0:
+        raise _err(f"--accounts-shown must be >= 0 (got {accounts_shown})")
     if match_policy != "first":  # the default needs no check (and no matcher import)
         from fluxnetes.match import POLICIES
 
@@ -168,6 +225,20 @@ def simulate_command(
     if not workload.jobs:
         raise _err(f"{path}: no job left to simulate ({'; '.join(workload.report.lines())})")
 
+    setup = None
+    if fairshare is not None:
+        setup = _fairshare_setup(fairshare, swf, workload, fairshare_algo, half_life, max_age,
+                                 {"age": weight_age, "fairshare": weight_fairshare,
+                                  "job_size": weight_size, "qos": weight_qos})
+    # (label, policy, fair share or None): with --fairshare and --compare each policy runs
+    # plain and with fair share; with --fairshare alone, with fair share only
+    plan: list[tuple[str, Any, Any]] = []
+    for pol in policies:
+        if setup is None or compare:
+            plan.append((str(pol), pol, None))
+        if setup is not None:
+            plan.append((f"{pol}+fairshare", pol, setup))
+
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -175,12 +246,17 @@ def simulate_command(
     from fluxnetes.sim.runner import fast_engine_reason
 
     engines: dict[str, str] = {}
-    for pol in policies:
+    for label, pol, fs in plan:
         reason = fast_engine_reason(workload, pol) if engine != "queue" else "--engine queue"
+        if not reason and fs is not None and pol.name == "conservative":
+            reason = "fair share with conservative (the reference engine plans each job at submission)"
         if reason and engine == "reference":
-            raise _err(f"--engine reference cannot run {pol}: {reason}")
-        engines[str(pol)] = "reference" if not reason else f"queue ({reason})"
+            raise _err(f"--engine reference cannot run {label}: {reason}")
+        engines[label] = "reference" if not reason else f"queue ({reason})"
     notes = _notes(path, trace is None, swf, workload, use_filter, estimate, reservations)
+    if setup is not None:
+        notes.append(f"priority {setup.describe()}")
+        notes.extend(f"note     {line}" for line in setup.accounts.notes)
     notes.append("engine   " + "; ".join(f"{name}: {what}" for name, what in engines.items()))
     if not as_json:
         for line in notes:
@@ -191,7 +267,7 @@ def simulate_command(
 
     recorder = _open_recorder(store) if store is not None else None
     try:
-        runs, summaries = _run_all(workload, policies, match_policy, quiet=as_json, console=err,
+        runs, summaries = _run_all(workload, plan, match_policy, quiet=as_json, console=err,
                                    recorder=recorder, engine=engine)
     finally:
         if recorder is not None:
@@ -210,11 +286,33 @@ def simulate_command(
         from fluxnetes.sim.plots import write_plots
 
         plot_paths = write_plots(runs, plots, title=f"({path.name})")
+    reports: dict[str, Any] = {}
+    if setup is not None:
+        from fluxnetes.sim.fairshare import fairness, write_share_plot
+
+        reports = {name: fairness(run, setup.accounts) for name, run in runs.items()}
+        if plots is not None:
+            plot_paths.append(write_share_plot(runs, setup.accounts, plots / "fairshare_usage.png",
+                                               title=f"({path.name})"))
     if as_json:
         payload: dict[str, Any] = {name: _json_summary(s, workload) for name, s in summaries.items()}
-        sys.stdout.write(json.dumps(payload if compare else next(iter(payload.values())), indent=2) + "\n")
+        for name, report in reports.items():
+            payload[name]["fairness"] = report.as_dict()
+        if setup is not None:
+            config = setup.config
+            for name, _, fs in plan:
+                if fs is not None:
+                    payload[name]["fairshare"] = {
+                        "accounts": setup.accounts.source, "algorithm": config.algorithm,
+                        "half_life": config.half_life, "max_age": config.max_age,
+                        "weights": {"age": config.weights.age, "fairshare": config.weights.fairshare,
+                                    "job_size": config.weights.job_size, "qos": config.weights.qos}}
+        single = len(payload) == 1 and not compare
+        sys.stdout.write(json.dumps(next(iter(payload.values())) if single else payload, indent=2) + "\n")
         return
-    _print_table(out, summaries)
+    _print_table(out, summaries, reports)
+    if setup is not None:
+        _print_accounts(out, reports, accounts_shown)
     impossible = [o for r in runs.values() for o in r.outcomes if o.rejected]
     if impossible:
         shown = {o.job.id: o.rejected for o in impossible}
@@ -259,7 +357,31 @@ def _open_recorder(url: str) -> Any:
     return StoreRecorder(opened)
 
 
-def _run_all(workload: Any, policies: list[Any], match_policy: str, *, quiet: bool,
+def _fairshare_setup(how: str, swf: Any, workload: Any, algo: str | None, half_life: str | None,
+                     max_age: str | None, weights: dict[str, float | None]) -> Any:
+    from fluxnetes.sim.fairshare import (
+        FairShareSetup,
+        FairShareSimError,
+        accounts_for,
+        make_config,
+        parse_duration,
+    )
+
+    defaults = {"age": 1000.0, "fairshare": 10000.0, "job_size": 1000.0, "qos": 1000.0}
+    try:
+        accounts = accounts_for(how, swf, workload.jobs)
+        config = make_config(
+            algorithm=algo or "fairtree",
+            half_life=parse_duration(half_life or "7d", "--half-life"),
+            max_age=parse_duration(max_age or "7d", "--max-age"),
+            weights={k: (v if v is not None else defaults[k]) for k, v in weights.items()},
+            total_cores=workload.machine.total_cores)
+    except FairShareSimError as exc:
+        raise _err(str(exc)) from None
+    return FairShareSetup(accounts, config)
+
+
+def _run_all(workload: Any, plan: list[tuple[str, Any, Any]], match_policy: str, *, quiet: bool,
              console: Any, recorder: Any = None,
              engine: str = "auto") -> tuple[dict[str, Any], dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -273,20 +395,21 @@ def _run_all(workload: Any, policies: list[Any], match_policy: str, *, quiet: bo
     with Progress(TextColumn("{task.description:>14}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("jobs"), TimeElapsedColumn(), console=console, disable=not show,
                   transient=False) as progress:
-        for policy in policies:
-            task = progress.add_task(str(policy), total=total)
+        for label, policy, fairshare in plan:
+            task = progress.add_task(label, total=total)
 
             def advance(done: int, task: Any = task) -> None:
                 progress.update(task, completed=done)
 
             if recorder is not None:
                 recorder.flush()
-                recorder.namespace = f"sim-{str(policy).replace(':', '-')}"
+                recorder.namespace = f"sim-{label.replace(':', '-').replace('+', '-')}"
                 recorder.ids.clear()
             run, summary = run_policy(workload, policy, match_policy=match_policy, progress=advance,
-                                      observer=recorder, engine=engine)  # type: ignore[arg-type]
-            runs[str(policy)] = run
-            summaries[str(policy)] = summary
+                                      observer=recorder, engine=engine,  # type: ignore[arg-type]
+                                      fairshare=fairshare)
+            runs[label] = run
+            summaries[label] = summary
     return runs, summaries
 
 
@@ -297,7 +420,7 @@ def _json_summary(s: Any, workload: Any) -> dict[str, Any]:
     return d
 
 
-def _print_table(out: Any, summaries: dict[str, Any]) -> None:
+def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None) -> None:
     from rich.table import Table
 
     table = Table(title="simulation summary", title_justify="left")
@@ -321,8 +444,44 @@ def _print_table(out: Any, summaries: dict[str, Any]) -> None:
     ]
     for label, fmt in rows:
         table.add_row(label, *(fmt(s) for s in summaries.values()))
+    if reports:
+        table.add_row("Jain index (users' mean bsld)",
+                      *(f"{reports[name].jain:.4f}" for name in summaries))
     out.print(table)
     out.print("bounded slowdown uses tau = 10 s; makespan = last end - first submit")
+
+
+def _print_accounts(out: Any, reports: dict[str, Any], shown: int) -> None:
+    from rich.table import Table
+
+    first = next(iter(reports.values()))
+    names = set()
+    for report in reports.values():
+        names.update(report.accounts)
+    jobs = {n: max(r.accounts[n].jobs for r in reports.values() if n in r.accounts) for n in names}
+    ordered = sorted(names, key=lambda n: (-jobs[n], n))
+    rows = ordered if shown == 0 else ordered[:shown]
+    title = (f"per account ({len(rows)} of {len(ordered)}, most jobs first"
+             + ("; --accounts-shown 0 for all, --json has them all)" if len(rows) < len(ordered) else ")"))
+    table = Table(title=title, title_justify="left")
+    table.add_column("account", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    table.add_column("jobs", justify="right", no_wrap=True)
+    for head in ("usage", "mean wait", "mean bsld"):
+        table.add_column(head, justify="right", no_wrap=True)
+    for acct in rows:
+        row0 = next(r.accounts[acct] for r in reports.values() if acct in r.accounts)
+        cells = [acct, f"{row0.share * 100:.2f} %", f"{jobs[acct]:,}"]
+        got = [report.accounts.get(acct) for report in reports.values()]
+        cells.append(" / ".join("-" if r is None else f"{r.usage_fraction * 100:.1f}%" for r in got))
+        cells.append(" / ".join("-" if r is None else _short(r.mean_wait) for r in got))
+        cells.append(" / ".join("-" if r is None else f"{r.mean_bsld:.1f}" for r in got))
+        table.add_row(*cells)
+    out.print(table)
+    if len(reports) > 1:
+        out.print("cells: " + " / ".join(reports), markup=False)
+    out.print(f"usage = share of the core-seconds delivered in the run; Jain's index over "
+              f"{len(first.user_bsld)} users' mean bounded slowdown (1 = all equal)", markup=False)
 
 
 def _write_csv(path: Path, runs: dict[str, Any]) -> None:

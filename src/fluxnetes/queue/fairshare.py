@@ -36,6 +36,7 @@ account is a leaf here (jobs may charge it directly) and is ranked like a user.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -64,50 +65,91 @@ class ShareRow:
     factor: float  # leaves: the fair-share factor; accounts: classic F / best leaf (Fair Tree)
 
 
-def _level_sums(tree: AccountTree) -> dict[str, int]:
-    return {name: sum(tree.nodes[c].shares for c in kids) for name, kids in tree.children.items()}
+class _Shape:
+    """What the factors need of a tree that never changes with usage (computed once per
+    tree, so a cycle does not redo it): each node's S among siblings and of the machine."""
+
+    def __init__(self, tree: AccountTree) -> None:
+        sums = {name: sum(tree.nodes[c].shares for c in kids) for name, kids in tree.children.items()}
+        self.level: dict[str, float] = {ROOT: 1.0}
+        self.norm: dict[str, float] = {ROOT: 1.0}
+        self.edges: list[tuple[str, str]] = []  # (name, parent), parents first
+        for name in tree.order[1:]:
+            parent = tree.nodes[name].parent
+            assert parent is not None
+            self.level[name] = tree.nodes[name].shares / sums[parent]
+            self.norm[name] = self.norm[parent] * self.level[name]
+            self.edges.append((name, parent))
+        self.leaf = frozenset(name for name in tree.order[1:] if not tree.children[name])
+        self.position = {name: i for i, name in enumerate(tree.order)}
+        # Fair Tree's tie order among siblings: users (leaves) before accounts, then tree
+        # order, as one integer; children lists pre-sorted by it (a stable sort by level
+        # fairshare then keeps it for equal values)
+        n = len(tree.order)
+        self.tie_rank = {name: i + (0 if name in self.leaf else n) for name, i in self.position.items()}
+        self.kids = {name: sorted(kids, key=self.tie_rank.__getitem__) for name, kids in tree.children.items()}
 
 
-def _base(tree: AccountTree, usage: Mapping[str, float]) -> dict[str, tuple[float, float, float, float, float]]:
-    """Per node: (shares_level, shares_norm, usage_raw, usage_norm, level usage share)."""
-    sums = _level_sums(tree)
-    total = float(usage.get(ROOT, 0.0))
-    out: dict[str, tuple[float, float, float, float, float]] = {ROOT: (1.0, 1.0, total, 1.0 if total > 0 else 0.0, 1.0)}
-    for name in tree.order[1:]:
-        node = tree.nodes[name]
-        parent = node.parent
-        assert parent is not None
-        s_level = node.shares / sums[parent]
-        s_norm = out[parent][1] * s_level
-        raw = max(float(usage.get(name, 0.0)), 0.0)
-        parent_raw = max(float(usage.get(parent, 0.0)), 0.0)
-        out[name] = (s_level, s_norm, raw, raw / total if total > 0 else 0.0,
-                     raw / parent_raw if parent_raw > 0 else 0.0)
-    return out
+_SHAPES: weakref.WeakKeyDictionary[AccountTree, _Shape] = weakref.WeakKeyDictionary()
+
+
+def _shape(tree: AccountTree) -> _Shape:
+    found = _SHAPES.get(tree)
+    if found is None:
+        found = _SHAPES[tree] = _Shape(tree)
+    return found
+
+
+def _levels(shape: _Shape, usage: Mapping[str, float]) -> tuple[float, dict[str, float], dict[str, float]]:
+    """The root's usage, each node's usage (clamped at 0) and its level usage share
+    (usage / the parent's usage; 0 when the parent has none)."""
+    get = usage.get
+    total = float(get(ROOT, 0.0))
+    raw: dict[str, float] = {ROOT: total}
+    level: dict[str, float] = {ROOT: 1.0}
+    for name, parent in shape.edges:
+        r = float(get(name, 0.0))
+        if r < 0.0:
+            r = 0.0
+        raw[name] = r
+        p = raw[parent]
+        level[name] = r / p if p > 0 else 0.0
+    return total, raw, level
 
 
 def _lf(s_level: float, u_level: float) -> float:
     return math.inf if u_level <= 0 else s_level / u_level
 
 
+def _classic_effective(shape: _Shape, total: float, raw: Mapping[str, float]) -> dict[str, float]:
+    """U_E per node (top-down: parents before children)."""
+    effective: dict[str, float] = {ROOT: 1.0 if total > 0 else 0.0}
+    level = shape.level
+    for name, parent in shape.edges:
+        u_norm = raw[name] / total if total > 0 else 0.0
+        if parent == ROOT:
+            effective[name] = u_norm
+        else:
+            effective[name] = u_norm + (effective[parent] - u_norm) * level[name]
+    return effective
+
+
 def classic(tree: AccountTree, usage: Mapping[str, float], dampening: float = 1.0) -> dict[str, ShareRow]:
     """Slurm's classic fair-share factor for every node (see the module docstring)."""
     if not (dampening > 0 and math.isfinite(dampening)):
         raise ValueError(f"dampening: must be a number > 0, got {dampening!r}")
-    base = _base(tree, usage)
-    effective: dict[str, float] = {ROOT: base[ROOT][3]}
+    shape = _shape(tree)
+    total, raw, level = _levels(shape, usage)
+    effective = _classic_effective(shape, total, raw)
     rows: dict[str, ShareRow] = {}
     for name in tree.order:
-        s_level, s_norm, raw, u_norm, u_level = base[name]
         node = tree.nodes[name]
-        if node.parent is None or node.parent == ROOT:
-            u_e = u_norm
-        else:
-            u_e = u_norm + (effective[node.parent] - u_norm) * s_level
-        effective[name] = u_e
-        rows[name] = ShareRow(name, node.parent, tree.is_leaf(name), node.shares, s_level, s_norm,
-                              raw, u_norm, u_e, _lf(s_level, u_level),
-                              2.0 ** (-u_e / s_norm / dampening))
+        s_norm = shape.norm[name]
+        u_norm = (1.0 if total > 0 else 0.0) if name == ROOT else (raw[name] / total if total > 0 else 0.0)
+        rows[name] = ShareRow(name, node.parent, name in shape.leaf, node.shares, shape.level[name],
+                              s_norm, raw[name], u_norm, effective[name],
+                              _lf(shape.level[name], level[name]),
+                              2.0 ** (-effective[name] / s_norm / dampening))
     return rows
 
 
@@ -119,27 +161,38 @@ def _same(a: float, b: float) -> bool:
     return abs(a - b) <= TIE_TOLERANCE * max(abs(a), abs(b))
 
 
-def fair_tree(tree: AccountTree, usage: Mapping[str, float]) -> dict[str, ShareRow]:
-    """Fair Tree's rank-based factor for every leaf (see the module docstring)."""
-    base = _base(tree, usage)
-    level_fs = {name: _lf(b[0], b[4]) for name, b in base.items()}
-    position = {name: i for i, name in enumerate(tree.order)}
+def _fair_tree_ranks(tree: AccountTree, shape: _Shape, level: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each leaf's Fair Tree factor, and each node's level fairshare."""
+    s_level = shape.level
+    level_fs = {name: (math.inf if u <= 0 else s_level[name] / u) for name, u in level.items()}
+    leaf = shape.leaf
+    children = tree.children
+    kids = shape.kids
     n_users = len(tree.leaves)
+    inf = math.inf
     factor: dict[str, float] = {}
     rank = n_users
     rnt = n_users  # the rank if there were no ties
 
+    by_lf = level_fs.__getitem__
+    by_tie = shape.tie_rank.__getitem__
+
     def visit(siblings: list[str], tied_in: bool) -> None:
         nonlocal rank, rnt
-        # highest LF first; users before accounts on (exact) ties; then tree order
-        ordered = sorted(siblings, key=lambda n: (-level_fs[n], not tree.is_leaf(n), position[n]))
+        # highest LF first; users before accounts on (exact) ties; then tree order. The
+        # siblings come in tie order and the sort is stable (reverse=True keeps stability)
+        ordered = sorted(siblings, key=by_lf, reverse=True)
         prev: float | None = None
         i = 0
-        while i < len(ordered):
+        count = len(ordered)
+        while i < count:
             name = ordered[i]
             lf = level_fs[name]
-            tied = tied_in if i == 0 else (prev is not None and _same(prev, lf))
-            if tree.is_leaf(name):
+            # _same(prev, lf) inlined (this loop runs over every leaf every cycle)
+            tied = tied_in if i == 0 else (prev is not None and (
+                prev == lf or (prev != inf and lf != inf
+                               and abs(prev - lf) <= TIE_TOLERANCE * (prev if prev > lf else lf))))
+            if name in leaf:
                 if not tied:
                     rank = rnt
                 factor[name] = rank / n_users
@@ -147,28 +200,54 @@ def fair_tree(tree: AccountTree, usage: Mapping[str, float]) -> dict[str, ShareR
                 i += 1
             else:
                 group = [name]
-                while (i + len(group) < len(ordered) and not tree.is_leaf(ordered[i + len(group)])
+                while (i + len(group) < count and ordered[i + len(group)] not in leaf
                        and _same(lf, level_fs[ordered[i + len(group)]])):
                     group.append(ordered[i + len(group)])
-                merged = [child for acct in group for child in tree.children[acct]]
+                merged = (list(kids[name]) if len(group) == 1 else
+                          sorted((child for acct in group for child in children[acct]), key=by_tie))
                 visit(merged, tied)
                 i += len(group)
             prev = lf
 
     # users tied with the first sibling at the top (i == 0) are handled via prev; at the
     # very top nothing is tied yet
-    visit(list(tree.children[ROOT]), False)
+    visit(kids[ROOT], False)
+    return factor, level_fs
+
+
+def fair_tree(tree: AccountTree, usage: Mapping[str, float]) -> dict[str, ShareRow]:
+    """Fair Tree's rank-based factor for every leaf (see the module docstring)."""
+    shape = _shape(tree)
+    total, raw, level = _levels(shape, usage)
+    factor, level_fs = _fair_tree_ranks(tree, shape, level)
     rows: dict[str, ShareRow] = {}
     for name in reversed(tree.order):  # children first, so accounts can take their best leaf
-        s_level, s_norm, raw, u_norm, u_level = base[name]
         node = tree.nodes[name]
-        if tree.is_leaf(name):
+        if name in shape.leaf:
             f = factor[name]
         else:
             f = max((rows[c].factor for c in tree.children[name]), default=0.0)
-        rows[name] = ShareRow(name, node.parent, tree.is_leaf(name), node.shares, s_level, s_norm,
-                              raw, u_norm, u_level, level_fs[name], f)
+        u_norm = (1.0 if total > 0 else 0.0) if name == ROOT else (raw[name] / total if total > 0 else 0.0)
+        rows[name] = ShareRow(name, node.parent, name in shape.leaf, node.shares, shape.level[name],
+                              shape.norm[name], raw[name], u_norm, level[name], level_fs[name], f)
     return {name: rows[name] for name in tree.order}
+
+
+def leaf_factors(algorithm: Algorithm, tree: AccountTree, usage: Mapping[str, float],
+                 dampening: float = 1.0) -> dict[str, float]:
+    """Only the leaves' factors (what the queue order needs): the same numbers as
+    ``factors(...)[leaf].factor``, without building the rows."""
+    shape = _shape(tree)
+    total, raw, level = _levels(shape, usage)
+    if algorithm == "fair_tree":
+        return _fair_tree_ranks(tree, shape, level)[0]
+    if algorithm == "classic":
+        if not (dampening > 0 and math.isfinite(dampening)):
+            raise ValueError(f"dampening: must be a number > 0, got {dampening!r}")
+        effective = _classic_effective(shape, total, raw)
+        norm = shape.norm
+        return {name: 2.0 ** (-effective[name] / norm[name] / dampening) for name in tree.leaves}
+    raise ValueError(f"fairshare algorithm: must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
 
 
 def factors(algorithm: Algorithm, tree: AccountTree, usage: Mapping[str, float],

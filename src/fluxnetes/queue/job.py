@@ -24,6 +24,9 @@ class QueuedJob:
     * ``queue``: queue name (informational for now: one queue per Scheduler).
     * ``min_cores``: optional hint, the fewest cores the job can run on (0 = unknown); lets
       the scheduler skip matcher calls that cannot succeed. Never changes a decision.
+    * ``account``: the account (a leaf of the fair-share tree: user, namespace or account)
+      the job charges; "" = none named (the tree's default, if any). Read by
+      ``queue.priority.FairShare``; the plain queue order ignores it.
     """
 
     id: str
@@ -32,6 +35,7 @@ class QueuedJob:
     priority: int = 0
     queue: str = "default"
     min_cores: int = 0
+    account: str = ""
 
     @property
     def cores(self) -> int:

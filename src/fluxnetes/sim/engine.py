@@ -102,8 +102,12 @@ def simulate(
     min_cores_for: Callable[[SimJob], int] | None = None,
     observer: SimObserver | None = None,
     progress: Callable[[int], None] | None = None,
+    reorder: Callable[[int, list[SimJob]], Sequence[int]] | None = None,
 ) -> SimRun:
     """Run ``jobs`` (any order) through ``scheduler``; ``jobspec_for`` builds the request.
+
+    ``reorder(now, waiting)``: a dynamic queue order (fair share): the positions of the
+    waiting jobs (given in priority / submit order) in the order of this cycle.
 
     ``progress(n)`` is called with the number of jobs finished or rejected so far, now and
     then (for a progress bar). Jobs that can never start (the queue cannot even reserve them)
@@ -163,7 +167,10 @@ def simulate(
             if observer is not None:
                 observer.on_submit(job, now)
         if changed and pending:
-            result = scheduler.cycle([pending[job_id] for _, job_id in order], now, ordered=True)
+            walk = [pending[job_id] for _, job_id in order]
+            if reorder is not None and len(walk) > 1:
+                walk = [walk[p] for p in reorder(now, [by_id[q.id] for q in walk])]
+            result = scheduler.cycle(walk, now, ordered=True)
             removed: set[str] = set()
             for queued, allocation in result.started:
                 job = by_id[queued.id]

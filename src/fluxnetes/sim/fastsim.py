@@ -31,6 +31,9 @@ by step (src/fluxnetes/sim/README.md has the why):
   touched.
 
 Queue order is :func:`queue_key` (priority, then arrival): the one place to change it.
+A dynamic order (fair share, ``sim/fairshare.py``) is the ``reorder`` hook instead: before
+every fcfs / easy pass the waiting jobs are put in the hook's order, so the head EASY
+reserves for is the head of that order; the pass itself is unchanged.
 
 Placement is real: the machine's nodes are handed out by a free list (the most recently
 freed first, lowest numbered first at the start), so every outcome names its nodes. Counted
@@ -52,6 +55,9 @@ from fluxnetes.sim.profile import CountProfile
 
 FAST_POLICIES = ("fcfs", "easy", "conservative")
 _NEVER = 1 << 62  # later than any event
+
+#: ``reorder(now, waiting jobs in the current order) -> their positions in the new order``
+Reorder = Callable[[int, list[SimJob]], Sequence[int]]
 
 
 def queue_key(job: SimJob, arrival: int) -> tuple[int, int, int]:
@@ -130,13 +136,22 @@ def simulate_fast(
     whole_nodes: bool = False,
     observer: SimObserver | None = None,
     progress: Callable[[int], None] | None = None,
+    reorder: Reorder | None = None,
 ) -> SimRun:
     """Replay ``jobs`` under ``policy`` (fcfs, easy, conservative) on ``len(node_names)``
     nodes of ``cores_per_node`` cores. A job of P processors takes P cores anywhere, or with
     ``whole_nodes`` ceil(P / cores) whole nodes. Jobs larger than the machine are rejected
-    at submission. Every job needs an estimate >= 1 (see :func:`fast_path_reason`)."""
+    at submission. Every job needs an estimate >= 1 (see :func:`fast_path_reason`).
+
+    ``reorder(now, waiting)`` (fcfs and easy only): called before every pass with two or
+    more jobs waiting (in the current order) of which one at least fits now (otherwise the
+    pass starts nothing in any order); returns the positions of those jobs in the order to
+    use for this pass (a permutation of ``range(len(waiting))``)."""
     if policy not in FAST_POLICIES:
         raise ValueError(f"simulate_fast: policy {policy!r} is not one of {FAST_POLICIES}")
+    if reorder is not None and policy == "conservative":
+        raise ValueError("simulate_fast: reorder works with fcfs and easy (conservative plans "
+                         "each job when it is submitted)")
     per = cores_per_node
     nodes = len(node_names)
     total = nodes if whole_nodes else nodes * per
@@ -157,7 +172,7 @@ def simulate_fast(
     ]
     n = len(states)
 
-    engine = _Engine(policy, total)
+    engine = _Engine(policy, total) if reorder is None else _ReorderingEngine(policy, total, reorder)
     submit, terminate = engine.submit, engine.terminate
     push, pop = heapq.heappush, heapq.heappop
     ends: list[tuple[int, int, _Job]] = []  # (time, creation, job): terminations
@@ -447,3 +462,27 @@ class _Engine:
             moved.append(job)
         self.dirty = bool(moved)
         return moved
+
+
+class _ReorderingEngine(_Engine):
+    """fcfs / easy with a dynamic queue order: the waiting jobs are put in ``reorder``'s
+    order at the start of every pass (``_head`` begins both), then the pass runs as is. A
+    separate class, so the default engine's hot path carries no check."""
+
+    def __init__(self, policy: str, total: int, reorder: Reorder) -> None:
+        super().__init__(policy, total)
+        self.reorder = reorder
+
+    def _enqueue(self, job: _Job) -> None:
+        self.waiting.append(job)  # the order is set at the next pass
+
+    def _head(self, now: int) -> list[_Job]:
+        waiting = self.waiting
+        # a pass in which no waiting job fits now starts nothing, in any order (neither the
+        # head nor a backfill): skip the reorder (the next pass that can start a job sorts)
+        if len(waiting) > 1 and self._free_now(now) >= min(j.units for j in waiting):
+            positions = self.reorder(now, [j.job for j in waiting])
+            if len(positions) != len(waiting) or set(positions) != set(range(len(waiting))):
+                raise ValueError("reorder: must return a permutation of the waiting jobs' positions")
+            self.waiting = [waiting[p] for p in positions]
+        return super()._head(now)

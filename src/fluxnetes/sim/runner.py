@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fluxnetes.queue import QueuePolicy, Scheduler
 from fluxnetes.queue.policy import ReservationStyle
@@ -17,6 +17,9 @@ from fluxnetes.sim.machine import Machine
 from fluxnetes.sim.metrics import Summary, summarize
 from fluxnetes.sim.swf import SwfTrace
 from fluxnetes.sim.workload import Estimate, FilterReport, to_jobs
+
+if TYPE_CHECKING:
+    from fluxnetes.sim.fairshare import FairShareSetup
 
 #: Jobs considered per scheduling cycle in the simulator (see sim/README.md): the whole
 #: queue for fcfs/easy (as in the classic definitions); conservative and hybrid plan a
@@ -104,14 +107,27 @@ def run_policy(
     observer: SimObserver | None = None,
     progress: Callable[[int], None] | None = None,
     engine: Engine = "auto",
+    fairshare: FairShareSetup | None = None,
 ) -> tuple[SimRun, Summary]:
     """Run one policy. See :data:`Engine` for which engine runs it; the summary says which
-    (``Summary.engine``: ``reference`` or ``queue``)."""
+    (``Summary.engine``: ``reference`` or ``queue``). With ``fairshare`` the queue is in
+    the fair-share order (``sim/fairshare.py``; fcfs and easy on the reference engine, any
+    policy on the queue engine) and the summary is named ``<policy>+fairshare``."""
     machine = workload.machine
     if engine not in ENGINES:
         raise EngineError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    label = str(policy)
+    reorder = None
+    if fairshare is not None:
+        from fluxnetes.sim.fairshare import FairShareOrder
+
+        first = min((j.submit for j in workload.jobs), default=0)
+        order = FairShareOrder(fairshare, observer, start=first)
+        observer, reorder, label = order, order.reorder, f"{policy}+fairshare"
     if engine != "queue":
         reason = fast_engine_reason(workload, policy)
+        if not reason and reorder is not None and policy.name == "conservative":
+            reason = "fair share with conservative (the reference engine plans each job at submission)"
         if not reason:
             from fluxnetes.sim.fastsim import simulate_fast
 
@@ -120,9 +136,9 @@ def run_policy(
             run = simulate_fast(workload.jobs, policy.name, node_names=names,
                                 cores_per_node=machine.cores_per_node,
                                 whole_nodes=machine.whole_nodes, observer=observer,
-                                progress=progress)
+                                progress=progress, reorder=reorder)
             wall = time.perf_counter() - started
-            return run, summarize(run, str(policy), wall, engine="reference")
+            return run, summarize(run, label, wall, engine="reference")
         if engine == "reference":
             raise EngineError(f"the reference engine cannot run this: {reason}")
     graph = copy.deepcopy(machine.graph)  # every run starts from an untouched graph
@@ -131,6 +147,7 @@ def run_policy(
                           node_cores=machine.node_cores(), incremental=True)
     started = time.perf_counter()
     run = simulate(workload.jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
-                   min_cores_for=machine.min_cores, observer=observer, progress=progress)
+                   min_cores_for=machine.min_cores, observer=observer, progress=progress,
+                   reorder=reorder)
     wall = time.perf_counter() - started
-    return run, summarize(run, str(policy), wall, engine="queue")
+    return run, summarize(run, label, wall, engine="queue")
