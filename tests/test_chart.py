@@ -49,6 +49,11 @@ ALLOWED = [
     ("create", "fluxjobs.fluxnetes.io", None),
     ("list", "fluxjobs.fluxnetes.io", None),
     ("patch", "fluxjobs.fluxnetes.io#status", None),
+    ("list", "fluxaccounts.fluxnetes.io", None),
+    ("watch", "fluxaccounts.fluxnetes.io", None),
+    ("patch", "fluxaccounts.fluxnetes.io#status", None),
+    ("list", "namespaces", None),
+    ("watch", "namespaces", None),
     ("get", "customresourcedefinitions.apiextensions.k8s.io/fluxjobs.fluxnetes.io", None),
     ("update", "customresourcedefinitions.apiextensions.k8s.io/fluxjobs.fluxnetes.io", None),
     ("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
@@ -80,6 +85,8 @@ FORBIDDEN = [
     ("delete", "jobs.batch", None),
     ("update", "deployments.apps", None),
     ("delete", "fluxjobs.fluxnetes.io", None),
+    ("update", "fluxaccounts.fluxnetes.io", None),  # accounts are the users' to write
+    ("patch", "namespaces", None),
     ("update", "customresourcedefinitions.apiextensions.k8s.io/other.example.com", None),
     ("update", "mutatingwebhookconfigurations.admissionregistration.k8s.io/someone-else", None),
     ("list", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
@@ -245,8 +252,9 @@ def test_default_render() -> None:
     assert webhook_svc["spec"]["ports"][0]["port"] == 443
     # helm installs the CRD from crds/ (rendered with --include-crds)
     with_crds = docs(helm_template("--include-crds"))
-    crd = one(with_crds, "CustomResourceDefinition")
+    crd = one(with_crds, "CustomResourceDefinition", "fluxjobs.fluxnetes.io")
     assert crd["metadata"]["name"] == "fluxjobs.fluxnetes.io"
+    assert one(with_crds, "CustomResourceDefinition", "fluxaccounts.fluxnetes.io")["spec"]["scope"] == "Cluster"
 
 
 @needs_helm
@@ -303,6 +311,10 @@ def test_rbac_is_least_privilege() -> None:
     assert one(objs, "Role")["metadata"]["namespace"] == "fluxnetes-system"
     pods = next(r for r in cluster_rules if r["resources"] == ["pods"])
     assert "delete" not in pods["verbs"] and "create" not in pods["verbs"]
+    # only the requeue node-loss policy deletes pods (the survivors of a group that lost a node)
+    requeue = one(docs(helm_template("--set", "scheduler.onNodeLost=requeue")), "ClusterRole")["rules"]
+    pods = next(r for r in requeue if r["resources"] == ["pods"])
+    assert "delete" in pods["verbs"] and "create" not in pods["verbs"]
 
 
 @needs_helm
@@ -423,7 +435,8 @@ def test_dist_is_up_to_date() -> None:
     assert body == fresh, "dist/fluxnetes.yaml is stale: run `bash hack/render-dist.sh`"
     objs = docs(committed)
     assert one(objs, "Namespace")["metadata"]["name"] == "fluxnetes-system"
-    assert one(objs, "CustomResourceDefinition")["metadata"]["name"] == "fluxjobs.fluxnetes.io"
+    assert one(objs, "CustomResourceDefinition", "fluxjobs.fluxnetes.io")["metadata"]["name"] == "fluxjobs.fluxnetes.io"
+    assert one(objs, "CustomResourceDefinition", "fluxaccounts.fluxnetes.io")
 
 
 @needs_helm

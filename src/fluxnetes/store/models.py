@@ -11,6 +11,7 @@ from typing import Any, cast
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -138,8 +139,20 @@ class Event(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
 
 
+class AccountUsage(Base):
+    """Fair share: an account's decayed usage (resource-seconds) as of ``updated_time``
+    (``fluxnetes.queue.usage``), written by the operator, read back after a restart."""
+
+    __tablename__ = "account_usage"
+
+    account: Mapped[str] = mapped_column(String(253), primary_key=True)
+    usage: Mapped[float] = mapped_column(Double)
+    updated_time: Mapped[int] = mapped_column(BigInteger)
+
+
 # the Core tables (bulk statements use them directly: no ORM bookkeeping per row)
 JOBS = cast(Table, Job.__table__)
 ALLOCATIONS = cast(Table, Allocation.__table__)
 ALLOCATION_NODES = cast(Table, AllocationNode.__table__)
 EVENTS = cast(Table, Event.__table__)
+ACCOUNT_USAGE = cast(Table, AccountUsage.__table__)

@@ -6,6 +6,7 @@
     kubectl fluxnetes graph [-f out.json] the current resource graph, as JGF
     kubectl fluxnetes cancel JOB          cancel a job, queued or running
     kubectl fluxnetes submit --dry-run F  would F's work start, and when
+    kubectl fluxnetes accounts            fair share per account (shares, usage, factor)
 
 One module per command, each with ``register(ctl)``; what they share (connection, reading the
 cluster, output) is in ``common.py``. The pure functions (``queue_rows``, ``node_rows``,
@@ -19,7 +20,7 @@ import importlib
 import typer
 
 # modules of fluxnetes.cli.ctl holding one command each, in help order
-COMMANDS: tuple[str, ...] = ("queue", "nodes", "explain", "graph", "cancel", "submit")
+COMMANDS: tuple[str, ...] = ("queue", "nodes", "explain", "graph", "cancel", "submit", "accounts")
 
 
 def build() -> typer.Typer:
