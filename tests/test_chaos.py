@@ -114,6 +114,10 @@ def test_fluxjob_shares_must_match_its_bound_pods() -> None:
     # pods bound for a FluxJob that holds nothing: the graph under-counts the node
     under = {"nodes": [node("n1")], "pods": [pod("p", 2, "n1", annotations=placed("f"))], "fluxjobs": []}
     assert [v.kind for v in observe_over(Checker(share_grace=5), 10, **under)] == ["shares"]
+    # survivors of a group failed by node loss: held by the operator, the FluxJob says Failed
+    failed = {"metadata": {"name": "f", "namespace": "a"}, "spec": {}, "status": {"phase": "Failed"}}
+    assert observe_over(Checker(share_grace=5), 10, nodes=[node("n1")],
+                        pods=[pod("p", 2, "n1", annotations=placed("f"))], fluxjobs=[failed]) == []
     # a resumed Job whose pods the Job controller has not made yet: the share waits for them
     job_fj = running_fluxjob("f", [{"node": "n1", "cores": 4, "gpus": 0, "memory": 2048}])
     job_fj["spec"] = {"size": 2, "workload": {"kind": "Job", "uid": "j1"}}

@@ -288,6 +288,11 @@ class Checker:
         running: set[str] = set()
         awaiting: set[str] = set()  # Running FluxJobs of Jobs whose pods are not all created yet
         created = self._job_pods(snap)
+        # a group failed by node loss keeps its surviving pods' shares in the operator's graph
+        # until they end (or, after a restart, counts them as foreign pods), while its FluxJob
+        # says Failed without shares: its pods are not judged here (overbooked and
+        # refused-placement still judge every pod on every node)
+        failed = {_key(fj) for fj in snap.fluxjobs if (fj.get("status") or {}).get("phase") == "Failed"}
         for fj in snap.fluxjobs:
             st = fj.get("status") or {}
             if st.get("phase") != "Running" or not isinstance(st.get("shares"), list):
@@ -318,7 +323,7 @@ class Checker:
             bound[k] = (c + _cores(cpu), g + gpu, m + -(-mem // MIB))
             pods_of.setdefault(k, []).append(_key(p))
         for k in set(held) | set(bound):
-            if k[1] not in nodes:
+            if k[1] not in nodes or k[0] in failed:
                 continue
             # pods of a FluxJob that is not Running (or has no status yet) hold what they ask
             # while the graph holds nothing for them: graph use below the truth
