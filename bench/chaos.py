@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-cpu", type=int, default=8, help="cpu per node (memory: 4 GiB per cpu)")
     ap.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     ap.add_argument("--arrival", type=float, help="mean seconds between submissions (default 1)")
-    ap.add_argument("--group-grace", type=float, default=10.0,
-                    help="seconds a group may stay partially bound (one cycle + grace)")
+    ap.add_argument("--group-grace", type=float, default=20.0,
+                    help="seconds a group may stay partially bound: a leader killed while it places a "
+                         "gang's pods leaves some placed until the next leader (lease 10 s + start) ends it")
     ap.add_argument("--share-grace", type=float, default=30.0,
                     help="seconds a FluxJob's shares may differ from its bound pods")
     ap.add_argument("--drain", type=float, help="seconds the queue has to drain at the end (default 300)")

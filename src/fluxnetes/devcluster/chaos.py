@@ -567,7 +567,9 @@ class SoakOptions:
     node_cpu: int = 8
     seed: int = 1
     arrival_seconds: float = 1.0  # mean time between submissions
-    group_grace: float = 10.0
+    # a gang's pods are placed one patch each: a leader killed between them leaves the gang
+    # partially placed until the next leader takes over (lease 10 s + its start) and ends it
+    group_grace: float = 20.0
     share_grace: float = 30.0
     drain_seconds: float = 300.0
     warmup_seconds: float = 20.0
