@@ -93,6 +93,12 @@ def suspend_ops(obj: Mapping[str, Any], path: str, value_path: str | None = None
     return ops
 
 
+def count_field(value: object, default: int) -> int:
+    """A replica/parallelism count as the API server stores it (a non-negative int), else
+    ``default`` (absent, or a value the CRD's validation would not let through)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
 def marked_suspended_by_us(obj: Mapping[str, Any]) -> bool:
     meta = obj.get("metadata") or {}
     return (meta.get("annotations") or {}).get(ANN_SUSPENDED_BY) == SUSPENDED_BY_US
@@ -233,3 +239,28 @@ class WorkloadKind:
         operator's cache where labels are not enough). Default: None (such pods are found
         through their controlling owner, as today)."""
         return None
+
+
+class SuspendableKind(WorkloadKind):
+    """A kind with a suspend field of its own (``suspend_path``): fluxnetes holds it there at
+    admission (marked as its own hold) and lets it go with a merge patch setting it False."""
+
+    suspend_path: ClassVar[tuple[str, ...]] = ("spec", "suspend")
+
+    def _suspended(self, obj: Mapping[str, Any]) -> bool:
+        cur: Any = obj
+        for part in self.suspend_path:
+            cur = cur.get(part) if isinstance(cur, Mapping) else None
+        return cur is True
+
+    def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        patch: dict[str, Any] = {self.suspend_path[-1]: False}
+        for part in reversed(self.suspend_path[:-1]):
+            patch = {part: patch}
+        return patch
+
+    def held_by_fluxnetes(self, obj: Mapping[str, Any]) -> bool:
+        return self._suspended(obj) and marked_suspended_by_us(obj)
+
+    def held_by_user(self, obj: Mapping[str, Any]) -> bool:
+        return self._suspended(obj) and not marked_suspended_by_us(obj)

@@ -24,10 +24,10 @@ from fluxnetes.k8s.workloads.base import (
     Lookup,
     PodRoute,
     PodSetSpec,
-    WorkloadKind,
+    SuspendableKind,
     condition_true,
+    count_field,
     gate_template_patch,
-    marked_suspended_by_us,
     suspend_ops,
 )
 
@@ -37,19 +37,16 @@ JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
-def _count(value: object, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
-
 
 def pods_per_job(job_template: Mapping[str, Any]) -> int:
     """Pods one Job runs at once: min(parallelism, completions), as for a plain Job."""
     spec = job_template.get("spec") or {}
-    par = _count(spec.get("parallelism"), 1)
+    par = count_field(spec.get("parallelism"), 1)
     comp = spec.get("completions")
-    return par if comp is None else min(par, _count(comp, par))
+    return par if comp is None else min(par, count_field(comp, par))
 
 
-class JobSetKind(WorkloadKind):
+class JobSetKind(SuspendableKind):
     api_version = "jobset.x-k8s.io/v1alpha2"
     kind = "JobSet"
     plural = "jobsets"
@@ -71,7 +68,7 @@ class JobSetKind(WorkloadKind):
         out = []
         for i, rj in enumerate(self._rjobs(obj)):
             jt = rj.get("template") or {}
-            count = _count(rj.get("replicas"), 1) * pods_per_job(jt)
+            count = count_field(rj.get("replicas"), 1) * pods_per_job(jt)
             if count == 0:
                 continue
             out.append(PodSetSpec(
@@ -91,18 +88,6 @@ class JobSetKind(WorkloadKind):
         if suspend:
             ops.extend(suspend_ops(obj, "/spec/suspend"))
         return ops
-
-    def _suspended(self, obj: Mapping[str, Any]) -> bool:
-        return (obj.get("spec") or {}).get("suspend") is True
-
-    def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        return {"spec": {"suspend": False}}
-
-    def held_by_fluxnetes(self, obj: Mapping[str, Any]) -> bool:
-        return self._suspended(obj) and marked_suspended_by_us(obj)
-
-    def held_by_user(self, obj: Mapping[str, Any]) -> bool:
-        return self._suspended(obj) and not marked_suspended_by_us(obj)
 
     def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
         # its Jobs replace failed pods (backoffLimit) and failurePolicy restarts whole Jobs

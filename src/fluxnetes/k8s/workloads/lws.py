@@ -28,6 +28,7 @@ from fluxnetes.k8s.workloads.base import (
     PodRoute,
     PodSetSpec,
     WorkloadKind,
+    count_field,
     gate_template_patch,
 )
 
@@ -37,9 +38,6 @@ WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 LEADER, WORKER = "leader", "worker"
 _LWT = "/spec/leaderWorkerTemplate"
 
-
-def _count(value: object, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
 class LeaderWorkerSetKind(WorkloadKind):
@@ -60,7 +58,7 @@ class LeaderWorkerSetKind(WorkloadKind):
 
     def group_size(self, obj: Mapping[str, Any]) -> int:
         """Pods per replica: ``leaderWorkerTemplate.size`` (default 1)."""
-        return max(1, _count(self._lwt(obj).get("size"), 1))
+        return max(1, count_field(self._lwt(obj).get("size"), 1))
 
     def pod_sets(self, obj: Mapping[str, Any]) -> list[PodSetSpec]:
         lwt = self._lwt(obj)
@@ -78,7 +76,7 @@ class LeaderWorkerSetKind(WorkloadKind):
         return self.group_size(obj)
 
     def replica_groups(self, obj: Mapping[str, Any]) -> int | None:
-        return _count((obj.get("spec") or {}).get("replicas"), 1)
+        return count_field((obj.get("spec") or {}).get("replicas"), 1)
 
     def mutate(self, obj: Mapping[str, Any], *, suspend: bool = True, hold: str = "gate") -> JsonPatch:
         ops: JsonPatch = []

@@ -25,10 +25,10 @@ from fluxnetes.k8s.workloads.base import (
     Lookup,
     PodRoute,
     PodSetSpec,
-    WorkloadKind,
+    SuspendableKind,
     condition_true,
+    count_field,
     gate_template_patch,
-    marked_suspended_by_us,
     suspend_ops,
 )
 
@@ -39,11 +39,9 @@ OPERATOR_NAME = "training.kubeflow.org/operator-name"
 ROLES = (("Launcher", "launcher"), ("Worker", "worker"))
 
 
-def _int(value: object, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
-
-class MPIJobKind(WorkloadKind):
+class MPIJobKind(SuspendableKind):
+    suspend_path = ("spec", "runPolicy", "suspend")
     api_version = "kubeflow.org/v2beta1"
     kind = "MPIJob"
     plural = "mpijobs"
@@ -65,7 +63,7 @@ class MPIJobKind(WorkloadKind):
             rs = self._specs(obj).get(key)
             if not isinstance(rs, Mapping):
                 continue
-            count = _int(rs.get("replicas"), 1)
+            count = count_field(rs.get("replicas"), 1)
             if count == 0:
                 continue
             out.append(PodSetSpec(role, count, rs.get("template") or {},
@@ -86,18 +84,6 @@ class MPIJobKind(WorkloadKind):
 
     def deadline(self, obj: Mapping[str, Any]) -> object:
         return ((obj.get("spec") or {}).get("runPolicy") or {}).get("activeDeadlineSeconds")
-
-    def _suspended(self, obj: Mapping[str, Any]) -> bool:
-        return ((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend") is True
-
-    def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        return {"spec": {"runPolicy": {"suspend": False}}}
-
-    def held_by_fluxnetes(self, obj: Mapping[str, Any]) -> bool:
-        return self._suspended(obj) and marked_suspended_by_us(obj)
-
-    def held_by_user(self, obj: Mapping[str, Any]) -> bool:
-        return self._suspended(obj) and not marked_suspended_by_us(obj)
 
     def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
         return True  # a failed worker is re-created by the operator (restartPolicy)

@@ -36,9 +36,8 @@ from fluxnetes.k8s.workloads.base import (
     Lookup,
     PodRoute,
     PodSetSpec,
-    WorkloadKind,
+    SuspendableKind,
     condition_true,
-    marked_suspended_by_us,
     suspend_ops,
 )
 from fluxnetes.k8s.workloads.jobset import KIND as JOBSET
@@ -53,7 +52,7 @@ def _controller(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-class TrainJobKind(WorkloadKind):
+class TrainJobKind(SuspendableKind):
     api_version = "trainer.kubeflow.org/v1alpha1"
     kind = "TrainJob"
     plural = "trainjobs"
@@ -94,18 +93,6 @@ class TrainJobKind(WorkloadKind):
     def mutate(self, obj: Mapping[str, Any], *, suspend: bool = True, hold: str = "gate") -> JsonPatch:
         # pods are held by the pod webhook (see the module docstring)
         return suspend_ops(obj, "/spec/suspend") if suspend else []
-
-    def _suspended(self, obj: Mapping[str, Any]) -> bool:
-        return (obj.get("spec") or {}).get("suspend") is True
-
-    def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        return {"spec": {"suspend": False}}
-
-    def held_by_fluxnetes(self, obj: Mapping[str, Any]) -> bool:
-        return self._suspended(obj) and marked_suspended_by_us(obj)
-
-    def held_by_user(self, obj: Mapping[str, Any]) -> bool:
-        return self._suspended(obj) and not marked_suspended_by_us(obj)
 
     def route(self, pod: Mapping[str, Any], lookup: Lookup | None = None) -> PodRoute | None:
         """A pod of the JobSet a TrainJob made: needs that JobSet in ``lookup``."""
