@@ -162,6 +162,11 @@ class Matcher:
     def next_jobid(self) -> int:
         return self._next_jobid
 
+    def reserve_jobid(self, jobid: int) -> None:
+        """Never hand out ``jobid`` (or below): it names a job known elsewhere that could not
+        be recorded here (yet), e.g. an allocation read back after a restart."""
+        self._next_jobid = max(self._next_jobid, jobid + 1)
+
     # ------------------------------------------------------------------ match operations
     def allocate(self, js: Jobspec | str | Mapping[str, Any], *, now: int = 0,
                  jobid: int | None = None) -> MatchResult:
