@@ -1,0 +1,239 @@
+"""A group's allocation from start to release: ``start_group`` records the matcher's answer
+(slots per node, shares held), ``assign`` gives each gated member a slot and ``place`` pins it
+(node affinity + ungate, or a Binding when fluxnetes is the pod's scheduler: k8s/placement.py),
+``resume`` lets a held Job go, ``evict`` restarts a gang (--on-node-lost requeue);
+``release_slot`` / ``release_all`` give shares back (partial_cancel / cancel), ``finish_group``
+and ``cancel_group`` end a group. The crash points of the restart tests are here
+(``FLUXNETES_DEBUG_EXIT_AT``). Owned state: ``_hold_placement``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.k8s import hold, shares
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups import OwnerRef
+from fluxnetes.k8s.kube import JSON_PATCH, PODS, ApiError
+from fluxnetes.k8s.objects import OWNER_RESOURCES, _gated, _meta, _terminal
+from fluxnetes.k8s.placement import binding, place_patch
+from fluxnetes.logging import log_context
+from fluxnetes.metrics import METRICS
+
+# one logger for every part of the state machine: its log lines read as before the split
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+
+class Allocation(Context):
+    """Start, place, resume, evict, release."""
+
+    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        matcher: Any
+        scheduler: Any
+
+        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
+        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
+        def group_record(self, g: Group) -> Any: ...
+        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
+        def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
+        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+
+    def init_allocation(self) -> None:
+        self._hold_placement = False  # debug exit point "fluxjob-running": never place
+
+    async def _exit_once_placed(self, g: Group) -> None:
+        while sum(1 for p in g.members.values() if not _gated(p)) < g.spec.size:
+            g.fj_dirty = False
+            await asyncio.sleep(0.02)
+        self.debug_exit("placed")
+
+    async def _exit_once_written(self, g: Group, point: str) -> None:
+        while g.fj_status.get("phase") != str(g.phase) or g.fj_dirty:
+            await asyncio.sleep(0.05)
+        self.debug_exit(point)
+
+    def start_group(self, g: Group, res: Any) -> None:
+        g.jobid = res.jobid
+        held = shares.from_match(res.nodes)
+        g.held = {s.node: s for s in held}
+        g.alloc = list(held)
+        from fluxnetes.jobspec.pods import cores_for
+
+        g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
+        g.slot_pod = [None] * len(g.slots)
+        g.released = set()
+        g.start = self.now()
+        g.expected_start = None
+        g.recovered = False
+        METRICS.allocations.inc()
+        nodes = ",".join(sorted(set(g.slots)))
+        self.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
+        g.note = ""
+        self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
+        if self.debug_point("allocated", g):
+            self.debug_exit("allocated")  # the store has the allocation; nothing else does
+        if self.debug_point("placed", g):
+            # pods placed, the FluxJob status not written (nor anything after it)
+            g.fj_dirty = False
+            self.spawn(self._exit_once_placed(g))
+        if self.debug_point("fluxjob-running", g):
+            # the FluxJob says Running, no pod placed, the Job not resumed
+            self._hold_placement = True
+            self.spawn(self._exit_once_written(g, "fluxjob-running"))
+            return
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace) or {}
+        if g.kind is not None and g.kind.resume_patch(owner) and g.kind.held_by_fluxnetes(owner):
+            g.resumed = True
+            self.spawn(self.resume(g))
+        self.assign(g)
+
+    def assign(self, g: Group) -> None:
+        """Give every gated member without a slot a free slot, and pin it there."""
+        if g.phase != Phase.RUNNING or not self.reconciled or self._hold_placement:
+            return  # after a restart, wait until every placed pod has claimed its slot again
+        taken = {u for u in g.slot_pod if u}
+        for uid, pod in sorted(g.members.items(), key=lambda kv: _meta(kv[1]).get("name", "")):
+            if uid in taken or not _gated(pod) or _terminal(pod):
+                continue
+            want = g.kind.slot_of(pod) if g.kind else None
+            free = [i for i in range(len(g.slots)) if g.slot_pod[i] is None and i not in g.released]
+            if not free:
+                break
+            slot = want if want in free else free[0]
+            g.slot_pod[slot] = uid
+            taken.add(uid)
+            self.spawn(self.place(g, pod, slot))
+
+    async def place(self, g: Group, pod: dict[str, Any], slot: int) -> None:
+        node = g.slots[slot]
+        m = _meta(pod)
+        try:
+            if hold.gated(pod):  # pin by node affinity and lift the gate in one update
+                patch = place_patch(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
+                if patch is None:
+                    return
+                await self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH)
+            elif hold.is_held(pod):  # fluxnetes is the pod's scheduler: bind it
+                body = binding(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
+                await self.kube.request("POST", PODS.path(m.get("namespace"), m["name"], "binding"), body)
+            else:
+                return
+        except ApiError as exc:
+            METRICS.reconcile_error("placement")
+            with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace, pod=m.get("name"), node=node):
+                log.info("placing %s/%s on %s: %s", m.get("namespace"), m.get("name"), node, exc)
+            return
+        METRICS.allocated_pods.inc()
+        self.event(self.pod_ref(pod), "Normal", "Scheduled",
+                   f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
+
+    async def resume(self, g: Group) -> None:
+        if g.kind is None or g.spec.owner is None:
+            return
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        body = g.kind.resume_patch(owner or {})
+        if body is None:
+            return
+        res = OWNER_RESOURCES[g.kind.kind]
+        try:
+            await self.kube.patch(res, g.spec.owner.name, body, g.spec.namespace)
+        except ApiError as exc:
+            METRICS.reconcile_error("job")
+            with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
+                log.warning("resuming %s: %s", g.qid, exc)
+            return
+        if self.debug_point("resumed", g):
+            self.debug_exit("resumed")  # the Job runs; no FluxJob status says so
+
+    async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
+        assert g.kind is not None and g.spec.owner is not None
+        try:
+            if g.kind.resume_patch({}) is not None:  # Job: suspending deletes its active pods
+                from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY, SUSPENDED_BY_US
+
+                # marked as fluxnetes' own hold, so it is resumed when allocated again
+                body = {"metadata": {"annotations": {ANN_SUSPENDED_BY: SUSPENDED_BY_US}}, "spec": {"suspend": True}}
+                await self.kube.patch(OWNER_RESOURCES[g.kind.kind], g.spec.owner.name, body, g.spec.namespace)
+            else:
+                for pod in list(g.members.values()) if pods is None else pods:
+                    await self.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
+        except ApiError as exc:
+            log.warning("requeue of %s: %s", g.qid, exc)
+
+    def release_slot(self, g: Group, slot: int) -> None:
+        if slot in g.released or slot >= len(g.slots):
+            return
+        node = g.slots[slot]
+        left_on_node = [i for i, n in enumerate(g.slots) if n == node and i not in g.released]
+        held = g.held.get(node)
+        g.released.add(slot)
+        if held is None:
+            return
+        part = held if len(left_on_node) <= 1 else held.split(len(left_on_node))
+        rest = held - part
+        if rest.empty:
+            g.held.pop(node, None)
+            if g.held and self.journal is not None:
+                self.journal.release_nodes(self.group_record(g), [node], self.now(), "its pods ended")
+        else:
+            g.held[node] = rest
+        if not g.held:
+            self.release_all(g)
+        elif not part.empty:
+            METRICS.releases.labels(kind="partial").inc()
+            try:
+                self.matcher.partial_cancel(g.jobid, shares.to_match([part]))
+            except Exception as exc:
+                log.warning("partial release of %s on %s failed: %s", g.qid, node, exc)
+            self.scheduler.invalidate()
+        g.fj_dirty = True
+        self.dirty = True
+
+    def release_all(self, g: Group) -> None:
+        if g.jobid is not None:
+            with contextlib.suppress(Exception):
+                self.matcher.cancel(g.jobid)
+        self.scheduler.running.pop(g.qid, None)
+        self.scheduler.invalidate()
+        g.held.clear()
+        g.released = set(range(len(g.slots)))
+        self.dirty = True
+
+    def finish_group(self, g: Group) -> None:
+        self.release_all(g)
+        g.end = self.now()
+        ok = g.failed_pods == 0
+        complete = False
+        if g.kind is not None:
+            owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+            for c in ((owner or {}).get("status") or {}).get("conditions") or []:
+                if c.get("status") != "True":
+                    continue
+                if c.get("type") in ("Failed", "FailureTarget"):
+                    ok = False
+                elif c.get("type") in ("Complete", "SuccessCriteriaMet"):
+                    complete = True
+        if ok and g.deleted_pods and not complete:
+            # its pods were deleted while they ran: the work was stopped, not finished
+            reason = f"pods deleted: {g.deleted_pods} pod(s) of the group were deleted before they finished"
+            self.set_phase(g, Phase.CANCELLED, reason)
+            self.group_event(g, "Normal", "Cancelled", reason, pods=False)
+            return
+        phase = Phase.COMPLETED if ok else Phase.FAILED
+        self.set_phase(g, phase, "all pods finished" if ok else f"{g.failed_pods} pod(s) failed")
+        self.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
+
+    def cancel_group(self, g: Group, reason: str) -> None:
+        if g.phase == Phase.RUNNING:
+            self.release_all(g)
+        elif g.phase in QUEUED:
+            self.scheduler.withdraw(g.qid)
+        g.end = self.now()
+        self.set_phase(g, Phase.CANCELLED, reason)
+        self.group_event(g, "Normal", "Cancelled", reason, pods=False)
+        self.dirty = True

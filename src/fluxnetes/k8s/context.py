@@ -1,0 +1,69 @@
+"""What every part of the controller shares: the API client, configuration and clock, the
+event queue the informers fill, background tasks, the store journal, the "something changed,
+run a cycle" flag, readiness, and the crash points of the restart tests. Each part
+(groupbook, scaling, mirror, accounting, recovery, allocation, status, scheduling) is a
+``Context`` with its own state and methods; ``Controller`` (controller.py) joins them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.informer import Event
+from fluxnetes.k8s.kube import Kube
+
+if TYPE_CHECKING:
+    from fluxnetes.k8s.groupbook import Group
+
+# one logger for every part of the state machine: its log lines read as before the split
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+# FLUXNETES_DEBUG_EXIT_AT=<point>: the process exits (status 137, like SIGKILL) at that point,
+# so tests can stop the operator deterministically inside a crash window (see start_group)
+DEBUG_EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
+
+
+class Context:
+    """The shared core of the controller's parts (see the module docstring)."""
+
+    def __init__(self, kube: Kube, config: OperatorConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.config, self.clock = kube, config, clock
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.dirty = True
+        self.ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        self.store_ok = True  # False while a configured store cannot be reached (/readyz)
+        self.reconciled = False
+        self.journal: Any = None
+        if config.store:
+            from fluxnetes.k8s.journal import Journal
+
+            self.journal = Journal(config.store)
+
+    # ---------------------------------------------------------------- helpers
+    def now(self) -> int:
+        return int(self.clock())
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---------------------------------------------------------------- crash windows
+    def debug_point(self, point: str, g: Group) -> bool:
+        """Is ``FLUXNETES_DEBUG_EXIT_AT`` set to ``point`` (optionally ``point@namespace/name``)?"""
+        want, _, target = os.environ.get(DEBUG_EXIT_AT, "").partition("@")
+        return want == point and target in ("", g.qid)
+
+    def debug_exit(self, point: str) -> None:
+        log.warning("%s=%s: exiting here on purpose", DEBUG_EXIT_AT, point)
+        if self.journal is not None:
+            self.journal.drain()  # what the store was told is in the store
+        logging.shutdown()
+        os._exit(137)

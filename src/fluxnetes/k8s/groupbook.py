@@ -1,0 +1,401 @@
+"""The group book: which group every managed pod belongs to, and each group's life before
+and after its allocation. A group (``Group``) is one FluxJob: a workload's pods (Job,
+ReplicaSet, StatefulSet, Deployment: its owner, matched by uid), a label group or a single
+pod. Jobs are complete at creation and queue at once; pod-made groups wait Provisional until
+``size`` gated pods exist (``join_group`` / ``add_member``); a pod that goes gives back its
+slot or is replaced (``member_gone``); groups that are over are forgotten (``prune_finished``).
+Owned state: ``groups``, ``member_of`` (pod uid -> group key), ``parked`` (pods waiting for
+their owner to be seen), ``owners`` and ``priority_classes`` (the watched objects groups are
+made from), ``finished`` and ``pruned``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.k8s import names, shares
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groups import (
+    GroupError,
+    GroupSpec,
+    OwnerRef,
+    controller_of,
+    default_priority,
+    duration_of,
+    exclusive_of,
+    explicit_group,
+    group_of_pod,
+    jobspec_of,
+    locality_of,
+    object_name,
+    request_of,
+)
+from fluxnetes.k8s.objects import _meta
+from fluxnetes.k8s.workloads import WorkloadKind, kind_of
+
+# one logger for every part of the state machine: its log lines read as before the split
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+QUEUED = (Phase.PENDING, Phase.RESERVED)
+
+
+@dataclass
+class Group:
+    spec: GroupSpec
+    kind: WorkloadKind | None = None
+    phase: Phase = Phase.PROVISIONAL
+    reason: str = ""
+    jobspec: Any = None
+    submit: int | None = None
+    expected_start: int | None = None
+    start: int | None = None
+    end: int | None = None
+    jobid: Any = None
+    members: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> pod
+    slots: list[str] = field(default_factory=list)  # node of each slot
+    slot_pod: list[str | None] = field(default_factory=list)  # uid in each slot
+    released: set[int] = field(default_factory=set)
+    held: dict[str, shares.Share] = field(default_factory=dict)  # node -> what is still held
+    failed_pods: int = 0
+    deleted_pods: int = 0  # pods deleted before they finished (their shares given back)
+    resumed: bool = False
+    fj_exists: bool = False
+    fj_dirty: bool = True
+    # when the FluxJob first needed a write since the last one (monotonic): writes wait
+    # `status_interval` so that a burst of transitions becomes one write (see flush_fluxjobs)
+    fj_since: float | None = None
+    jobspec_yaml: str | None = None  # the jobspec as text, made once (FluxJob spec, store row)
+    fj_status: dict[str, Any] = field(default_factory=dict)
+    fj_uid: str = ""
+    store_uid: str = ""
+    store_id: int | None = None
+    alloc: list[shares.Share] = field(default_factory=list)  # what it was given when it started
+    note: str = ""  # said again with its next start (e.g. why it was matched again)
+    recovered: bool = False  # its allocation was made before a restart (pods carry older job ids)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.spec.key
+
+    @property
+    def qid(self) -> str:
+        return f"{self.spec.namespace}/{self.spec.name}"
+
+    def ref(self) -> dict[str, str]:
+        return {"apiVersion": f"{names.API_GROUP}/{names.API_VERSION}", "kind": names.FLUXJOB_KIND,
+                "name": self.spec.name, "namespace": self.spec.namespace}
+
+
+class GroupBook(Context):
+    """Pod -> group membership, group specs from workload kinds, pruning."""
+
+    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        _counts_dirty: bool
+        scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
+        scheduler: Any
+        store_only: dict[tuple[str, str], Any]
+
+        def assign(self, g: Group) -> None: ...
+        def base_key(self, g: Group) -> tuple[str, str] | None: ...
+        def cancel_group(self, g: Group, reason: str) -> None: ...
+        @staticmethod
+        def capacity(g: Group) -> int: ...
+        def claim_store_record(self, g: Group) -> None: ...
+        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
+        def family(self, base: tuple[str, str]) -> list[Group]: ...
+        def finish_group(self, g: Group) -> None: ...
+        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
+        def index_scale_group(self, g: Group) -> None: ...
+        def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
+        def release_slot(self, g: Group, slot: int) -> None: ...
+        def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
+        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+
+    def init_groupbook(self) -> None:
+        self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.priority_classes: dict[str, int] = {}
+        self.groups: dict[tuple[str, str], Group] = {}
+        self.member_of: dict[str, tuple[str, str]] = {}
+        self.parked: dict[str, dict[str, Any]] = {}  # pods waiting for their owner to be seen
+        # groups that reached a final phase (candidates for pruning) and counts of pruned ones
+        self.finished: set[tuple[str, str]] = set()
+        self.pruned: dict[str, int] = {}
+
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
+        if ref is None:
+            return None
+        obj = self.owners.get((ref.kind, namespace, ref.name))
+        if obj is not None and ref.uid and _meta(obj).get("uid") not in (None, "", ref.uid):
+            return None  # another object of the same name: the group's own owner is gone
+        return obj
+
+    @staticmethod
+    def same_owner(g: Group, uid: str) -> bool:
+        """Does the workload object ``uid`` own group ``g`` (owners are matched by uid: a Job
+        deleted and created again with the same name is a new workload)?"""
+        o = g.spec.owner
+        return o is None or not o.uid or not uid or o.uid == uid
+
+    def priority_of(self, spec: Mapping[str, Any]) -> int:
+        if isinstance(spec.get("priority"), int):
+            return default_priority(spec)
+        pc = spec.get("priorityClassName")
+        if pc:
+            return self.priority_classes.get(str(pc), 0)
+        return self.priority_classes.get("", 0)  # the globalDefault class, if any
+
+    def make_jobspec(self, g: Group) -> Any:
+        from fluxnetes.jobspec import PodRequest, jobspec_from_pods, parse_jobspec
+
+        if g.spec.jobspec:
+            return parse_jobspec(g.spec.jobspec)
+        r = g.spec.request
+        req = PodRequest(r.cpu_millis, r.memory_bytes, r.gpus, dict(r.extended))
+        return jobspec_from_pods(g.spec.size, req, duration=g.spec.duration, exclusive_nodes=g.spec.exclusive,
+                                 name=g.spec.name[:60], locality=g.spec.locality)
+
+    # ---------------------------------------------------------------- groups
+    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group:
+        g = Group(spec=spec, kind=kind)
+        try:
+            g.jobspec = self.make_jobspec(g)
+        except Exception as exc:
+            g.phase, g.reason = Phase.UNSATISFIABLE, f"invalid jobspec: {exc}"
+            self.finished.add(spec.key)
+            self.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
+        self.groups[spec.key] = g
+        self.index_scale_group(g)
+        return g
+
+    def enqueue(self, g: Group) -> None:
+        if g.phase != Phase.PROVISIONAL:
+            return
+        if self.store_only:
+            self.claim_store_record(g)
+            if g.phase != Phase.PROVISIONAL:
+                return  # allocated before the restart (the store knew): running again
+        g.submit = g.submit or self.now()
+        self.set_phase(g, Phase.PENDING, "queued")
+        self.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued")
+        self.dirty = True
+
+    def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec:
+        meta = _meta(obj)
+        tmpl = kind.template(obj)
+        tmeta, tspec = tmpl.get("metadata") or {}, tmpl.get("spec") or {}
+        ns = meta.get("namespace") or "default"
+        owner = OwnerRef(kind.api_version, kind.kind, meta.get("name", ""), meta.get("uid", ""))
+        ann = {**(tmeta.get("annotations") or {}), **(meta.get("annotations") or {})}
+        merged = {"annotations": ann}
+        return GroupSpec(
+            namespace=ns, name=object_name(f"{kind.kind.lower()}-{meta.get('name', '')}"), size=kind.size(obj),
+            request=request_of(tspec), duration=duration_of(merged, tspec, kind.deadline(obj)),
+            priority=self.priority_of(tspec), owner=owner, jobspec=jobspec_of(merged),
+            exclusive=exclusive_of(merged), labels=dict(tmeta.get("labels") or {}), locality=locality_of(merged),
+        )
+
+    def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None:
+        """Owners are matched by uid: a workload object with an earlier one's name (deleted and
+        created again) is a new workload. The earlier one's groups are over (what they hold is
+        given back) and forgotten, so they never answer for the new one."""
+        for k in [*self.scale_groups.get(gkey, ()), gkey]:
+            old = self.groups.get(k)
+            if old is None:
+                continue
+            if not old.phase.final:
+                self.cancel_group(old, reason)
+            self.drop_group(old)
+
+    def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """The group's workload is over (a Job's Complete/Failed condition). A running group
+        gives everything back; a group not allocated (in this operator's life: its Job ran
+        before a restart, or was resumed by someone else) is never queued again and ends with
+        its workload's outcome."""
+        if g.phase == Phase.RUNNING:
+            self.finish_group(g)
+            return
+        if g.phase in QUEUED:
+            self.scheduler.withdraw(g.qid)
+        failed = kind.failed(obj)
+        g.end = self.now()
+        phase = Phase.FAILED if failed else Phase.COMPLETED
+        self.set_phase(g, phase, f"{kind.kind} {_meta(obj).get('name', '')} "
+                                 f"{'failed' if failed else 'completed'} before this operator allocated it "
+                                 f"(it ran before a restart); nothing is held")
+        self.group_event(g, "Warning" if failed else "Normal", str(phase), g.reason, pods=False)
+        self.dirty = True
+
+    def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """A workload group enters the queue, unless its user holds the workload (a Job created
+        with ``spec.suspend: true``): then it waits, and fluxnetes will not resume it."""
+        if kind.held_by_user(obj):
+            if g.phase in QUEUED:
+                self.scheduler.withdraw(g.qid)
+            reason = (f"{kind.kind} {_meta(obj).get('name', '')} is suspended by its user "
+                      f"(spec.suspend=true): waiting until it is resumed")
+            if g.phase != Phase.PROVISIONAL or g.reason != reason:
+                self.set_phase(g, Phase.PROVISIONAL, reason)
+                g.fj_dirty = True
+                self.group_event(g, "Normal", "SuspendedByUser", reason, pods=False)
+            return
+        if g.phase == Phase.PROVISIONAL:
+            self.enqueue(g)
+
+    # ---------------------------------------------------------------- pruning
+    def prune_finished(self) -> None:
+        """Forget groups that are over: final phase, no pod left, FluxJob status written (it
+        keeps what ``kubectl get fluxjobs`` shows), and no live owner that would bring the
+        group back (an unfinished Job stays, e.g. Unsatisfiable, so it is not queued again)."""
+        if not self.finished or not self.reconciled:
+            return
+        for key in list(self.finished):
+            g = self.groups.get(key)
+            if g is None or not g.phase.final:
+                self.finished.discard(key)
+                continue
+            if g.members or g.fj_dirty or (g.fj_exists and g.fj_status.get("phase") != str(g.phase)):
+                continue
+            if g.kind is not None and g.spec.owner is not None and g.kind.resume_patch({}) is not None:
+                owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+                if owner is not None and not g.kind.finished(owner):
+                    continue
+            self.drop_group(g)
+
+    def drop_group(self, g: Group) -> None:
+        key = g.key
+        self.finished.discard(key)
+        if self.groups.get(key) is g:
+            del self.groups[key]
+        for uid in [*g.members, *(u for u in g.slot_pod if u)]:
+            if self.member_of.get(uid) == key:
+                del self.member_of[uid]
+        if self.scheduler is not None:
+            self.scheduler.withdraw(g.qid)
+            self.scheduler.running.pop(g.qid, None)
+            if getattr(self.scheduler, "profile", None) is not None:
+                with contextlib.suppress(Exception):
+                    self.scheduler.profile.remove(g.qid)
+        base = self.base_key(g)
+        if base is not None and key in self.scale_groups.get(base, ()):
+            self.scale_groups[base].remove(key)
+        if base is not None and not self.scale_groups.get(base, True):
+            del self.scale_groups[base]
+        if self.journal is not None and g.store_uid:
+            self.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
+        self.pruned[str(g.phase)] = self.pruned.get(str(g.phase), 0) + 1
+        self._counts_dirty = True
+
+    def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec:
+        ns = _meta(pod).get("namespace") or "default"
+
+        def owner_size(o: OwnerRef) -> int | None:
+            k = kind_of(o.kind)
+            obj = self.owners.get((o.kind, ns, o.name))
+            return k.size(obj) if k is not None and k.owns_pods and obj is not None else None
+
+        def owner_deadline(o: OwnerRef) -> object:
+            k = kind_of(o.kind)
+            obj = self.owners.get((o.kind, ns, o.name))
+            return k.deadline(obj) if k is not None and obj is not None else None
+
+        return group_of_pod(pod, owner_size=owner_size, owner_deadline=owner_deadline, priority=self.priority_of)
+
+    def join_group(self, uid: str, pod: dict[str, Any]) -> None:
+        meta = _meta(pod)
+        ns = meta.get("namespace") or "default"
+        owner = controller_of(meta)
+        okind = kind_of(owner.kind) if owner else None
+        if owner is not None and okind is not None and okind.owns_pods:
+            if self.owner_obj(owner, ns) is None:  # its owner (this uid) not seen yet
+                self.parked[uid] = pod
+                return
+            gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
+            if okind.resume_patch({}) is not None:
+                if gkey in self.groups and self.same_owner(self.groups[gkey], owner.uid):
+                    # a workload group (Job): pods join by owner
+                    self.add_member(self.groups[gkey], uid, pod)
+                    return
+            elif (gkey in self.groups or gkey in self.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
+                target = self.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
+                if target is not None:
+                    self.add_member(target, uid, pod)
+                    return
+        try:
+            spec = self.pod_group_spec(pod)
+        except GroupError as exc:
+            self.event(self.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
+            return
+        g = self.groups.get(spec.key)
+        if g is None or (g.phase.final and not g.members):
+            kind = kind_of(spec.owner.kind) if spec.owner else None
+            g = self.new_group(spec, kind)
+        self.add_member(g, uid, pod)
+
+    def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
+        self.member_of[uid] = g.key
+        g.members[uid] = pod
+        if g.phase != Phase.RUNNING:
+            # a running group's new pod changes only status.podsSeen: it rides along with the
+            # group's next status write instead of costing one of its own (API server load)
+            g.fj_dirty = True
+        if g.phase == Phase.PROVISIONAL:
+            if len(g.members) >= g.spec.size:
+                self.enqueue(g)
+            else:
+                g.reason = f"waiting for the group: {len(g.members)}/{g.spec.size} pods"
+        elif g.phase == Phase.RUNNING:
+            self.assign(g)
+        elif g.phase == Phase.UNSATISFIABLE:
+            self.event(self.pod_ref(pod), "Warning", "Unsatisfiable", g.reason)
+
+    def member_gone(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
+        self.member_of.pop(uid, None)
+        g.members.pop(uid, None)
+        failed = (pod.get("status") or {}).get("phase") == "Failed"
+        if g.phase in QUEUED or g.phase == Phase.PROVISIONAL:
+            if g.kind is None or g.kind.resume_patch({}) is None:
+                # pod-made group lost a member before it started: wait for it again
+                if g.phase in QUEUED:
+                    self.scheduler.withdraw(g.qid)
+                g.phase = Phase.PROVISIONAL
+                g.reason = f"waiting for the group: {len(g.members)}/{g.spec.size} pods"
+                g.fj_dirty = True
+                if not g.members:
+                    self.cancel_group(g, "all pods of the group were deleted")
+                elif len(g.members) >= g.spec.size:
+                    self.enqueue(g)  # a surplus pod went (e.g. after the workload was resized)
+            return
+        if g.phase != Phase.RUNNING and not g.held:
+            return
+        slot = next((i for i, u in enumerate(g.slot_pod) if u == uid), None)
+        if slot is None:
+            return
+        g.slot_pod[slot] = None
+        if g.phase != Phase.RUNNING:
+            # the group failed (a node was lost) while this pod ran on: its share was kept
+            # for it until now (node_lost)
+            self.release_slot(g, slot)
+            return
+        if failed:
+            g.failed_pods += 1
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        unreleased = len(g.slots) - len(g.released)
+        base = self.base_key(g)
+        if base is not None and g.kind is not None and g.kind.resume_patch({}) is None:
+            unreleased = sum(self.capacity(x) for x in self.family(base))  # with its scale groups
+        replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner)
+                    and (failed or g.kind.replaces_pods(owner)) and unreleased <= g.kind.size(owner))
+        if replaced:
+            self.assign(g)  # its replacement keeps the share
+            return
+        if not failed and (pod.get("status") or {}).get("phase") != "Succeeded" \
+                and (g.kind is None or g.kind.resume_patch({}) is not None):
+            # deleted before it finished, and no scale-down explains it (finish_group)
+            g.deleted_pods += 1
+        self.release_slot(g, slot)
+        if g.phase == Phase.RUNNING and (len(g.released) >= len(g.slots) or not g.held):
+            self.finish_group(g)

@@ -1,0 +1,297 @@
+"""The cluster mirror: Nodes -> the resource graph and matcher (node changes update it in
+place: add_subgraph, set_status, remove_subgraph; a rebuild when allocatable changes), pods
+bound by anyone but fluxnetes (other schedulers, DaemonSets, static pods) summed per node and
+recorded as one allocation per node ("foreign" pods, re-recorded when they change), and node
+loss (``node_lost``: exactly the lost node's shares are given back). Owned state: ``nodes``,
+``node_down``, ``foreign*``, ``matcher`` and the queue's ``scheduler`` (built with it),
+``topologies``, ``node_view`` (the nodes' labels and taints for the pods' node rules)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.k8s import nodefit, shares
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groupbook import Group
+from fluxnetes.k8s.groups import GroupError, request_of
+from fluxnetes.k8s.objects import _gated, _meta, _node_down, _terminal
+from fluxnetes.k8s.placement import assigned_node
+from fluxnetes.k8s.resources import PodResources
+from fluxnetes.metrics import METRICS
+
+# one logger for every part of the state machine: its log lines read as before the split
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+class TimedMatcher:
+    """The matcher as the queue sees it: every match it asks for is timed and its outcome
+    counted (fluxnetes_match_duration_seconds, fluxnetes_match_outcomes_total); everything
+    else goes straight through."""
+
+    def __init__(self, matcher: Any) -> None:
+        self._m = matcher
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._m, name)
+
+    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            res = fn(*args, **kwargs)
+        except Exception:
+            METRICS.match_outcomes.labels(outcome="error").inc()
+            raise
+        finally:
+            METRICS.match_seconds.observe(time.perf_counter() - t0)
+        status = str(getattr(res, "status", "")).rsplit(".", 1)[-1].lower()
+        METRICS.match_outcomes.labels(outcome=status or "unknown").inc()
+        return res
+
+    def allocate(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self._m.allocate, *args, **kwargs)
+
+    def allocate_orelse_reserve(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(self._m.allocate_orelse_reserve, *args, **kwargs)
+
+
+class ClusterMirror(Context):
+    """Nodes and foreign pods -> graph; node loss."""
+
+    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        groups: dict[tuple[str, str], Group]
+        member_of: dict[str, tuple[str, str]]
+
+        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
+        async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
+        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
+        def release_all(self, g: Group) -> None: ...
+        def release_slot(self, g: Group, slot: int) -> None: ...
+        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+
+    def init_mirror(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.node_down: dict[str, bool] = {}
+        self.foreign: dict[str, dict[str, PodResources]] = {}  # node -> uid -> request
+        self.foreign_node: dict[str, str] = {}  # uid -> node
+        self.foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
+        self.foreign_dirty: set[str] = set()
+        self.matcher: Any = None
+        self.scheduler: Any = None
+        # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
+        self.node_view = nodefit.NodeView()
+        from fluxnetes.k8s.topology import Topologies, TopologySource
+
+        self.topologies = Topologies()  # NodeResourceTopology by node (k8s/topology.py)
+        self.topology_source = TopologySource(self.kube, self.queue)
+
+    # ---------------------------------------------------------------- matcher
+    def build_matcher(self) -> None:
+        from fluxnetes.k8s.topology import build_graph
+        from fluxnetes.match.matcher import Matcher
+        from fluxnetes.queue.cycle import Scheduler
+        from fluxnetes.queue.policy import QueuePolicy
+
+        graph, _ = build_graph(list(self.nodes.values()), self.topologies, rack_label=self.config.rack_label)
+        self.matcher = Matcher(graph, policy=self.config.match_policy)
+        self.scheduler = Scheduler(TimedMatcher(self.matcher), QueuePolicy.parse(self.config.policy))
+        self.node_down = {n: _node_down(obj) for n, obj in self.nodes.items()}
+        self.update_node_gauge()
+
+    # ---------------------------------------------------------------- foreign pods
+    def add_foreign(self, uid: str, pod: Mapping[str, Any], node: str) -> None:
+        try:
+            req = request_of(pod.get("spec") or {})
+        except GroupError:
+            req = PodResources()
+        if self.foreign_node.get(uid) == node and self.foreign.get(node, {}).get(uid) == req:
+            return
+        self.remove_foreign(uid)
+        self.foreign.setdefault(node, {})[uid] = req
+        self.foreign_node[uid] = node
+        self.foreign_dirty.add(node)
+        METRICS.foreign_allocations.inc()
+        METRICS.foreign_pods.set(len(self.foreign_node))
+
+    def remove_foreign(self, uid: str) -> None:
+        node = self.foreign_node.pop(uid, None)
+        if node is not None:
+            self.foreign.get(node, {}).pop(uid, None)
+            self.foreign_dirty.add(node)
+            METRICS.foreign_pods.set(len(self.foreign_node))
+
+    def flush_foreign(self) -> None:
+        """Re-record the foreign allocation of every node whose foreign pods changed."""
+        if not self.foreign_dirty or self.matcher is None:
+            return
+        now = self.now()
+        for node in sorted(self.foreign_dirty):
+            old = self.foreign_jobs.pop(node, None)
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    self.matcher.cancel(old)
+            pods = self.foreign.get(node) or {}
+            if not pods or node not in self.nodes:
+                continue
+            share = shares.of_pods(node, pods.values())
+            if share.empty:
+                continue
+            jobid = self.matcher.next_jobid
+            try:
+                self.matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
+                self.foreign_jobs[node] = jobid
+            except Exception as exc:
+                log.warning("foreign pods on %s (%s) could not be recorded: %s", node, share, exc)
+        self.foreign_dirty.clear()
+        self.scheduler.invalidate()
+        self.dirty = True
+
+    # ---------------------------------------------------------------- nodes
+    def on_node(self, etype: str, node: dict[str, Any]) -> None:
+        name = str(_meta(node).get("name", ""))
+        if self.node_view.update(name, None if etype == "DELETED" else node):
+            self.dirty = True  # labels/taints changed: waiting groups are fitted again
+        if etype == "DELETED":
+            self.nodes.pop(name, None)
+            self.node_down.pop(name, None)
+            self.update_node_gauge()
+            if self.matcher is not None:
+                with contextlib.suppress(Exception):
+                    self.matcher.remove_subgraph(name)
+                self.node_lost(name)
+            return
+        old = self.nodes.get(name)
+        self.nodes[name] = node
+        if self.matcher is None:
+            return
+        down = _node_down(node)
+        if old is None:
+            try:
+                from fluxnetes.graph.topology import node_graph
+
+                added = self.matcher.add_subgraph(
+                    node_graph(node, self.topologies.get(name), rack_label=self.config.rack_label)[0])
+                if not any(p.rstrip("/").endswith("/" + name) for p in added):
+                    raise RuntimeError("the node's vertices were not attached")
+            except Exception as exc:
+                log.warning("node %s could not be attached (%s); rebuilding the graph", name, exc)
+                self.rebuild()
+            self.foreign_dirty.add(name)
+        elif self.node_down.get(name) != down:
+            # cordoned / NotReady: nothing new goes there; running pods stay until Kubernetes
+            # evicts them (their deletion releases their share like any ending pod)
+            with contextlib.suppress(Exception):
+                self.matcher.set_status(name, not down)
+        elif (old.get("status") or {}).get("allocatable") != (node.get("status") or {}).get("allocatable"):
+            self.rebuild()
+        self.node_down[name] = down
+        self.update_node_gauge()
+        self.scheduler.invalidate()
+        self.dirty = True
+
+    def on_topology(self, etype: str, obj: dict[str, Any]) -> None:
+        from fluxnetes.k8s.topology import replace_node
+
+        name = str(_meta(obj).get("name", ""))
+        if not self.topologies.update(etype, obj) or name not in self.nodes or self.matcher is None:
+            return
+        res = replace_node(self.matcher, self.nodes[name], self.topologies.get(name), rack_label=self.config.rack_label)
+        for note in res.notes:
+            self.event({"apiVersion": "v1", "kind": "Node", "name": name}, "Warning", "TopologyMismatch", note)
+        if res.lost:  # the node shrank under running work: re-record everything from the groups
+            log.warning("node %s: topology change lost %s; rebuilding the graph", name, res.lost)
+            self.rebuild()
+        self.scheduler.invalidate()
+        self.dirty = True
+
+    def node_lost(self, name: str) -> None:
+        """Node ``name`` is gone (the matcher already dropped its vertices, and with them
+        every job's part there: remove_subgraph). A group that held a share on it loses
+        exactly that share. Under ``--on-node-lost requeue`` a workload's gang restarts
+        whole; otherwise the group fails, and the shares of its surviving pods stay held
+        until those pods end (member_gone gives them back as usual): they still run, and
+        nothing new may be placed on what they use."""
+        what = f"node {name} was removed"
+        for g in list(self.groups.values()):
+            if name not in g.held:
+                continue
+            if g.phase != Phase.RUNNING:
+                self.lose_share(g, name)  # failed earlier, its survivors still hold shares
+                continue
+            if self.config.on_node_lost == "requeue" and g.kind is not None and g.spec.owner is not None:
+                # restart the whole gang: its surviving pods go (a Job is suspended again, the
+                # pods of a ReplicaSet/StatefulSet are deleted and come back gated); until they
+                # are gone they count as foreign pods, so nothing is placed on what they use
+                self.release_all(g)
+                survivors = self.survivors_to_foreign(g)
+                self.spawn(self.evict(g, [*survivors, *g.members.values()]))
+                g.failed_pods = g.deleted_pods = 0  # counted again for the next run
+                g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
+                self.set_phase(g, Phase.PENDING, f"{what}; requeued")
+                self.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
+            else:
+                self.lose_share(g, name)
+                # slots whose pod was never placed hold a share no pod will ever use
+                for slot, uid in enumerate(g.slot_pod):
+                    if uid is None and slot not in g.released:
+                        self.release_slot(g, slot)
+                g.end = self.now()
+                self.set_phase(g, Phase.FAILED, what)
+                self.group_event(g, "Warning", "NodeLost", g.reason)
+
+    def lose_share(self, g: Group, name: str) -> None:
+        """The group's share on lost node ``name`` is gone with the node (and its slots)."""
+        g.held.pop(name, None)
+        g.released.update(i for i, n in enumerate(g.slots) if n == name)
+        if not g.held:
+            self.release_all(g)
+        elif g.jobid is None and all(n in self.nodes for n in g.held):
+            # recovered after a restart with nodes gone: the rest was never recorded
+            g.jobid = self.matcher.next_jobid
+            self.record_group(g)
+        self.scheduler.invalidate()
+        g.fj_dirty = True
+        self.dirty = True
+
+    def survivors_to_foreign(self, g: Group) -> list[dict[str, Any]]:
+        """The group's pods that are placed on a node and still run leave the group and are
+        followed as foreign pods until they are gone (their share then goes back)."""
+        moved = []
+        for uid, pod in list(g.members.items()):
+            node = (pod.get("spec") or {}).get("nodeName") or (None if _gated(pod) else assigned_node(pod))
+            if not node or _terminal(pod):
+                continue
+            del g.members[uid]
+            self.member_of.pop(uid, None)
+            self.add_foreign(uid, pod, str(node))
+            moved.append(pod)
+        return moved
+
+    def rebuild(self) -> None:
+        """Full rebuild (allocatable changed): graph from Nodes, then re-record everything held."""
+        self.build_matcher()
+        self.foreign_jobs.clear()
+        self.foreign_dirty = set(self.foreign)
+        for g in self.groups.values():
+            # a failed group's surviving pods still hold their shares (node_lost)
+            if g.held and g.jobid is not None:
+                self.record_group(g)
+        self.flush_foreign()
+
+    def record_group(self, g: Group) -> None:
+        try:
+            self.matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
+                                         at=g.start or self.now(), duration=g.spec.duration)
+        except Exception as exc:
+            log.error("could not re-record %s (job %s): %s", g.qid, g.jobid, exc)
+
+    def update_node_gauge(self) -> None:
+        down = sum(1 for d in self.node_down.values() if d)
+        METRICS.nodes.labels(status="up").set(len(self.node_down) - down)
+        METRICS.nodes.labels(status="down").set(down)
+
+    def nodes_gone(self, held: Any) -> list[str]:
+        return sorted(n for n in held if n not in self.nodes or self.node_down.get(n, False))

@@ -1,0 +1,73 @@
+"""Reading the objects the controller watches: metadata, held or finished pods, times, down
+nodes; the resource of each workload kind that owns pods; a jobspec as text. Shared by every
+part of the controller (controller.py and the modules it joins)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from fluxnetes.k8s.hold import is_held
+from fluxnetes.k8s.kube import Resource
+from fluxnetes.k8s.workloads import KINDS
+
+OWNER_RESOURCES = {k.kind: Resource(k.api_version, k.plural) for k in KINDS.values() if k.owns_pods}
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _gated(pod: Mapping[str, Any]) -> bool:
+    """Is the pod held for fluxnetes (its gate, or its scheduler name: k8s/hold.py)?"""
+    return is_held(pod)
+
+
+def _terminal(pod: Mapping[str, Any]) -> bool:
+    return bool(_meta(pod).get("deletionTimestamp")) or (pod.get("status") or {}).get("phase") in (
+        "Succeeded", "Failed")
+
+
+def _parse_time(s: object) -> int | None:
+    if not isinstance(s, str) or not s:
+        return None
+    try:
+        return int(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return None
+
+
+def _event_time(obj: Mapping[str, Any], etype: str) -> int | None:
+    """When the change a watch event reports happened (seconds; None if unknown)."""
+    meta = obj.get("metadata") or {}
+    if etype == "ADDED":
+        return _parse_time(meta.get("creationTimestamp"))
+    times = [_parse_time(meta.get("deletionTimestamp"))]
+    times += [_parse_time(c.get("lastTransitionTime")) for c in (obj.get("status") or {}).get("conditions") or []]
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
+def _node_down(node: Mapping[str, Any]) -> bool:
+    from fluxnetes.graph.builders import node_is_down
+
+    return bool(node_is_down(node))
+
+
+def _dump_jobspec(js: Any) -> str:
+    if js is None:
+        return ""
+    for attr in ("to_yaml", "dumps", "to_json"):
+        fn = getattr(js, attr, None)
+        if callable(fn):
+            try:
+                return str(fn())
+            except Exception:
+                continue
+    import yaml
+
+    to_dict = getattr(js, "to_dict", None) or getattr(js, "as_dict", None)
+    if callable(to_dict):
+        return yaml.safe_dump(to_dict(), sort_keys=False)
+    return str(js)

@@ -1,0 +1,479 @@
+"""Recovery after a restart (or a new leader): groups from FluxJobs (``recover``), the store's
+live rows (``recover_store``, rows claimed by groups re-created from their objects), then what
+no record shows, from the cluster itself, before any replayed event
+(``recover_from_cluster``: finished workloads, pods placed for an allocation no record shows:
+``adopt_placed``); once every pod was seen again, ``reconcile`` (vanished pods give back,
+gone nodes, lost resumes) and ``reconcile_store`` (the store follows the cluster). Owned state:
+``store_only`` (live rows no group has claimed yet) and ``store_allocs``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.k8s import names, shares
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of, object_name
+from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
+from fluxnetes.k8s.placement import ANN_SLOT, assigned_node, placed_jobid
+from fluxnetes.k8s.resources import GPU, PodResources
+from fluxnetes.k8s.workloads import WorkloadKind, kind_of
+
+# one logger for every part of the state machine: its log lines read as before the split
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+
+class Recovery(Context):
+    """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
+
+    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        _counts_dirty: bool
+        groups: dict[tuple[str, str], Group]
+        matcher: Any
+        member_of: dict[str, tuple[str, str]]
+        node_down: dict[str, bool]
+        nodes: dict[str, dict[str, Any]]
+        owners: dict[tuple[str, str, str], dict[str, Any]]
+        scheduler: Any
+
+        async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None: ...
+        def assign(self, g: Group) -> None: ...
+        def cancel_group(self, g: Group, reason: str) -> None: ...
+        def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
+        def finish_group(self, g: Group) -> None: ...
+        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
+        def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec: ...
+        def group_record(self, g: Group) -> Any: ...
+        def index_scale_group(self, g: Group) -> None: ...
+        def make_jobspec(self, g: Group) -> Any: ...
+        def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
+        def node_lost(self, name: str) -> None: ...
+        def nodes_gone(self, held: Any) -> list[str]: ...
+        def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
+        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
+        def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
+        def record_group(self, g: Group) -> None: ...
+        def release_all(self, g: Group) -> None: ...
+        def release_slot(self, g: Group, slot: int) -> None: ...
+        async def resume(self, g: Group) -> None: ...
+        @staticmethod
+        def same_owner(g: Group, uid: str) -> bool: ...
+        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+        def shares_of_pods(self, g: Group, pods: list[dict[str, Any]]) -> list[shares.Share]: ...
+        def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
+
+    def init_recovery(self) -> None:
+        # live store rows no group has claimed yet (after a restart): (namespace, name) -> record
+        self.store_only: dict[tuple[str, str], Any] = {}
+        self.store_allocs: dict[int, Any] = {}  # store allocations read at start, by store id
+
+    def resume_if_held(self, g: Group) -> None:
+        """A running group whose workload fluxnetes still holds (the resume was lost in a
+        crash): let it go now."""
+        if g.kind is None or g.spec.owner is None:
+            return
+        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        if owner is not None and g.kind.resume_patch(owner) is not None and g.kind.held_by_fluxnetes(owner):
+            g.resumed = True
+            self.spawn(self.resume(g))
+
+    def requeue_if_nodes_gone(self, g: Group) -> bool:
+        """After a restart: a running group allocated on nodes that are gone. Nothing of it
+        placed yet: it is matched again; otherwise the node-loss policy applies."""
+        gone = [n for n in g.held if n not in self.nodes]
+        if not gone:
+            return False
+        placed = any(not _gated(p) for p in g.members.values())
+        if placed:
+            for n in gone:
+                self.node_lost(n)
+            return g.phase != Phase.RUNNING
+        self.release_all(g)
+        g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
+        g.held, g.alloc = {}, []
+        reason = g.note = (f"its allocation from before the restart is on nodes that are gone "
+                           f"({', '.join(gone)}); matched again")
+        self.set_phase(g, Phase.PENDING, reason)
+        self.group_event(g, "Warning", "Requeued", reason, pods=False)
+        self.dirty = True
+        return True
+
+    def adopt_allocation(self, g: Group, alloc: Any, reason: str) -> bool:
+        """The store recorded an allocation (made before a crash) the cluster does not show
+        yet: the group runs again on exactly those nodes. False (queued again) if one of
+        them is gone or down."""
+        from fluxnetes.jobspec.pods import cores_for
+
+        held = [shares.Share(node=n.name, cores=n.cores, gpus=n.gpus, memory=n.memory, extra=dict(n.extra))
+                for n in alloc.nodes]
+        gone = self.nodes_gone(s.node for s in held)
+        if gone:
+            g.reason = g.note = (f"allocated on {', '.join(sorted(s.node for s in held))} before the restart, "
+                                 f"but {', '.join(gone)} is gone or down; matched again")
+            g.fj_dirty = True
+            self.group_event(g, "Warning", "Requeued", g.reason, pods=False)
+            return False
+        g.phase, g.reason = Phase.RUNNING, reason
+        g.held, g.alloc = {s.node: s for s in held}, held
+        g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
+        g.slot_pod, g.released = [None] * len(g.slots), set()
+        g.start, g.resumed, g.fj_dirty, g.recovered = alloc.at, True, True, True
+        g.expected_start = None
+        g.jobid = self.matcher.next_jobid
+        self.record_group(g)
+        self._counts_dirty = True
+        self.dirty = True
+        self.group_event(g, "Normal", "Recovered",
+                         f"{reason}: job {g.jobid} on {','.join(sorted(set(g.slots)))}", pods=False)
+        return True
+
+    def adopt(self, uid: str, pod: dict[str, Any]) -> bool:
+        """A pod fluxnetes placed (annotation) becomes a member of its group again."""
+        meta = _meta(pod)
+        fj = (meta.get("annotations") or {}).get(names.ANN_FLUXJOB)
+        g = self.groups.get((meta.get("namespace") or "default", fj or ""))
+        if g is None and fj and self.store_only:
+            g = self.group_from_store(pod, (meta.get("namespace") or "default", fj))
+        if g is None or g.phase != Phase.RUNNING:
+            return False
+        jid = placed_jobid(pod)
+        if jid is not None and not g.recovered and jid != str(g.jobid):
+            return False  # placed for an earlier group of the same name (that one is over)
+        owner = controller_of(meta)
+        if owner is not None and g.spec.owner is not None and not self.same_owner(g, owner.uid):
+            return False  # a pod of an earlier workload of the same name
+        try:
+            slot = int((meta.get("annotations") or {}).get(ANN_SLOT, "-1"))
+        except ValueError:
+            slot = -1
+        if slot in g.released:
+            return False  # its slot was given back already: the pod ended before
+        self.member_of[uid] = g.key
+        g.members[uid] = pod
+        if 0 <= slot < len(g.slot_pod) and g.slot_pod[slot] is None:
+            g.slot_pod[slot] = uid
+        return True
+
+    def group_from_store(self, pod: dict[str, Any], key: tuple[str, str]) -> Group | None:
+        """A pod placed before a crash that came before its FluxJob was created: the store row
+        (with the allocation) is all that is left of its group. The group is made again from
+        the pod (or its Job) and takes the row over, so the pod is adopted, not foreign."""
+        if key not in self.store_only:
+            return None
+        owner = controller_of(_meta(pod))
+        okind = kind_of(owner.kind) if owner else None
+        if owner is not None and okind is not None and okind.resume_patch({}) is not None:
+            obj = self.owner_obj(owner, key[0])
+            if obj is not None:
+                self.on_owner(owner.kind, "ADDED", obj)  # a Job: its group comes from the Job
+            return self.groups.get(key)
+        try:
+            spec = self.pod_group_spec(pod)
+        except GroupError:
+            return None
+        if spec.key != key:
+            return None
+        g = self.new_group(spec, kind_of(spec.owner.kind) if spec.owner else None)
+        self.claim_store_record(g)
+        return g
+
+    # ---------------------------------------------------------------- recovery
+    def recover(self, fluxjobs: list[dict[str, Any]]) -> None:
+        """Rebuild groups from FluxJobs (before any pod is looked at)."""
+        for fj in fluxjobs:
+            meta, spec, st = _meta(fj), fj.get("spec") or {}, fj.get("status") or {}
+            try:
+                phase = Phase(st.get("phase", "Provisional"))
+            except ValueError:
+                phase = Phase.PROVISIONAL
+            if phase.final:
+                continue
+            req = dict(spec.get("request") or {})
+            request = PodResources(int(req.pop("cpu", 0)), int(req.pop("memory", 0)), int(req.pop(GPU, 0)),
+                                   {k: int(v) for k, v in req.items()})
+            wl = spec.get("workload")
+            owner = OwnerRef(wl.get("apiVersion", ""), wl.get("kind", ""), wl.get("name", ""), wl.get("uid", "")) if wl else None
+            gs = GroupSpec(namespace=meta.get("namespace", "default"), name=meta.get("name", ""),
+                           size=int(spec.get("size", 1)), request=request, duration=int(spec.get("duration", 0)),
+                           priority=int(spec.get("priority", 0)), owner=owner,
+                           jobspec=None, exclusive=bool(spec.get("exclusive", False)))
+            g = Group(spec=gs, kind=kind_of(owner.kind) if owner else None, phase=phase, reason=st.get("reason", ""))
+            try:
+                from fluxnetes.jobspec import parse_jobspec
+
+                g.jobspec = parse_jobspec(spec.get("jobspec") or "") if spec.get("jobspec") else self.make_jobspec(g)
+            except Exception:
+                g.jobspec = self.make_jobspec(g)
+            # a FluxJob without status (the operator died between its create and its status
+            # write) is written again once the group is reconciled with its workload
+            g.fj_exists, g.fj_dirty, g.fj_status, g.fj_uid = True, not st, st, str(meta.get("uid", ""))
+            g.submit = _parse_time(st.get("submitTime")) or _parse_time(meta.get("creationTimestamp"))
+            g.start = _parse_time(st.get("startTime"))
+            if phase == Phase.RUNNING:
+                g.jobid = st.get("jobid")
+                g.slots = list(st.get("nodes") or [])
+                g.slot_pod = [None] * len(g.slots)
+                g.released = set(int(i) for i in st.get("released") or [])
+                g.held = {s.node: s for s in (shares.Share.from_dict(d) for d in st.get("shares") or [])}
+                g.resumed = g.recovered = True
+                g.alloc = list(g.held.values())
+                if all(n in self.nodes for n in g.held):
+                    self.record_group(g)
+                else:
+                    g.jobid = None  # not recorded: reconcile re-matches or applies the node-loss policy
+            elif phase == Phase.RESERVED:
+                g.phase = Phase.PENDING
+            self.groups[gs.key] = g
+            self.index_scale_group(g)
+
+    def recover_store(self) -> None:
+        """The queue's memory after a restart: live store rows, matched with the groups
+        recovered from FluxJobs. The store gives the queue order (submit time) and allocations
+        whose FluxJob status was not written before the crash; rows no group matches wait in
+        ``store_only`` for their objects (replayed pods and owners) and are cancelled by
+        ``reconcile_store`` if none shows up."""
+        assert self.journal is not None
+        allocs = self.store_allocs = self.journal.allocations()
+        for rec in self.journal.live_jobs():
+            key = (rec.namespace, rec.name)
+            g = self.groups.get(key)
+            if g is None or g.store_id is not None:
+                older = self.store_only.get(key)
+                if older is not None:  # two live rows for one name: the newer one counts
+                    self.journal.cancel(older.id, self.now(), "superseded by a newer submission")
+                self.store_only[key] = rec
+                continue
+            self.adopt_store_record(g, rec, allocs.get(rec.id))
+        log.info("store: %d live jobs read back, %d wait for their objects",
+                 sum(1 for g in self.groups.values() if g.store_id is not None), len(self.store_only))
+
+    def adopt_store_record(self, g: Group, rec: Any, alloc: Any) -> None:
+        g.store_id, g.store_uid = rec.id, rec.uid
+        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
+        g.submit = rec.submit_time  # the queue's order survives the restart
+        if str(rec.state) == "running" and g.phase != Phase.RUNNING and alloc is not None and alloc.nodes:
+            # allocated before the crash, FluxJob status not written yet: the store knows
+            self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
+
+    def claim_store_record(self, g: Group) -> None:
+        """A group re-created from cluster objects takes over its store row (same object)."""
+        rec = self.store_only.get(g.key)
+        if rec is None:
+            return
+        uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
+        if rec.uid != uid and g.spec.owner is not None:
+            return  # another object with the same name: the old row is cancelled at reconcile
+        del self.store_only[g.key]
+        g.store_id, g.store_uid, g.submit = rec.id, rec.uid, rec.submit_time
+        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
+        alloc = self.store_allocs.get(rec.id)
+        if str(rec.state) == "running" and alloc is not None and alloc.nodes and g.phase == Phase.PROVISIONAL:
+            # allocated before the crash, before its FluxJob was even created: the store knows
+            self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
+
+    def reconcile_store(self) -> None:
+        """After the post-restart reconcile: the store follows the cluster."""
+        if self.journal is None:
+            return
+        now = self.now()
+        for g in self.groups.values():
+            if g.phase != Phase.PROVISIONAL:
+                self.journal.record(self.group_record(g), now)
+        for rec in self.store_only.values():
+            self.journal.cancel(rec.id, now, "its objects are gone (found after a restart)")
+        self.store_only.clear()
+        self.store_allocs = {}  # only needed to take rows over during the replay
+
+    # ---------------------------------------------------------------- exact recovery
+    # At start, with every cache complete and before any replayed event: what the records
+    # (FluxJob status, store) do not show is taken from the cluster itself. Pods placed before
+    # the crash for a group no record shows allocated give the allocation back exactly
+    # (their slot annotations and nodes); a finished workload is never queued again and gets
+    # its final FluxJob; afterwards `check_accounting` compares the graph with the bound pods.
+    def recover_from_cluster(self, pods: list[dict[str, Any]], fluxjobs: list[dict[str, Any]]) -> None:
+        final: set[tuple[str, str]] = set()
+        fj_owner: dict[tuple[str, str], str] = {}
+        for fj in fluxjobs:
+            m = _meta(fj)
+            key = (m.get("namespace") or "default", m.get("name", ""))
+            fj_owner[key] = str(((fj.get("spec") or {}).get("workload") or {}).get("uid", ""))
+            with contextlib.suppress(ValueError):
+                if Phase((fj.get("status") or {}).get("phase", "Provisional")).final:
+                    final.add(key)
+        by_owner: dict[str, list[dict[str, Any]]] = {}
+        placed: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for pod in pods:
+            m = _meta(pod)
+            owner = controller_of(m)
+            if owner is not None and owner.uid:
+                by_owner.setdefault(owner.uid, []).append(pod)
+            fjname = str((m.get("annotations") or {}).get(names.ANN_FLUXJOB) or "")
+            if fjname and (m.get("labels") or {}).get(names.LABEL_MANAGED) == "true" and not _gated(pod):
+                placed.setdefault((str(m.get("namespace") or "default"), fjname), []).append(pod)
+        # 1. finished workloads: never queued again; a final FluxJob if they never got one
+        for (kname, ns, name), obj in list(self.owners.items()):
+            kind = kind_of(kname)
+            if kind is None or kind.resume_patch({}) is None or not kind.finished(obj):
+                continue
+            tmpl_labels = (kind.template(obj).get("metadata") or {}).get("labels") or {}
+            if tmpl_labels.get(names.LABEL_MANAGED) != "true":
+                continue  # never admitted by fluxnetes (created while the webhook was away)
+            uid = str(_meta(obj).get("uid", ""))
+            gkey = (ns, object_name(f"{kname.lower()}-{name}"))
+            g = self.groups.get(gkey)
+            if g is not None and self.same_owner(g, uid):
+                if not g.phase.final:
+                    self.workload_finished(g, kind, obj)
+                continue
+            if g is not None:
+                self.drop_earlier_owner(gkey, f"{kname} {name} was deleted (a new one has its name)")
+            if fj_owner.get(gkey) == uid:
+                continue  # its (final) FluxJob exists
+            try:
+                spec = self.group_for_workload(kind, obj)
+            except GroupError:
+                continue
+            g = self.new_group(spec, kind)
+            ran = [p for p in by_owner.get(uid, []) if assigned_node(p)]
+            g.slots = sorted(str(assigned_node(p)) for p in ran)
+            g.alloc = [s for s in self.shares_of_pods(g, ran) if not s.empty]
+            g.released = set(range(len(g.slots)))
+            g.fj_dirty = True
+            st = obj.get("status") or {}
+            g.start = _parse_time(st.get("startTime"))
+            g.submit = _parse_time(_meta(obj).get("creationTimestamp"))
+            if self.store_only:
+                self.claim_store_record(g)
+            self.workload_finished(g, kind, obj)
+            log.info("%s finished while fluxnetes was away: FluxJob recorded as %s", g.qid, g.phase)
+        # 2. groups whose pods were placed but whose allocation no record shows
+        for key, members in sorted(placed.items()):
+            g = self.groups.get(key)
+            if (g is not None and (g.phase == Phase.RUNNING or g.phase.final)) or (g is None and key in final):
+                continue
+            if all(_terminal(p) for p in members):
+                continue  # nothing is held any more
+            if g is None:
+                g = self.group_of_placed(key, members)
+            if g is None or (g.phase != Phase.PROVISIONAL and g.phase not in QUEUED):
+                continue
+            if not self.adopt_placed(g, members):
+                log.warning("%s: pods placed before the restart, its allocation not recorded and not all "
+                            "its slots known; they count as foreign pods and the group is matched again",
+                            g.qid)
+
+    def group_of_placed(self, key: tuple[str, str], pods: list[dict[str, Any]]) -> Group | None:
+        """The group of pods placed before a crash that came before its FluxJob was created."""
+        pod = min(pods, key=lambda p: str(_meta(p).get("name", "")))
+        owner = controller_of(_meta(pod))
+        okind = kind_of(owner.kind) if owner else None
+        kind: WorkloadKind | None
+        try:
+            if owner is not None and okind is not None and okind.resume_patch({}) is not None:
+                obj = self.owner_obj(owner, key[0])
+                if obj is None or okind.finished(obj):
+                    return None
+                spec, kind = self.group_for_workload(okind, obj), okind
+            else:
+                spec = self.pod_group_spec(pod)
+                kind = kind_of(spec.owner.kind) if spec.owner else None
+        except GroupError:
+            return None
+        if spec.key != key or spec.key in self.groups:
+            return self.groups.get(key)
+        g = self.new_group(spec, kind)
+        if self.store_only:
+            self.claim_store_record(g)  # the store may know the allocation (then it is running)
+        return g
+
+    def adopt_placed(self, g: Group, pods: list[dict[str, Any]]) -> bool:
+        """The group's allocation, taken back from its placed pods: each pod's slot annotation
+        and node. Only when every slot is known (a live pod or one that ended), for jobspecs
+        fluxnetes derived itself (not exclusive): the share of each pod is then exact."""
+        if g.spec.exclusive or g.spec.jobspec or g.jobspec is None:
+            return False
+        size = g.spec.size
+        live: dict[int, dict[str, Any]] = {}
+        ended: dict[int, dict[str, Any]] = {}
+        for p in pods:
+            try:
+                slot = int((_meta(p).get("annotations") or {}).get(ANN_SLOT, "-1"))
+            except ValueError:
+                return False
+            if not 0 <= slot < size:
+                return False
+            if _terminal(p):
+                ended.setdefault(slot, p)
+            elif slot in live:
+                return False
+            else:
+                live[slot] = p
+        if not live or set(live) | set(ended) != set(range(size)):
+            return False
+        if any(assigned_node(p) not in self.nodes or self.node_down.get(str(assigned_node(p)), False)
+               for p in live.values()):
+            return False  # a node is gone or down: the node-loss rules apply to foreign pods
+        held = self.shares_of_pods(g, list(live.values()))
+        jobid = self.matcher.next_jobid
+        start = min((_parse_time(_meta(p).get("creationTimestamp")) or self.now()) for p in live.values())
+        try:
+            self.matcher.update_allocate(jobid, shares.to_match(held), at=start, duration=g.spec.duration)
+        except Exception as exc:
+            log.error("%s: its placed pods could not be recorded (%s)", g.qid, exc)
+            return False
+        g.phase, g.reason = Phase.RUNNING, "allocated before the restart (recovered from its placed pods)"
+        g.jobid, g.start, g.expected_start = jobid, start, None
+        g.held, g.alloc = {s.node: s for s in held}, list(held)
+        g.slots = [str(assigned_node(live[i] if i in live else ended[i]) or "") for i in range(size)]
+        g.slot_pod = [None] * size
+        g.released = {i for i in range(size) if i not in live}
+        for slot, p in live.items():
+            uid = str(_meta(p).get("uid", ""))
+            g.slot_pod[slot] = uid
+            g.members[uid] = p
+            self.member_of[uid] = g.key
+        g.resumed = g.recovered = True
+        g.fj_dirty = True
+        self._counts_dirty = self.dirty = True
+        if self.journal is not None:
+            self.journal.record(self.group_record(g), self.now())
+        self.group_event(g, "Normal", "Recovered",
+                         f"{g.reason}: job {g.jobid} on {','.join(sorted(set(g.held)))}", pods=False)
+        log.info("%s: %s (job %s on %s)", g.qid, g.reason, g.jobid, ",".join(sorted(g.held)))
+        return True
+
+    def reconcile(self) -> None:
+        """After a restart, once every pod has been seen again: groups recovered from FluxJobs
+        whose pods vanished while the operator was away give their resources back."""
+        for g in list(self.groups.values()):
+            if g.phase == Phase.RUNNING and self.requeue_if_nodes_gone(g):
+                continue
+            if g.phase == Phase.RUNNING:
+                self.assign(g)
+                self.resume_if_held(g)  # allocated before the crash, resume not sent
+            if g.kind is not None:
+                owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+                if g.spec.owner is not None and owner is None and not g.phase.final:
+                    self.cancel_group(g, f"{g.spec.owner.kind} {g.spec.owner.name} no longer exists")
+                elif owner is not None and not g.phase.final and g.kind.finished(owner):
+                    self.workload_finished(g, g.kind, owner)  # over while the operator was away
+                continue
+            if g.phase == Phase.PROVISIONAL and not g.members and g.fj_exists:
+                self.cancel_group(g, "all pods of the group are gone (found after a restart)")
+            elif g.phase == Phase.RUNNING:
+                for slot, uid in enumerate(g.slot_pod):
+                    if uid is None and slot not in g.released:
+                        self.release_slot(g, slot)
+                if g.phase == Phase.RUNNING and not g.held:
+                    self.finish_group(g)
+            elif g.phase in QUEUED and len(g.members) < g.spec.size:
+                self.scheduler.withdraw(g.qid)
+                if not g.members:
+                    self.cancel_group(g, "all pods of the group were deleted")
+                else:
+                    self.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
+        self.spawn(self.accounting_check())  # logged: the graph's use against the bound pods

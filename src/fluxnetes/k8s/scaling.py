@@ -1,0 +1,197 @@
+"""Scale groups: a ReplicaSet (so a Deployment) or StatefulSet that grows after its group was
+allocated gets a new group "<group>-scale-N" (its own FluxJob) for the added pods, queued and
+matched all-or-nothing like any group while those pods stay gated; the running pods are
+untouched. Growing or shrinking before a group started resizes it. Shrinking gives back the
+removed pods' shares (empty slots at once, the others as the controller deletes the pods),
+counting the base group and its scale groups together (its ``family``). ``route_pod`` decides
+which group of the family a new gated pod joins. Owned state: ``scale_groups`` (base group
+key -> keys of its scale groups)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups import GroupSpec, controller_of, object_name
+from fluxnetes.k8s.objects import _dump_jobspec, _gated, _meta, _terminal
+from fluxnetes.k8s.workloads import WorkloadKind, kind_of
+
+# one logger for every part of the state machine: its log lines read as before the split
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+# the group formed by the pods added when a workload scales up after its group was allocated
+SCALE_SEP = "-scale-"
+
+
+class Scaling(Context):
+    """A workload's family of groups (base + "-scale-N"): rescale, resize, route new pods."""
+
+    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        groups: dict[tuple[str, str], Group]
+        member_of: dict[str, tuple[str, str]]
+        owners: dict[tuple[str, str, str], dict[str, Any]]
+        scheduler: Any
+
+        async def _patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None: ...
+        def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
+        def cancel_group(self, g: Group, reason: str) -> None: ...
+        def enqueue(self, g: Group) -> None: ...
+        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
+        def finish_group(self, g: Group) -> None: ...
+        def join_group(self, uid: str, pod: dict[str, Any]) -> None: ...
+        def make_jobspec(self, g: Group) -> Any: ...
+        def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
+        def release_slot(self, g: Group, slot: int) -> None: ...
+        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+
+    def init_scaling(self) -> None:
+        # scale-up groups of a workload: base group key -> keys of its "-scale-N" groups
+        self.scale_groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+
+    # ---------------------------------------------------------------- scaling
+    # A ReplicaSet (so a Deployment) or StatefulSet whose group was allocated may scale. Up:
+    # the added pods form a new group "<group>-scale-N" of the difference, queued and matched
+    # all-or-nothing like any group (its pods stay gated until then; the running pods are
+    # untouched). Before a group starts, scaling just resizes it. Down: the workload's
+    # controller deletes pods, each gives back its share (or an empty slot is given back at
+    # once), across the base group and its scale groups.
+    def base_key(self, g: Group) -> tuple[str, str] | None:
+        o = g.spec.owner
+        if o is None or kind_of(o.kind) is None:
+            return None
+        return (g.spec.namespace, object_name(f"{o.kind.lower()}-{o.name}"))
+
+    def index_scale_group(self, g: Group) -> None:
+        base = self.base_key(g)
+        if base is not None and g.spec.name.startswith(base[1] + SCALE_SEP):
+            keys = self.scale_groups.setdefault(base, [])
+            if g.key not in keys:
+                keys.append(g.key)
+
+    def family(self, base: tuple[str, str]) -> list[Group]:
+        """The live groups of one workload: its base group, then its scale groups."""
+        out = []
+        for k in (base, *self.scale_groups.get(base, ())):
+            g = self.groups.get(k)
+            if g is not None and not g.phase.final:
+                out.append(g)
+        return out
+
+    @staticmethod
+    def capacity(g: Group) -> int:
+        """Pods the group stands for: unreleased slots once started, its size before."""
+        if g.phase == Phase.RUNNING:
+            return len(g.slots) - len(g.released)
+        return 0 if g.phase.final else g.spec.size
+
+    def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """Follow the workload's replica count (see the comment above)."""
+        fam = self.family(base)
+        if not fam:
+            return  # nothing live: new pods form a new group (join_group)
+        diff = kind.size(obj) - sum(self.capacity(g) for g in fam)
+        # the newest group that has not started yet absorbs the change
+        while diff and fam and fam[-1].phase != Phase.RUNNING and fam[-1].spec.jobspec is None:
+            g = fam[-1]
+            size = g.spec.size + diff
+            if size >= 1:
+                self.resize(g, size)
+                return
+            diff = size
+            fam.pop()
+            strays = list(g.members.items())
+            for uid in g.members:
+                self.member_of.pop(uid, None)
+            g.members.clear()
+            self.cancel_group(g, f"{kind.kind} {_meta(obj).get('name', '')} scaled down before the group started")
+            for uid, pod in strays:
+                self.join_group(uid, pod)
+        if diff > 0 and any(g.phase == Phase.RUNNING for g in fam):
+            self.new_scale_group(base, fam[0], kind, diff)
+        elif diff < 0:
+            # scaled down: give back empty slots now (newest groups first); slots with a pod
+            # are given back when the controller deletes that pod (member_gone)
+            extra = -diff
+            for g in reversed(fam):
+                for slot in range(len(g.slots)):
+                    if extra <= 0 or g.phase != Phase.RUNNING:
+                        break
+                    if g.slot_pod[slot] is None and slot not in g.released:
+                        self.release_slot(g, slot)
+                        extra -= 1
+                if g.phase == Phase.RUNNING and not g.held:
+                    self.finish_group(g)
+
+    def resize(self, g: Group, size: int) -> None:
+        """A group that has not started takes the workload's new size."""
+        if size == g.spec.size:
+            return
+        if g.phase in QUEUED:
+            self.scheduler.withdraw(g.qid)
+            g.phase = Phase.PROVISIONAL  # enqueued again below once complete
+        g.spec = replace(g.spec, size=size)
+        try:
+            g.jobspec = self.make_jobspec(g)
+        except Exception as exc:
+            self.set_phase(g, Phase.UNSATISFIABLE, f"invalid jobspec: {exc}")
+            return
+        g.fj_dirty = True
+        self.dirty = True
+        if g.fj_exists:  # the FluxJob's spec is written once: say the new size there too
+            self.spawn(self._patch_fluxjob_spec(g, {"size": size, "jobspec": _dump_jobspec(g.jobspec)}))
+        if len(g.members) >= size or (g.kind is not None and g.kind.resume_patch({}) is not None):
+            self.enqueue(g)
+        else:
+            g.reason = f"waiting for the group: {len(g.members)}/{size} pods"
+
+    def new_scale_group(self, base: tuple[str, str], like: Group, kind: WorkloadKind, size: int) -> Group:
+        used = {int(k[1].rsplit(SCALE_SEP, 1)[-1]) for k in self.scale_groups.get(base, ())
+                if k[1].rsplit(SCALE_SEP, 1)[-1].isdigit()}
+        n = max(used, default=0) + 1
+        spec = replace(like.spec, name=f"{base[1]}{SCALE_SEP}{n}", size=size)
+        g = self.new_group(spec, kind)
+        g.reason = f"waiting for the group: 0/{size} pods"
+        self.event(like.ref(), "Normal", "ScaledUp",
+                   f"{size} added pod(s) form group {spec.name}, queued all-or-nothing")
+        # pods that arrived before the new replica count was seen wait in a running group
+        # without a slot: they belong to the new group
+        for other in self.family(base):
+            if other.phase != Phase.RUNNING or other is g:
+                continue
+            free = sum(1 for i, u in enumerate(other.slot_pod) if u is None and i not in other.released)
+            strays = [uid for uid, pod in sorted(other.members.items(), key=lambda kv: _meta(kv[1]).get("name", ""))
+                      if uid not in other.slot_pod and _gated(pod) and not _terminal(pod)]
+            for uid in strays[free:]:
+                pod = other.members.pop(uid)
+                if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:
+                    self.add_member(g, uid, pod)
+                else:
+                    other.members[uid] = pod
+        return g
+
+    def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None:
+        """The group a new gated pod of a replicated workload joins (None: a new base group)."""
+        owner = controller_of(_meta(pod))
+        obj = self.owners.get((owner.kind, str(_meta(pod).get("namespace") or "default"), owner.name)) \
+            if owner else None
+        if obj is not None:
+            self.rescale(base, kind, obj)
+        fam = self.family(base)
+        if not fam:
+            return None
+        for g in fam:  # a started group with a free slot: a replacement
+            if g.phase == Phase.RUNNING:
+                free = sum(1 for i, u in enumerate(g.slot_pod) if u is None and i not in g.released)
+                waiting = sum(1 for u, p in g.members.items() if u not in g.slot_pod and _gated(p)
+                              and not _terminal(p))
+                if free > waiting:
+                    return g
+        for g in reversed(fam):  # the group still collecting its pods
+            if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:
+                return g
+        return fam[0]  # more pods than the workload asks for (racing a release): it waits

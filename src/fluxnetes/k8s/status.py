@@ -1,0 +1,267 @@
+"""What a group says about itself: its phase (``set_phase``: log line, metrics, a store
+transition, every phase kept as a FluxJob condition), Kubernetes Events (a token bucket caps
+Normal ones at --event-rate), FluxJob create/status/spec writes (coalesced: a status is
+written once it waited --status-interval, ``fluxjobs_due`` / ``flush_fluxjobs``), the store
+record of a group, and the queue gauge. Owned state: the event bucket, ``_flushing``,
+``_counts_dirty``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.k8s import fluxjob
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groupbook import Group
+from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError
+from fluxnetes.k8s.objects import _dump_jobspec, _meta
+from fluxnetes.logging import log_context
+from fluxnetes.metrics import METRICS
+
+# one logger for every part of the state machine: its log lines read as before the split
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+# Normal Events per second, burst (Warnings are never dropped); --event-rate overrides the rate
+EVENT_RATE, EVENT_BURST = 20.0, 200.0
+
+
+class Status(Context):
+    """Phases, Events, FluxJob writes, store records."""
+
+    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        finished: set[tuple[str, str]]
+        groups: dict[tuple[str, str], Group]
+        pruned: dict[str, int]
+
+    def init_status(self) -> None:
+        self._counts_dirty = True
+        self._flushing = False
+        self._tokens, self._tokens_at, self.events_dropped = float(EVENT_BURST), time.monotonic(), 0
+
+    def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+        # a token bucket (like client-go's event recorder) keeps a burst of thousands of jobs
+        # from flooding the API server; every decision is also in the FluxJob's conditions
+        now = time.monotonic()
+        self._tokens = min(EVENT_BURST, self._tokens + (now - self._tokens_at) * self.config.event_rate)
+        self._tokens_at = now
+        if self._tokens < 1 and etype == "Normal":
+            self.events_dropped += 1
+            return
+        self._tokens -= 1
+        ns = ref.get("namespace") or "default"
+        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{ref.get('name')}.", "namespace": ns},
+            "involvedObject": {k: ref[k] for k in ("apiVersion", "kind", "name", "namespace", "uid") if ref.get(k)},
+            "type": etype, "reason": reason, "message": message[:1024],
+            "source": {"component": "fluxnetes"}, "reportingComponent": "fluxnetes",
+            "reportingInstance": self.config.identity,
+            "firstTimestamp": ts, "lastTimestamp": ts, "eventTime": None, "count": 1,
+        }
+        del body["eventTime"]
+
+        async def post() -> None:
+            try:
+                await self.kube.create(EVENTS, body, ns, background=True)
+            except Exception as exc:
+                log.debug("event not recorded: %r", exc)
+
+        self.spawn(post())
+
+    def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        m = _meta(pod)
+        return {"apiVersion": "v1", "kind": "Pod", "name": m.get("name", ""), "namespace": m.get("namespace", ""),
+                "uid": m.get("uid", "")}
+
+    def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None:
+        self.event(g.ref(), etype, reason, message)
+        if pods:
+            for pod in list(g.members.values())[:50]:
+                self.event(self.pod_ref(pod), etype, reason, message)
+
+    def set_phase(self, g: Group, phase: Phase, reason: str) -> None:
+        if g.phase != phase or g.reason != reason:
+            changed = g.phase != phase
+            before = g.phase
+            if changed:
+                self.keep_condition(g, before, g.reason)
+            g.phase, g.reason = phase, reason
+            g.fj_dirty = True
+            if phase.final:
+                self.finished.add(g.key)
+            self._wake.set()
+            self._counts_dirty = True
+            if changed and before == Phase.RUNNING:
+                METRICS.releases.labels(kind="full").inc()  # the group gave everything back
+            if changed:
+                with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
+                    log.info("%s: %s -> %s: %s", g.qid, before, phase, reason,
+                             extra={"phase": str(phase), "previous": str(before), "reason": reason,
+                                    "size": g.spec.size, "jobid": g.jobid})
+            if changed and self.journal is not None:
+                self.journal.record(self.group_record(g), self.now())
+
+    def keep_condition(self, g: Group, phase: Phase, reason: str) -> None:
+        """The group leaves ``phase``: if no status write showed it yet (status writes are
+        coalesced, so a short job can go Pending -> Running -> Completed between two), its
+        condition is added to the last written status, which the next write builds on
+        (fluxjob.status keeps earlier conditions): every decision stays on the FluxJob."""
+        if phase not in (Phase.PENDING, Phase.RESERVED, Phase.RUNNING):
+            return
+        conds = list(g.fj_status.get("conditions") or [])
+        if g.fj_status.get("phase") == str(phase) or any(
+                c.get("type") == str(phase) and c.get("message") == reason for c in conds):
+            return
+        at = g.start if phase == Phase.RUNNING and g.start else self.now()
+        conds = [c for c in conds if c.get("type") != str(phase)]
+        conds.append({"type": str(phase), "status": "False", "reason": str(phase), "message": reason,
+                      "lastTransitionTime": fluxjob.rfc3339(at)})
+        g.fj_status = {**g.fj_status, "conditions": conds}
+
+    def group_record(self, g: Group) -> Any:
+        """A snapshot of the group for the store (see journal.GroupRecord)."""
+        from fluxnetes.k8s.journal import GroupRecord
+
+        if not g.store_uid:
+            g.store_uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
+        return GroupRecord(
+            namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
+            kind=g.spec.owner.kind if g.spec.owner else "Pod", jobspec=self.jobspec_text(g),
+            size=g.spec.size, duration=g.spec.duration, priority=g.spec.priority, submit=g.submit or self.now(),
+            phase=g.phase, reason=g.reason, start=g.start or 0,
+            shares=tuple(g.held.values()) if g.held else tuple(g.alloc), store_id=g.store_id)
+
+    def jobspec_text(self, g: Group) -> str:
+        # dumped once per group: YAML emitting costs milliseconds, and the text goes into the
+        # FluxJob and into every store row of the group
+        if g.jobspec_yaml is None:
+            g.jobspec_yaml = _dump_jobspec(g.jobspec)
+        return g.jobspec_yaml
+
+    async def _patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None:
+        try:
+            await self.kube.patch(FLUXJOBS, g.spec.name, {"spec": spec}, g.spec.namespace, background=True)
+        except ApiError as exc:
+            log.info("FluxJob %s spec: %s", g.qid, exc)
+
+    # ---------------------------------------------------------------- FluxJob writes
+    def fluxjob_status(self, g: Group) -> dict[str, Any]:
+        return fluxjob.status(
+            g.phase, reason=g.reason, jobid=g.jobid if isinstance(g.jobid, int) else None,
+            submit_time=g.submit, expected_start=g.expected_start if g.phase == Phase.RESERVED else None,
+            start_time=g.start, end_time=g.end, nodes=g.slots, pods_seen=len(g.members), now=self.now(),
+            previous=g.fj_status,
+        ) | ({"shares": [s.as_dict() for s in g.held.values()], "released": sorted(g.released)}
+             if g.phase == Phase.RUNNING else {"shares": None, "released": None})
+
+    async def write_fluxjob(self, g: Group) -> None:
+        st = self.fluxjob_status(g)
+        ns, name = g.spec.namespace, g.spec.name
+        try:
+            if not g.fj_exists:
+                body = fluxjob.manifest(g.spec, jobspec=self.jobspec_text(g),
+                                        match_policy=self.config.match_policy)
+                if g.spec.owner is None and g.spec.size == 1 and len(g.members) == 1:
+                    # a lone pod owns its FluxJob: deleting the pod cleans it up
+                    ref = self.pod_ref(next(iter(g.members.values())))
+                    body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": ref["name"],
+                                                            "uid": ref["uid"], "blockOwnerDeletion": False}]
+                try:
+                    created = await self.kube.create(FLUXJOBS, body, ns, background=True)
+                    g.fj_uid = str(_meta(created).get("uid", ""))
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+                    if not await self.take_over_fluxjob(g, body):
+                        g.fj_dirty = True  # an earlier group's FluxJob is still going away: later
+                        return
+                g.fj_exists = True
+                if self.debug_point("fluxjob-created", g):
+                    self.debug_exit("fluxjob-created")  # the FluxJob exists without any status
+            # the uid precondition: never write this group's status onto another group's FluxJob
+            body_st: dict[str, Any] = {"status": st}
+            if g.fj_uid:
+                body_st["metadata"] = {"uid": g.fj_uid}
+            await self.kube.patch(FLUXJOBS, name, body_st, ns, sub="status", background=True)
+            g.fj_status = st
+        except ApiError as exc:
+            if exc.status in (404, 409):  # gone, or (uid precondition) another group's
+                g.fj_exists, g.fj_uid = False, ""
+                if g.phase.final and exc.status == 404:
+                    return  # its owner is gone and took it along
+            METRICS.reconcile_error("fluxjob")
+            with log_context(job=g.qid, group=g.spec.name, namespace=ns):
+                log.info("FluxJob %s/%s: %s", ns, name, exc)
+            g.fj_dirty = True
+
+    async def take_over_fluxjob(self, g: Group, body: Mapping[str, Any]) -> bool:
+        """Creating the group's FluxJob found one of that name. Its own (same workload uid, or
+        the same group made again after a restart): take it. An earlier workload's (a Job
+        deleted and created again under its name; the garbage collector has not removed its
+        FluxJob yet): delete that one and create ours. False: try again later."""
+        ns, name = g.spec.namespace, g.spec.name
+        cur = await self.kube.get_or_none(FLUXJOBS, name, ns)
+        if cur is not None:
+            theirs = str(((cur.get("spec") or {}).get("workload") or {}).get("uid", ""))
+            ours = g.spec.owner.uid if g.spec.owner else ""
+            if not theirs or not ours or theirs == ours:
+                g.fj_uid = str(_meta(cur).get("uid", ""))
+                return True
+            with contextlib.suppress(ApiError):
+                await self.kube.request("DELETE", FLUXJOBS.path(ns, name),
+                                        {"preconditions": {"uid": _meta(cur).get("uid")}})
+            log.info("FluxJob %s/%s belonged to an earlier %s of that name: replaced", ns, name,
+                     g.spec.owner.kind if g.spec.owner else "object")
+        try:
+            created = await self.kube.create(FLUXJOBS, body, ns, background=True)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return False
+        g.fj_uid = str(_meta(created).get("uid", ""))
+        return True
+
+    async def _flush_once(self) -> None:
+        try:
+            await self.flush_fluxjobs()
+        finally:
+            self._flushing = False
+
+    def fluxjobs_due(self, now: float) -> float | None:
+        """Note when each FluxJob first needed a write; return how long until the earliest is
+        due (0: now; None: nothing to write). A group's status is written once it has waited
+        ``status_interval``: in a burst a group goes Pending, Running and placed within a
+        second, and one status write instead of three or four halves the API server's work
+        per job (each CRD status write costs it about 2 ms of CPU)."""
+        interval = self.config.status_interval
+        wait: float | None = None
+        for g in self.groups.values():
+            if not g.fj_dirty:
+                continue
+            if g.fj_since is None:
+                g.fj_since = now
+            left = max(0.0, g.fj_since + interval - now)
+            wait = left if wait is None else min(wait, left)
+        return wait
+
+    async def flush_fluxjobs(self, now: float | None = None) -> None:
+        cutoff = (time.monotonic() if now is None else now) - self.config.status_interval
+        dirty = [g for g in self.groups.values() if g.fj_dirty and (g.fj_since or 0.0) <= cutoff]
+        for g in dirty:
+            g.fj_dirty, g.fj_since = False, None
+        if dirty:
+            await asyncio.gather(*(self.write_fluxjob(g) for g in dirty))
+
+    def update_queue_gauge(self) -> None:
+        counts: dict[str, int] = dict(self.pruned)  # groups over and forgotten still count
+        for g in self.groups.values():
+            counts[str(g.phase)] = counts.get(str(g.phase), 0) + 1
+        METRICS.set_queue_lengths(counts)
+        self._counts_dirty = False

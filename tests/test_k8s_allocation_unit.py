@@ -1,0 +1,96 @@
+"""Unit level (no cluster): allocation (k8s/allocation.py): a started group's pods get one slot
+each and are pinned to its node (affinity + ungate) or bound (fluxnetes as their scheduler); a
+pod that ends gives back its part of the node's share; the last one ends the group."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.placement import ANN_SLOT
+from test_k8s_prune import RecordingKube, bound, finished, job, make_controller, pod, settle
+
+
+class Recording(RecordingKube):
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches: dict[str, Any] = {}
+        self.bindings: list[dict[str, Any]] = []
+
+    async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None, **kw: Any) -> dict[str, Any]:
+        if res.plural == "pods":
+            self.patches[name] = body
+        return await super().patch(res, name, body, namespace, **kw)
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        if path.endswith("/binding"):
+            self.bindings.append(body)
+        return {}
+
+
+def started(c: Any, pods: list[dict[str, Any]]) -> Any:
+    for p in pods:
+        c.handle(("Pod", "ADDED", p))
+    return c.groups[("ns", "g")]
+
+
+def test_pods_get_one_slot_each_pinned_to_its_node_and_release_their_share() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        kube = c.kube = Recording()
+        pods = [pod(f"g-{i}", labels={names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "2"}) for i in range(2)]
+        g = started(c, pods)
+        await settle(c)
+        assert g.phase == Phase.RUNNING and sorted(u for u in g.slot_pod if u) == ["pod-g-0", "pod-g-1"]
+        for p in pods:
+            ops = kube.patches[p["metadata"]["name"]]
+            slot = g.slot_pod.index(p["metadata"]["uid"])
+            assert {"op": "remove", "path": "/spec/schedulingGates/0"} in ops  # ungated ...
+            affinity = next(o["value"] for o in ops if o["path"] == "/spec/affinity")  # ... and pinned
+            term = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            assert term["matchFields"][0]["values"] == [g.slots[slot]]
+            ann = next(o["value"] for o in ops if o["path"] == "/metadata/annotations")
+            assert ann == {names.ANN_FLUXJOB: "g", ANN_SLOT: str(slot)}
+        before = sum(s.cores for s in g.held.values())
+        c.handle(("Pod", "MODIFIED", finished(bound(pods[0], g.slots[g.slot_pod.index("pod-g-0")]))))
+        assert g.phase == Phase.RUNNING and len(g.released) == 1
+        assert sum(s.cores for s in g.held.values()) == before - 2  # its 2 cpu went back
+        assert sum(n.cores for n in c.matcher.jobs[g.jobid].nodes) == before - 2
+        c.handle(("Pod", "MODIFIED", finished(bound(pods[1], g.slots[g.slot_pod.index("pod-g-1")]))))
+        assert g.phase == Phase.COMPLETED and not g.held and g.jobid not in c.matcher.jobs
+
+    asyncio.run(main())
+
+
+def test_pods_fluxnetes_schedules_are_bound_to_their_slots_node() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        kube = c.kube = Recording()
+        pods = [pod(f"g-{i}", labels={names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "2"}) for i in range(2)]
+        for p in pods:  # held by their scheduler name instead of a gate (--placement bind)
+            del p["spec"]["schedulingGates"]
+            p["spec"]["schedulerName"] = names.SCHEDULER_NAME
+        g = started(c, pods)
+        await settle(c)
+        assert g.phase == Phase.RUNNING and not kube.patches
+        targets = sorted((b["metadata"]["name"], b["target"]["name"]) for b in kube.bindings)
+        assert targets == sorted((f"g-{i}", g.slots[g.slot_pod.index(f"pod-g-{i}")]) for i in range(2))
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_job_gives_everything_back() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        j = job("j", 3)
+        c.handle(("Job", "ADDED", j))
+        await settle(c)
+        g = c.groups[("ns", "job-j")]
+        assert g.phase == Phase.RUNNING and g.jobid in c.matcher.jobs and g.resumed
+        c.handle(("Job", "DELETED", j))
+        assert g.phase == Phase.CANCELLED and g.jobid not in c.matcher.jobs
+        assert not g.held and g.released == set(range(len(g.slots)))
+
+    asyncio.run(main())

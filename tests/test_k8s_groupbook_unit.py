@@ -1,0 +1,86 @@
+"""Unit level (no cluster): the group book (k8s/groupbook.py): pods join their group, a pod-made
+group waits Provisional until it is complete, a pod that goes before the start makes it wait
+again, pods that come before their owner wait for it, a workload made again under its old
+name is a new workload."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.fluxjob import Phase
+from test_k8s_prune import job, make_controller, pod, settle
+
+
+def labelled(name: str) -> dict[str, Any]:
+    return pod(name, labels={names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "3"})
+
+
+def replicaset(name: str, replicas: int) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"rs-{name}"},
+            "spec": {"replicas": replicas,
+                     "template": {"metadata": {"labels": {names.LABEL_MANAGED: "true"}},
+                                  "spec": {"containers": [{"name": "c"}]}}}}
+
+
+def test_a_label_group_waits_until_complete_and_again_when_a_pod_goes() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        pods = [labelled(f"g-{i}") for i in range(3)]
+        c.handle(("Pod", "ADDED", pods[0]))
+        c.handle(("Pod", "ADDED", pods[1]))
+        g = c.groups[("ns", "g")]
+        assert g.phase == Phase.PROVISIONAL and g.reason == "waiting for the group: 2/3 pods"
+        assert c.member_of == {"pod-g-0": ("ns", "g"), "pod-g-1": ("ns", "g")}
+        c.handle(("Pod", "ADDED", pods[2]))
+        assert g.phase == Phase.PENDING and g.submit is not None
+        c.handle(("Pod", "DELETED", pods[2]))  # gone before the group started
+        assert g.phase == Phase.PROVISIONAL and g.reason == "waiting for the group: 2/3 pods"
+        assert "pod-g-2" not in c.member_of
+        for p in pods[:2]:
+            c.handle(("Pod", "DELETED", p))
+        assert g.phase == Phase.CANCELLED and not c.member_of
+        await settle(c)
+
+    asyncio.run(main())
+
+
+def test_pods_before_their_owner_are_parked_then_join_its_group() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        rs = replicaset("web", 2)
+        pods = [pod(f"web-{i}", owner=rs) for i in range(2)]
+        for p in pods:
+            c.handle(("Pod", "ADDED", p))
+        assert set(c.parked) == {"pod-web-0", "pod-web-1"} and not c.groups
+        c.handle(("ReplicaSet", "ADDED", rs))
+        assert not c.parked
+        g = c.groups[("ns", "replicaset-web")]
+        assert set(g.members) == {"pod-web-0", "pod-web-1"} and g.phase == Phase.PENDING
+        assert g.spec.owner is not None and g.spec.owner.uid == "rs-web"
+        await settle(c)
+
+    asyncio.run(main())
+
+
+def test_a_job_made_again_under_its_name_cancels_and_replaces_the_earlier_group() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        old = job("j", 2)
+        c.handle(("Job", "ADDED", old))
+        await settle(c)
+        first = c.groups[("ns", "job-j")]
+        assert first.phase == Phase.RUNNING and first.jobid in c.matcher.jobs
+        new = job("j", 1)
+        new["metadata"]["uid"] = "job-j-again"
+        c.handle(("Job", "ADDED", new))
+        assert first.phase == Phase.CANCELLED and first.jobid not in c.matcher.jobs
+        second = c.groups[("ns", "job-j")]
+        assert second is not first and second.spec.size == 1
+        assert second.spec.owner is not None and second.spec.owner.uid == "job-j-again"
+        c.handle(("Pod", "ADDED", pod("j-old", owner=old)))  # a pod of the earlier Job
+        assert "pod-j-old" not in second.members
+
+    asyncio.run(main())

@@ -1,0 +1,111 @@
+"""Unit level (no cluster): the cluster mirror (k8s/mirror.py) on its own and in the Controller.
+
+The mirror is built alone (``ClusterMirror`` over the shared ``Context``, plus the empty group
+book that node loss looks at): Nodes become the graph, pods bound by anyone else become one
+allocation per node, node loss gives back exactly the lost node's share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groupbook import GroupBook
+from fluxnetes.k8s.mirror import ClusterMirror
+from test_k8s_prune import RecordingKube, bound, job, make_controller, node, pod, settle
+
+
+class Mirror(ClusterMirror, GroupBook):
+    """The mirror and the (empty) group book node loss walks: no queue, no placement."""
+
+
+def mirror(*names: str, cls: type[Mirror] = Mirror) -> Mirror:
+    m = cls(RecordingKube(), OperatorConfig())  # type: ignore[arg-type]
+    m.init_mirror()
+    m.init_groupbook()
+    for n in names:
+        m.nodes[n] = node(n)
+    m.build_matcher()
+    return m
+
+
+def foreign_cores(m: ClusterMirror) -> dict[str, int]:
+    """Cores recorded per node for foreign pods (the matcher's allocations of the mirror)."""
+    out: dict[str, int] = {}
+    for node_name, jobid in m.foreign_jobs.items():
+        rec = m.matcher.jobs[jobid]
+        assert not rec.reserved
+        out[node_name] = sum(s.cores for s in rec.nodes)
+    return out
+
+
+def other(name: str, cpu: str, node_name: str) -> dict[str, Any]:
+    """A pod another scheduler bound (no fluxnetes label)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "kube-system", "uid": f"pod-{name}"},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+            "status": {"phase": "Running"}}
+
+
+def test_foreign_pods_are_one_allocation_per_node_and_follow_moves_and_deletes() -> None:
+    m = mirror("n0", "n1")
+    m.add_foreign("a", other("a", "3", "n0"), "n0")
+    m.add_foreign("b", other("b", "2", "n0"), "n0")
+    m.flush_foreign()
+    assert foreign_cores(m) == {"n0": 5}
+    assert not m.foreign_dirty
+    m.add_foreign("a", other("a", "3", "n0"), "n0")  # seen again unchanged: nothing to record
+    assert not m.foreign_dirty
+    m.add_foreign("b", other("b", "2", "n1"), "n1")  # moved (deleted, made again elsewhere)
+    m.flush_foreign()
+    assert foreign_cores(m) == {"n0": 3, "n1": 2}
+    m.remove_foreign("a")
+    m.remove_foreign("b")
+    m.flush_foreign()
+    assert foreign_cores(m) == {}
+    assert len(m.matcher.jobs) == 0
+
+
+def test_nodes_added_cordoned_and_removed_change_the_graph_in_place() -> None:
+    m = mirror("n0")
+    m.on_node("ADDED", node("n1"))
+    assert set(m.nodes) == {"n0", "n1"} and m.node_down == {"n0": False, "n1": False}
+    m.add_foreign("a", other("a", "4", "n1"), "n1")
+    m.flush_foreign()
+    assert foreign_cores(m) == {"n1": 4}
+    cordoned = node("n1")
+    cordoned["spec"] = {"unschedulable": True}
+    m.on_node("MODIFIED", cordoned)
+    assert m.node_down["n1"] is True
+    m.on_node("DELETED", cordoned)
+    assert "n1" not in m.nodes and "n1" not in m.node_down
+    m.foreign_dirty.add("n1")
+    m.flush_foreign()
+    assert foreign_cores(m) == {}  # a foreign pod on a node that is gone holds nothing
+
+
+def test_node_loss_fails_the_group_and_gives_back_only_the_lost_nodes_share() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        j = job("j", 2)
+        j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "12"  # one per node
+        c.handle(("Job", "ADDED", j))
+        await settle(c)
+        pods = [pod(f"j-{i}", owner=j) for i in range(2)]
+        for p in pods:
+            p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "12"
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "job-j")]
+        assert g.phase == Phase.RUNNING and len(set(g.slots)) == 2
+        for i, p in enumerate(pods):
+            c.handle(("Pod", "MODIFIED", bound(p, g.slots[g.slot_pod.index(f"pod-j-{i}")])))
+        lost, kept = g.slots
+        c.handle(("Node", "DELETED", node(lost)))
+        assert g.phase == Phase.FAILED and "was removed" in g.reason
+        assert set(g.held) == {kept}  # the surviving pod still runs: its share stays held
+        assert c.matcher.jobs[g.jobid].nodes[0].name == kept
+
+    asyncio.run(main())

@@ -1,0 +1,103 @@
+"""Unit level (no cluster): status (k8s/status.py) on its own: the Event rate limit, FluxJob
+write coalescing, and every phase kept as a condition even when writes are coalesced."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.groupbook import Group, GroupBook
+from fluxnetes.k8s.groups import GroupSpec
+from fluxnetes.k8s.resources import PodResources
+from fluxnetes.k8s.status import EVENT_BURST, Status
+from test_k8s_prune import RecordingKube
+
+
+class Events(RecordingKube):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+
+    async def create(self, res: Any, body: Any, namespace: str | None = None, **kw: Any) -> dict[str, Any]:
+        if res.plural == "events":
+            self.events.append(body)
+        return await super().create(res, body, namespace, **kw)
+
+
+class Book(Status, GroupBook):
+    """Status with the group book it writes for (no matcher, no queue)."""
+
+
+def book(**config: Any) -> tuple[Book, Events]:
+    kube = Events()
+    b = Book(kube, OperatorConfig(**config), clock=lambda: 1_000)  # type: ignore[arg-type]
+    b.init_status()
+    b.init_groupbook()
+    return b, kube
+
+
+def group(name: str = "g") -> Group:
+    spec = GroupSpec(namespace="ns", name=name, size=1, request=PodResources(1000, 0, 0, {}), duration=0,
+                     priority=0, owner=None)
+    return Group(spec=spec)
+
+
+async def drain(b: Book) -> None:
+    while b._tasks:
+        await asyncio.gather(*list(b._tasks), return_exceptions=True)
+
+
+def test_normal_events_are_capped_warnings_never_dropped() -> None:
+    async def main() -> None:
+        b, kube = book(event_rate=0)  # no refill: only the burst goes out
+        ref = {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ns", "uid": "u"}
+        for i in range(int(EVENT_BURST) + 10):
+            b.event(ref, "Normal", "Test", f"normal {i}")
+        b.event(ref, "Warning", "Test", "a warning")
+        await drain(b)
+        normal = [e for e in kube.events if e["type"] == "Normal"]
+        assert len(normal) == int(EVENT_BURST) and b.events_dropped == 10
+        warning = [e for e in kube.events if e["type"] == "Warning"]
+        assert len(warning) == 1 and warning[0]["involvedObject"]["uid"] == "u"
+
+    asyncio.run(main())
+
+
+def test_status_writes_wait_the_interval_then_go_out_once() -> None:
+    async def main() -> None:
+        b, kube = book(status_interval=5.0)
+        g = b.groups[("ns", "g")] = group()
+        assert b.fluxjobs_due(100.0) == 5.0  # first needed now: due in 5 s
+        assert b.fluxjobs_due(103.0) == 2.0
+        await b.flush_fluxjobs(now=103.0)
+        assert kube.fluxjob_status == {}  # not due yet
+        assert b.fluxjobs_due(105.0) == 0.0
+        await b.flush_fluxjobs(now=105.0)
+        assert kube.fluxjob_status[("ns", "g")]["phase"] == str(Phase.PROVISIONAL)
+        assert not g.fj_dirty and b.fluxjobs_due(106.0) is None
+
+    asyncio.run(main())
+
+
+def test_a_phase_between_two_writes_stays_a_condition() -> None:
+    async def main() -> None:
+        b, kube = book(status_interval=0.0)
+        g = b.groups[("ns", "g")] = group()
+        b.set_phase(g, Phase.PENDING, "queued")
+        b.fluxjobs_due(0.0)
+        await b.flush_fluxjobs(now=0.0)
+        g.start = 990
+        b.set_phase(g, Phase.RUNNING, "allocated on n0")
+        b.set_phase(g, Phase.COMPLETED, "all pods finished")  # Running was never written
+        assert g.key in b.finished
+        b.fluxjobs_due(1.0)
+        await b.flush_fluxjobs(now=1.0)
+        st = kube.fluxjob_status[("ns", "g")]
+        assert st["phase"] == str(Phase.COMPLETED)
+        running = [c for c in st["conditions"] if c["type"] == str(Phase.RUNNING)]
+        assert len(running) == 1 and running[0]["status"] == "False"
+        assert running[0]["message"] == "allocated on n0"
+
+    asyncio.run(main())
