@@ -270,10 +270,6 @@ def test_short_chaos_soak_never_double_books_nor_runs_twice(short_soak: dict[str
 
 @pytest.mark.k8s
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "issue #11, open: a Deployment scaled up around a leader change (or right after an API "
-    "server restart) can leave its scale group waiting for a pod that joined another group; "
-    "found by this soak (bench/results/chaos_short.json, chaos_10min.json)"))
 def test_short_chaos_soak_finishes_every_workload(short_soak: dict[str, Any]) -> None:
     """Liveness under every fault: every workload submitted finishes, none is lost."""
     assert short_soak["workloads"]["lost"] == 0, soak_summary(short_soak)

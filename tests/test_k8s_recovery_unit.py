@@ -360,3 +360,50 @@ def test_accounting_check_sees_a_leak() -> None:
         assert not res["ok"] and g.slots[0] in res["problems"][0]
 
     asyncio.run(main())
+
+
+def test_a_stale_running_fluxjob_never_takes_the_room_of_live_pods() -> None:
+    """Issue #11's soak: a group ended while its FluxJob status could not be written (the API
+    server was down), and another group's pods now run where it was. After a restart both
+    FluxJobs say Running on the same cores: the live one must be recorded (whatever the list
+    order), the stale one given back, and no job id handed out twice."""
+    from fluxnetes.k8s.names import ANN_FLUXJOB
+
+    def big(j: dict[str, Any]) -> dict[str, Any]:
+        j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+        return j
+
+    share = [{"node": "n0", "cores": 16, "gpus": 0, "memory": 0}]
+
+    def running(jobid: int) -> dict[str, Any]:
+        return {"phase": "Running", "jobid": jobid, "nodes": ["n0"], "shares": share,
+                "startTime": "2026-01-01T00:00:00Z"}
+
+    async def main(live_first: bool) -> None:
+        old, new = big(complete(one_job("old"))), big(resumed(one_job("new")))
+        fjs = [fluxjob("job-old", old, running(1)), fluxjob("job-new", new, running(2))]
+        for fj in fjs:
+            fj["spec"]["request"]["cpu"] = 16000
+        p = placed(big_pod := pod("new-0", owner=new), "n0", 0, 2, "job-new")
+        big_pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+        p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+        assert p["metadata"]["annotations"][ANN_FLUXJOB] == "job-new"
+        kube = Kube()
+        c = controller(kube)
+        for o in (old, new):
+            c.owners[(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])] = o
+        c.recover(fjs, {("ns", "job-new")} if live_first else None)
+        c.recover_from_cluster([p], fjs)
+        c.handle(("Pod", "ADDED", p))
+        for o in (old, new):
+            c.handle((o["kind"], "ADDED", o))
+        c.reconciled = True
+        c.reconcile()
+        await settle(c)
+        assert used(c) == {"n0": 16}
+        assert c.groups[("ns", "job-new")].jobid in c.matcher.jobs
+        assert c.matcher.next_jobid > 2  # job 1 and 2 are never handed out again
+        assert str(c.groups[("ns", "job-old")].phase) == "Completed"
+
+    asyncio.run(main(live_first=True))
+    asyncio.run(main(live_first=False))

@@ -20,7 +20,7 @@ def rs(replicas: int, cpu: str = "16") -> dict[str, Any]:
                                   "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}}}}
 
 
-def rs_pod(i: int) -> dict[str, Any]:
+def rs_pod(i: int | str) -> dict[str, Any]:
     p = pod(f"web-{i}", owner=rs(0))
     p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
     return p
@@ -145,5 +145,181 @@ def test_scale_down_before_the_base_group_started_resizes_it() -> None:
         await settle(c)
         assert str(g.phase) == "Running" and g.spec.size == 3
         assert sorted(kube.placed) == ["web-0", "web-1", "web-2"] and "n0" not in g.held
+
+    asyncio.run(main())
+
+
+def test_scale_group_keeps_its_pods_across_a_restart() -> None:
+    """A restart while a scale group collects its pods (issue #11's soak): the replay lists
+    pods by name, so the scale group's gated pods ("web-a", "web-b") come before the running
+    pods of the base group ("web-y", "web-z") have claimed their slots again. They must end
+    up in the scale group, not wait forever as strays of the base group."""
+    from test_k8s_recovery_unit import Kube, placed, restart
+
+    async def main() -> None:
+        kube = Kube()
+        c = Controller(kube, make_controller()[0].config)  # type: ignore[arg-type]
+        for n in ("n0", "n1", "n2", "n3"):
+            c.nodes[n] = make_controller()[0].nodes[n]
+        c.build_matcher()
+        c.reconciled = True
+        c.handle(("ReplicaSet", "ADDED", rs(2)))
+        running = [rs_pod(i) for i in ("y", "z")]
+        for p in running:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        base = c.groups[BASE]
+        assert str(base.phase) == "Running"
+        c.handle(("ReplicaSet", "MODIFIED", rs(4)))
+        await settle(c)
+        assert str(c.groups[SCALE1].phase) == "Provisional"
+        # the operator dies; the ReplicaSet creates its two new pods, gated
+        slots = {uid: i for i, uid in enumerate(base.slot_pod)}
+        pods = [rs_pod(i) for i in ("a", "b")]  # listed first: names sort before the running ones
+        pods += [placed(p, base.slots[slots[p["metadata"]["uid"]]], slots[p["metadata"]["uid"]],
+                        int(base.jobid or 0), base.spec.name) for p in running]
+        c2 = restart(kube, [rs(4)], list(kube.fluxjobs.values()), pods)
+        await settle(c2)
+        g = c2.groups[SCALE1]
+        assert sorted(p["metadata"]["name"] for p in g.members.values()) == ["web-a", "web-b"]
+        assert str(g.phase) == "Running"
+        assert sorted(held_nodes(c2)) == ["n0", "n1", "n2", "n3"]
+
+    asyncio.run(main())
+
+
+def test_a_scale_down_seen_in_the_replay_gives_back_the_slot_without_a_pod() -> None:
+    """A ReplicaSet scaled down (4 -> 3, one pod deleted) while the operator was away (issue
+    #11's soak). Its replayed ADDED event may come before its pods have claimed their slots
+    again: the slot given back must be the one whose pod is gone, not the first slot."""
+    from test_k8s_recovery_unit import Kube, placed
+
+    async def main() -> None:
+        kube = Kube()
+        c = Controller(kube, make_controller()[0].config)  # type: ignore[arg-type]
+        for n in ("n0", "n1", "n2", "n3"):
+            c.nodes[n] = make_controller()[0].nodes[n]
+        c.build_matcher()
+        c.reconciled = True
+        c.handle(("ReplicaSet", "ADDED", rs(4, cpu="8")))
+        ps = [rs_pod(i) for i in range(4)]
+        for p in ps:
+            p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "8"
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        base = c.groups[BASE]
+        assert str(base.phase) == "Running" and len(set(base.slots)) == 2  # two pods per node
+        slot_of = {uid: i for i, uid in enumerate(base.slot_pod)}
+        live = [placed(p, base.slots[slot_of[p["metadata"]["uid"]]], slot_of[p["metadata"]["uid"]],
+                       int(base.jobid or 0), base.spec.name) for p in ps]
+        gone = live.pop()  # the operator dies; the ReplicaSet goes to 3 and deletes one pod
+        c2 = Controller(kube, c.config)  # type: ignore[arg-type]
+        for n in ("n0", "n1", "n2", "n3"):
+            c2.nodes[n] = c.nodes[n]
+        c2.build_matcher()
+        owner = rs(3, cpu="8")
+        c2.owners[("ReplicaSet", "ns", "web")] = owner
+        c2.recover(list(kube.fluxjobs.values()))
+        c2.recover_from_cluster(live, list(kube.fluxjobs.values()))
+        c2.handle(("ReplicaSet", "ADDED", owner))  # the owner's replay first, then its pods
+        for p in live:
+            c2.handle(("Pod", "ADDED", p))
+        c2.reconciled = True
+        c2.reconcile()
+        await settle(c2)
+        g = c2.groups[BASE]
+        gone_slot = int(gone["metadata"]["annotations"]["fluxnetes.io/slot"])
+        assert g.released == {gone_slot}
+        assert sorted(u for u in g.slot_pod if u) == sorted(p["metadata"]["uid"] for p in live)
+        # what the group holds is exactly what its three bound pods ask, node by node
+        want: dict[str, int] = {}
+        for p in live:
+            want[p["spec"]["nodeName"]] = want.get(p["spec"]["nodeName"], 0) + 8
+        assert {n: s.cores for n, s in g.held.items() if s.cores} == want
+
+    asyncio.run(main())
+
+
+def test_a_scale_group_placed_before_its_fluxjob_existed_is_recovered_from_its_pods() -> None:
+    """The leader allocated a scale group and placed its pods, then died (an API server
+    restart) before the group's FluxJob was created and before the store heard of it (issue
+    #11's soak): the next leader must take the group back from its placed pods, not count
+    them as foreign and wait forever for pods that will never come."""
+    from test_k8s_recovery_unit import Kube, placed, restart
+
+    async def main() -> None:
+        kube = Kube()
+        c = Controller(kube, make_controller()[0].config)  # type: ignore[arg-type]
+        for n in ("n0", "n1", "n2", "n3"):
+            c.nodes[n] = make_controller()[0].nodes[n]
+        c.build_matcher()
+        c.reconciled = True
+        c.handle(("ReplicaSet", "ADDED", rs(2)))
+        ps = [rs_pod(i) for i in range(4)]
+        for p in ps[:2]:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        c.handle(("ReplicaSet", "MODIFIED", rs(4)))
+        for p in ps[2:]:
+            c.handle(("Pod", "ADDED", p))
+        c.run_cycle()  # allocated and placed; no FluxJob write, no store write got out
+        base, scale = c.groups[BASE], c.groups[SCALE1]
+        assert str(scale.phase) == "Running"
+        pods = []
+        for g in (base, scale):
+            for slot, uid in enumerate(g.slot_pod):
+                p = next(x for x in ps if x["metadata"]["uid"] == uid)
+                pods.append(placed(p, g.slots[slot], slot, int(g.jobid or 0), g.spec.name))
+        fjs = [fj for k, fj in kube.fluxjobs.items() if k[1] == BASE[1]]
+        c2 = restart(kube, [rs(4)], fjs, pods)
+        await settle(c2)
+        g = c2.groups[SCALE1]
+        assert str(g.phase) == "Running" and len(g.members) == 2
+        assert not c2.foreign_node  # none of them counted as a foreign pod
+        assert sorted(held_nodes(c2)) == ["n0", "n1", "n2", "n3"]
+        assert SCALE1[1] + "-scale-2" not in {k[1] for k in c2.groups}  # no second scale group
+
+    asyncio.run(main())
+
+
+def test_a_group_the_store_saw_fail_is_not_matched_again_when_its_fluxjob_lags(tmp_path: Any) -> None:
+    """Issue #11's soak: a Deployment's group failed by node loss; its FluxJob status still
+    said Pending (every status write of the old leader was lost with an API server outage)
+    while the store recorded running, then failed. The next leader must end it as the store
+    says: its surviving pod counts as a foreign pod, nothing is matched again for it."""
+    from fluxnetes.k8s.fluxjob import Phase
+    from fluxnetes.k8s.journal import GroupRecord, Journal
+    from fluxnetes.k8s.shares import Share
+    from test_k8s_recovery_unit import Kube, placed, restart
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    j = Journal(url)
+    rec = GroupRecord(namespace="ns", name=BASE[1], uid="rs-web", kind="ReplicaSet", jobspec="", size=2,
+                      duration=0, priority=0, submit=1, phase=Phase.PENDING, reason="queued")
+    share = (Share("n0", 16, 0, 0), Share("n1", 16, 0, 0))
+    j.record(rec, now=1)
+    j.record(GroupRecord(**{**rec.__dict__, "phase": Phase.RUNNING, "reason": "allocated", "start": 2,
+                            "shares": share}), now=2)
+    j.record(GroupRecord(**{**rec.__dict__, "phase": Phase.FAILED, "reason": "node n1 was removed",
+                            "start": 2, "shares": share}), now=3)
+    j.close()
+    fj = {"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob",
+          "metadata": {"name": BASE[1], "namespace": "ns", "uid": "fj-web",
+                       "creationTimestamp": "2026-01-01T00:00:00Z"},
+          "spec": {"size": 2, "duration": 0, "priority": 0, "request": {"cpu": 16000},
+                   "workload": {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs-web"}},
+          "status": {"phase": "Pending", "reason": "queued"}}
+    survivor = placed(rs_pod(0), "n0", 0, 1, BASE[1])
+
+    async def main() -> None:
+        kube = Kube()
+        c = restart(kube, [rs(2)], [fj], [survivor], store=url)
+        await settle(c)
+        g = c.groups[BASE]
+        assert str(g.phase) == "Failed" and "store" in g.reason
+        assert c.foreign_node == {survivor["metadata"]["uid"]: "n0"}
+        assert not any(str(x.phase) in ("Pending", "Reserved", "Running") for x in c.groups.values())
+        if c.journal is not None:
+            c.journal.close()
 
     asyncio.run(main())

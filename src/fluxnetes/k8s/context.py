@@ -44,7 +44,8 @@ class Context:
         if config.store:
             from fluxnetes.k8s.journal import Journal
 
-            self.journal = Journal(config.store)
+            # store writes stop with the leader's fence, as its API writes do (journal.py)
+            self.journal = Journal(config.store, fence=lambda: getattr(self.kube, "fence", None))
 
     # ---------------------------------------------------------------- helpers
     def now(self) -> int:

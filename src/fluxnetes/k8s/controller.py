@@ -70,6 +70,7 @@ from fluxnetes.k8s.informer import Event, Informer
 from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube
 from fluxnetes.k8s.mirror import ClusterMirror, TimedMatcher
 from fluxnetes.k8s.objects import OWNER_RESOURCES, _event_time, _gated, _meta, _terminal
+from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.recovery import Recovery
 from fluxnetes.k8s.scaling import SCALE_SEP, Scaling
 from fluxnetes.k8s.scheduling import Scheduling
@@ -267,7 +268,11 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, Alloca
         self.spawn(self.topology_source.run())
         self.build_matcher()
         fjs = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "FluxJob")
-        self.recover(fjs)
+        pods = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod")
+        live = {(str(_meta(p).get("namespace") or "default"), str((_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB)))
+                for p in pods if (_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB)
+                and assigned_node(p) and not _terminal(p)}
+        self.recover(fjs, live)
         if self.journal is not None:
             self.recover_store()
         # what neither the FluxJobs nor the store recorded, the cluster shows (exact recovery)

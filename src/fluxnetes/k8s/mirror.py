@@ -281,12 +281,16 @@ class ClusterMirror(Context):
                 self.record_group(g)
         self.flush_foreign()
 
-    def record_group(self, g: Group) -> None:
+    def record_group(self, g: Group) -> bool:
         try:
             self.matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
                                          at=g.start or self.now(), duration=g.spec.duration)
+            return True
         except Exception as exc:
+            if isinstance(g.jobid, int):
+                self.matcher.reserve_jobid(g.jobid)  # never given to another group meanwhile
             log.error("could not re-record %s (job %s): %s", g.qid, g.jobid, exc)
+            return False
 
     def update_node_gauge(self) -> None:
         down = sum(1 for d in self.node_down.values() if d)

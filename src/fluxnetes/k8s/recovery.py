@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s import names, shares
@@ -21,6 +22,7 @@ from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of,
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
 from fluxnetes.k8s.placement import ANN_SLOT, assigned_node, placed_jobid
 from fluxnetes.k8s.resources import GPU, PodResources
+from fluxnetes.k8s.scaling import SCALE_SEP
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -39,6 +41,8 @@ class Recovery(Context):
         nodes: dict[str, dict[str, Any]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
         scheduler: Any
+        finished: set[tuple[str, str]]
+        scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
 
         async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None: ...
         def assign(self, g: Group) -> None: ...
@@ -56,7 +60,10 @@ class Recovery(Context):
         def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
-        def record_group(self, g: Group) -> None: ...
+        def record_group(self, g: Group) -> bool: ...
+        def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
+        def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
+        def base_key(self, g: Group) -> tuple[str, str] | None: ...
         def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
         async def resume(self, g: Group) -> None: ...
@@ -70,6 +77,10 @@ class Recovery(Context):
         # live store rows no group has claimed yet (after a restart): (namespace, name) -> record
         self.store_only: dict[tuple[str, str], Any] = {}
         self.store_allocs: dict[int, Any] = {}  # store allocations read at start, by store id
+        # running groups read back whose allocation did not fit the graph when recorded (a
+        # stale FluxJob of a group that ended during the outage held the room): tried again
+        # once reconcile has given back what ended
+        self.unrecorded: list[Group] = []
 
     def resume_if_held(self, g: Group) -> None:
         """A running group whose workload fluxnetes still holds (the resume was lost in a
@@ -182,8 +193,12 @@ class Recovery(Context):
         return g
 
     # ---------------------------------------------------------------- recovery
-    def recover(self, fluxjobs: list[dict[str, Any]]) -> None:
-        """Rebuild groups from FluxJobs (before any pod is looked at)."""
+    def recover(self, fluxjobs: list[dict[str, Any]], live: set[tuple[str, str]] | None = None) -> None:
+        """Rebuild groups from FluxJobs (before any pod is looked at). ``live``: FluxJobs whose
+        placed pods are bound and running: their allocations are recorded first, so a stale
+        Running FluxJob (its group ended while its status could not be written) never takes
+        the room of a group whose pods hold it."""
+        to_record: list[Group] = []
         for fj in fluxjobs:
             meta, spec, st = _meta(fj), fj.get("spec") or {}, fj.get("status") or {}
             try:
@@ -222,13 +237,17 @@ class Recovery(Context):
                 g.resumed = g.recovered = True
                 g.alloc = list(g.held.values())
                 if all(n in self.nodes for n in g.held):
-                    self.record_group(g)
+                    to_record.append(g)
                 else:
                     g.jobid = None  # not recorded: reconcile re-matches or applies the node-loss policy
             elif phase == Phase.RESERVED:
                 g.phase = Phase.PENDING
             self.groups[gs.key] = g
             self.index_scale_group(g)
+        live = live or set()
+        for g in sorted(to_record, key=lambda g: g.key not in live):
+            if not self.record_group(g):
+                self.unrecorded.append(g)
 
     def recover_store(self) -> None:
         """The queue's memory after a restart: live store rows, matched with the groups
@@ -248,8 +267,38 @@ class Recovery(Context):
                 self.store_only[key] = rec
                 continue
             self.adopt_store_record(g, rec, allocs.get(rec.id))
+        self.end_as_stored()
         log.info("store: %d live jobs read back, %d wait for their objects",
                  sum(1 for g in self.groups.values() if g.store_id is not None), len(self.store_only))
+
+    def end_as_stored(self) -> None:
+        """Workload groups read back from FluxJobs that still say they live, while the store
+        saw them end (their last status write was lost with the leader, e.g. during an API
+        server outage): they are over. Their surviving pods, if any (a group failed by node
+        loss), count as foreign pods; nothing is queued or held for them again."""
+        from fluxnetes.k8s.journal import TERMINAL
+
+        for g in list(self.groups.values()):
+            if g.store_id is not None or g.phase.final or not g.fj_exists or g.spec.owner is None:
+                continue
+            rec = self.journal.store.find(g.spec.namespace, g.spec.name, g.spec.owner.uid)
+            if rec is None or str(rec.state) not in TERMINAL:
+                continue
+            if g.jobid is not None and g.jobid in self.matcher.jobs:
+                self.matcher.cancel(g.jobid)
+            if g in self.unrecorded:
+                self.unrecorded.remove(g)
+            g.held, g.alloc, g.jobid = {}, [], None
+            g.slot_pod = [None] * len(g.slots)
+            g.store_id, g.store_uid = rec.id, rec.uid
+            phase = {"completed": Phase.COMPLETED, "failed": Phase.FAILED, "cancelled": Phase.CANCELLED,
+                     "unsatisfiable": Phase.UNSATISFIABLE}[str(rec.state)]
+            g.phase, g.reason = phase, f"{rec.reason} (as the store recorded it before a restart)"
+            g.end = g.end or self.now()
+            g.fj_dirty = True
+            self.finished.add(g.key)
+            log.info("%s: ended before the restart (store: %s); its FluxJob said %s", g.qid, rec.state,
+                     (g.fj_status or {}).get("phase", "nothing"))
 
     def adopt_store_record(self, g: Group, rec: Any, alloc: Any) -> None:
         g.store_id, g.store_uid = rec.id, rec.uid
@@ -383,6 +432,14 @@ class Recovery(Context):
                 kind = kind_of(spec.owner.kind) if spec.owner else None
         except GroupError:
             return None
+        scale_n = key[1][len(spec.name + SCALE_SEP):] if key[1].startswith(spec.name + SCALE_SEP) else ""
+        if spec.key != key and key[0] == spec.namespace and scale_n.isdigit() and spec.owner is not None:
+            # a scale group of a replicated workload (its pods carry the base group's spec):
+            # its size is what its placed pods' slots say (adopt_placed checks they are all known)
+            slots = [_slot_of(p) for p in pods]
+            if None in slots:
+                return None
+            spec = replace(spec, name=key[1], size=1 + max(s for s in slots if s is not None))
         if spec.key != key or spec.key in self.groups:
             return self.groups.get(key)
         g = self.new_group(spec, kind)
@@ -450,6 +507,21 @@ class Recovery(Context):
         """After a restart, once every pod has been seen again: groups recovered from FluxJobs
         whose pods vanished while the operator was away give their resources back."""
         for g in list(self.groups.values()):
+            # replicated workloads scaled down while the operator was away: now that every
+            # pod has claimed its slot again, the slots without a pod are given back
+            if g.phase == Phase.RUNNING and g.kind is not None and g.kind.owns_pods \
+                    and g.kind.resume_patch({}) is None and self.base_key(g) == g.key:
+                owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+                if owner is not None:
+                    self.rescale(g.key, g.kind, owner)
+        for base, keys in list(self.scale_groups.items()):
+            # pods the replay routed before every slot was claimed again: to the group that
+            # still collects its pods (else a scale group waits for pods it already has)
+            for k in [base, *keys]:
+                short = self.groups.get(k)
+                if short is not None and short.phase == Phase.PROVISIONAL and len(short.members) < short.spec.size:
+                    self.take_strays(base, short)
+        for g in list(self.groups.values()):
             if g.phase == Phase.RUNNING and self.requeue_if_nodes_gone(g):
                 continue
             if g.phase == Phase.RUNNING:
@@ -476,4 +548,18 @@ class Recovery(Context):
                     self.cancel_group(g, "all pods of the group were deleted")
                 else:
                     self.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
+        for g in self.unrecorded:
+            # what ended during the outage is given back now: record what could not be before
+            if g.phase == Phase.RUNNING and g.held and g.jobid is not None and g.jobid not in self.matcher.jobs \
+                    and self.record_group(g):
+                log.info("%s: allocation recorded once the groups that ended were given back", g.qid)
+        self.unrecorded.clear()
         self.spawn(self.accounting_check())  # logged: the graph's use against the bound pods
+
+
+def _slot_of(pod: Mapping[str, Any]) -> int | None:
+    """The slot a placed pod's annotation names (None: none, or not a number)."""
+    try:
+        return int((_meta(pod).get("annotations") or {}).get(ANN_SLOT, ""))
+    except ValueError:
+        return None

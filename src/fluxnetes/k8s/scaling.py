@@ -113,9 +113,11 @@ class Scaling(Context):
                 self.join_group(uid, pod)
         if diff > 0 and any(g.phase == Phase.RUNNING for g in fam):
             self.new_scale_group(base, fam[0], kind, diff)
-        elif diff < 0:
+        elif diff < 0 and self.reconciled:
             # scaled down: give back empty slots now (newest groups first); slots with a pod
-            # are given back when the controller deletes that pod (member_gone)
+            # are given back when the controller deletes that pod (member_gone). Not during
+            # the replay after a restart: a slot looks empty until its pod, maybe listed
+            # later, claims it again (reconcile gives back the truly empty ones)
             extra = -diff
             for g in reversed(fam):
                 for slot in range(len(g.slots)):
@@ -160,6 +162,12 @@ class Scaling(Context):
                    f"{size} added pod(s) form group {spec.name}, queued all-or-nothing")
         # pods that arrived before the new replica count was seen wait in a running group
         # without a slot: they belong to the new group
+        self.take_strays(base, g)
+        return g
+
+    def take_strays(self, base: tuple[str, str], g: Group) -> None:
+        """Gated pods of the family waiting in a running group beyond its free slots (they
+        came before the group ``g`` that wants them was known) move to ``g``."""
         for other in self.family(base):
             if other.phase != Phase.RUNNING or other is g:
                 continue
@@ -167,12 +175,9 @@ class Scaling(Context):
             strays = [uid for uid, pod in sorted(other.members.items(), key=lambda kv: _meta(kv[1]).get("name", ""))
                       if uid not in other.slot_pod and _gated(pod) and not _terminal(pod)]
             for uid in strays[free:]:
-                pod = other.members.pop(uid)
-                if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:
-                    self.add_member(g, uid, pod)
-                else:
-                    other.members[uid] = pod
-        return g
+                if g.phase != Phase.PROVISIONAL or len(g.members) >= g.spec.size:
+                    return
+                self.add_member(g, uid, other.members.pop(uid))
 
     def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None:
         """The group a new gated pod of a replicated workload joins (None: a new base group)."""
@@ -185,7 +190,9 @@ class Scaling(Context):
         if not fam:
             return None
         for g in fam:  # a started group with a free slot: a replacement
-            if g.phase == Phase.RUNNING:
+            # (not during the replay after a restart: a recovered group's slots look free
+            # until its placed pods, listed later, have claimed them again)
+            if g.phase == Phase.RUNNING and self.reconciled:
                 free = sum(1 for i, u in enumerate(g.slot_pod) if u is None and i not in g.released)
                 waiting = sum(1 for u, p in g.members.items() if u not in g.slot_pod and _gated(p)
                               and not _terminal(p))
