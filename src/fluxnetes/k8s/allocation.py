@@ -190,7 +190,7 @@ class Allocation(Context):
                 self.matcher.partial_cancel(g.jobid, shares.to_match([part]))
             except Exception as exc:
                 log.warning("partial release of %s on %s failed: %s", g.qid, node, exc)
-            self.scheduler.invalidate()
+            self.scheduler.freed([node])  # wakes only the jobs that could use that node
         g.fj_dirty = True
         self.dirty = True
 
@@ -199,7 +199,7 @@ class Allocation(Context):
             with contextlib.suppress(Exception):
                 self.matcher.cancel(g.jobid)
         self.scheduler.running.pop(g.qid, None)
-        self.scheduler.invalidate()
+        self.scheduler.freed(set(g.slots) or None)  # wakes the jobs that could use these nodes
         g.held.clear()
         g.released = set(range(len(g.slots)))
         self.dirty = True

@@ -94,10 +94,13 @@ class ClusterMirror(Context):
         from fluxnetes.match.matcher import Matcher
         from fluxnetes.queue.cycle import Scheduler
         from fluxnetes.queue.policy import QueuePolicy
+        from fluxnetes.queue.satisfy import node_cores
 
         graph, _ = build_graph(list(self.nodes.values()), self.topologies, rack_label=self.config.rack_label)
         self.matcher = Matcher(graph, policy=self.config.match_policy)
-        self.scheduler = Scheduler(TimedMatcher(self.matcher), QueuePolicy.parse(self.config.policy))
+        # node_cores: a job parked as blocked wakes only when something it could use is freed
+        self.scheduler = Scheduler(TimedMatcher(self.matcher), QueuePolicy.parse(self.config.policy),
+                                   node_cores=node_cores(graph))
         self.node_down = {n: _node_down(obj) for n, obj in self.nodes.items()}
         self.update_node_gauge()
 
@@ -145,8 +148,9 @@ class ClusterMirror(Context):
                 self.foreign_jobs[node] = jobid
             except Exception as exc:
                 log.warning("foreign pods on %s (%s) could not be recorded: %s", node, share, exc)
+        freed = sorted(self.foreign_dirty)
         self.foreign_dirty.clear()
-        self.scheduler.invalidate()
+        self.scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
         self.dirty = True
 
     # ---------------------------------------------------------------- nodes
@@ -189,6 +193,7 @@ class ClusterMirror(Context):
             self.rebuild()
         self.node_down[name] = down
         self.update_node_gauge()
+        self.sync_node_cores()
         self.scheduler.invalidate()
         self.dirty = True
 
@@ -204,8 +209,15 @@ class ClusterMirror(Context):
         if res.lost:  # the node shrank under running work: re-record everything from the groups
             log.warning("node %s: topology change lost %s; rebuilding the graph", name, res.lost)
             self.rebuild()
+        self.sync_node_cores()
         self.scheduler.invalidate()
         self.dirty = True
+
+    def sync_node_cores(self) -> None:
+        """The queue's per-node core counts (its parking wake rule) follow the graph."""
+        from fluxnetes.queue.satisfy import node_cores
+
+        self.scheduler.set_node_cores(node_cores(self.matcher.graph))
 
     def node_lost(self, name: str) -> None:
         """Node ``name`` is gone (the matcher already dropped its vertices, and with them

@@ -11,7 +11,8 @@ jobs (to release them), and skips work whose answer is known (see its docstring)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import heapq
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,9 @@ class CycleResult:
     * ``considered``: jobs looked at (<= queue depth); ``matcher_calls``: calls made;
       ``mode``: ``reset`` (all reservations cancelled first, as qmanager), ``compress``
       (reservations kept unless they can move earlier) or ``incremental`` (only newly
-      arrived jobs walked) - see ``Scheduler``.
+      arrived jobs walked) or ``idle`` (nothing could have changed: the previous answers,
+      no matcher call) - see ``Scheduler``. ``parked`` / ``memo``: questions answered
+      without the matcher (see ``Scheduler``, "Parking").
     """
 
     now: int
@@ -45,6 +48,8 @@ class CycleResult:
     considered: int = 0
     matcher_calls: int = 0
     mode: str = "reset"
+    parked: int = 0  # plain-allocate questions answered BUSY from the park (no matcher call)
+    memo: int = 0  # answered BUSY because the same shape already failed in this walk
 
     @property
     def changed(self) -> bool:
@@ -94,6 +99,135 @@ def _reserved_key(job_id: str) -> tuple[str, str]:
     return ("reserved", job_id)
 
 
+def _slot_cores(resources: Any) -> list[int]:
+    """Cores each slot of ``resources`` holds at least (count.min products below it)."""
+    out: list[int] = []
+    for r in resources or ():
+        if getattr(r, "type", "") == "slot":
+            out.append(_cores_under(getattr(r, "with_", ())))
+        else:
+            out.extend(_slot_cores(getattr(r, "with_", ())))
+    return out
+
+
+def _resources_key(resources: Any) -> Hashable:
+    """The request tree as the matcher reads it (slot labels, which only name the slot,
+    left out: two groups asking the same shape share the key)."""
+    return tuple(
+        (
+            getattr(r, "type", ""),
+            repr(getattr(r, "count", None)),
+            getattr(r, "unit", ""),
+            getattr(r, "exclusive", None),
+            getattr(r, "id", ""),
+            _resources_key(getattr(r, "with_", ())),
+        )
+        for r in resources or ()
+    )
+
+
+def _cores_under(resources: Any) -> int:
+    total = 0
+    for r in resources or ():
+        count = int(getattr(getattr(r, "count", None), "min", 1))
+        if getattr(r, "type", "") == "core":
+            total += count
+        else:
+            total += count * _cores_under(getattr(r, "with_", ()))
+    return total
+
+
+# a planned duration reaching this far means "until released": the matcher plans a job
+# of unknown duration up to its graph horizon (100 years); the tests' fakes say 0
+UNTIL_RELEASED = 3_000_000_000
+
+
+def _until_released(result: Any) -> bool:
+    duration = int(getattr(result, "duration", 0) or 0)
+    return duration <= 0 or int(getattr(result, "at", 0) or 0) + duration >= UNTIL_RELEASED
+
+
+def _signature(result: Any) -> tuple[int, tuple[Any, ...]]:
+    """What a reservation holds: its start and its vertices (or node shares)."""
+    vertices = getattr(result, "vertices", None)
+    if vertices:
+        held: tuple[Any, ...] = tuple((v.uniq_id, v.size) for v in vertices)
+    else:
+        held = tuple(shares_of(result))
+    return int(result.at), held
+
+
+@dataclass
+class _Hints:
+    """What one walk may answer without the matcher (pinned reservations only).
+
+    * ``parked``: jobs the previous cycle found unable to start now (BUSY or reserved); a
+      plain ``allocate`` for one of them is answered BUSY unless ``woken``.
+    * ``freed``: nodes where something was freed since the previous cycle, or where a
+      reservation of that cycle, ahead in this walk, is not held again identically
+      (None: anywhere / unknown: every parked job is woken).
+    * ``woken(job, freed)``: could a freed node hold one slot of this job now?
+    * ``old``: the previous cycle's reservations (their signature and nodes).
+    * ``busy``: request shapes that could not start now earlier in this walk (the walk
+      only adds allocations and reservations, so a later plain ``allocate`` of the same
+      shape is BUSY too).
+
+    * ``forever``: every span in the matcher holds until released (no reservation, no
+      running job with a planned end; the job asked has no duration either). Then the
+      free resources never grow by themselves, so a job that cannot start now finds no
+      later start either: a reservation question for a job known BUSY now is BUSY too.
+
+    Otherwise questions for a reservation (``allocate_orelse_reserve``) are always asked:
+    the matcher's search for a start time is not monotone (a reservation added elsewhere
+    can create the candidate time at which a job that found none before fits), so no
+    answer of it is carried over.
+    """
+
+    parked: dict[str, Hashable]  # job id -> its request shape then
+    freed: set[str] | None
+    woken: Any  # Callable[[QueuedJob, set[str]], bool]
+    shape: Any  # Callable[[QueuedJob], Hashable]
+    old: dict[str, tuple[tuple[int, tuple[Any, ...]], list[str]]] = field(default_factory=dict)
+    busy: set[Hashable] = field(default_factory=set)
+    forever_now: Any = None  # Callable[[], bool]: is the matcher "forever" now? (asked once)
+    forever_known: bool | None = None
+    sat: set[Hashable] = field(default_factory=set)  # shapes known satisfiable (the scheduler's)
+
+    @property
+    def forever(self) -> bool:
+        if self.forever_known is None:
+            self.forever_known = bool(self.forever_now()) if self.forever_now is not None else False
+        return self.forever_known
+
+    def known_busy(self, job: QueuedJob, result: CycleResult, *, reserve: bool = False) -> bool:
+        """Is the answer to a plain ``allocate`` of ``job`` (``reserve``: to
+        ``allocate_orelse_reserve``) surely BUSY?"""
+        if reserve and not (job_duration(job) == 0 and self.shape(job) in self.sat and self.forever):
+            return False  # (an unknown shape may be unsatisfiable: the matcher says so)
+        if self.shape(job) in self.busy:
+            result.memo += 1
+            return True
+        if self.parked.get(job.id) != self.shape(job) or self.freed is None \
+                or self.woken(job, self.freed):
+            return False  # (a job whose request changed is not the job that was parked)
+        result.parked += 1
+        return True
+
+    def answered(self, job: QueuedJob, status: str, answer: Any, *, reserve: bool) -> None:
+        if status == "RESERVED" or (status == "ALLOCATED" and not _until_released(answer)):
+            self.forever_known = False
+        if status == "ALLOCATED" or (status in ("RESERVED", "BUSY") and reserve):
+            self.sat.add(self.shape(job))
+        if status != "ALLOCATED":
+            self.busy.add(self.shape(job))
+        old = self.old.pop(job.id, None)
+        if old is None or self.freed is None:
+            return
+        if status == "RESERVED" and _signature(answer) == old[0]:
+            return  # held again exactly as before: nothing behind it gains room
+        self.freed.update(old[1])
+
+
 @dataclass(frozen=True)
 class CountedReservation:
     """A ``counted``-style reservation: ``cores`` cores from ``at`` for ``duration``,
@@ -108,6 +242,33 @@ class CountedReservation:
     nodes: tuple[Any, ...] = ()
 
 
+def _reserve_forever(
+    matcher: MatcherLike, job: QueuedJob, now: int, hints: _Hints, result: CycleResult
+) -> tuple[Any, str]:
+    """``allocate_orelse_reserve`` when nothing in the matcher ever ends by itself
+    (``_Hints.forever``): no later start exists for a job that cannot start now, so the
+    answer is a plain ``allocate``, and if that is BUSY, the request's satisfiability (asked
+    once per request shape until ``invalidate()``). Same decision, without the matcher's
+    search over candidate times and its satisfiability walk of the whole graph on every
+    failure (about a second at 1,000 nodes: bench/cycle_backlog.py)."""
+    answer = matcher.allocate(job.jobspec, now=now)
+    result.matcher_calls += 1
+    status = status_name(answer)
+    if status != "BUSY" or hints.shape(job) in hints.sat:
+        return answer, status
+    ok, reason = _satisfiable(matcher, job)
+    result.matcher_calls += 1
+    if not ok:
+        return _Unsatisfiable(reason), "UNSATISFIABLE"
+    hints.sat.add(hints.shape(job))
+    return answer, status
+
+
+@dataclass(frozen=True)
+class _Unsatisfiable:
+    reason: str
+
+
 def _walk(
     jobs: Iterable[QueuedJob],
     matcher: MatcherLike,
@@ -118,9 +279,11 @@ def _walk(
     profile: CoreProfile | None,
     keep: dict[str, Any] | None = None,
     satisfiable: set[str] | None = None,
+    hints: _Hints | None = None,
 ) -> None:
     """Walk ``jobs`` in order. ``keep``: reservations still in the matcher from the last
-    cycle (compress mode); each is kept if it cannot move earlier, else re-placed."""
+    cycle (compress mode); each is kept if it cannot move earlier, else re-placed.
+    ``hints``: answers known without the matcher (parked jobs, shapes already BUSY)."""
     limit = policy.reservations
     counted = policy.reservation_style == "counted"
     jobs_iter: Iterator[QueuedJob] = iter(jobs)
@@ -197,13 +360,21 @@ def _walk(
                         result.matcher_calls += 1
                         answer = CountedReservation(int(answer.at), duration, cores)
         elif reserve:
-            answer = matcher.allocate_orelse_reserve(job.jobspec, now=now)
-            result.matcher_calls += 1
-            status = status_name(answer)
-        elif fits_now:
+            if hints is not None and hints.known_busy(job, result, reserve=True):
+                pass  # BUSY (and satisfiable): see _Hints.forever
+            elif hints is not None and job_duration(job) == 0 and hints.forever:
+                answer, status = _reserve_forever(matcher, job, now, hints, result)
+            else:
+                answer = matcher.allocate_orelse_reserve(job.jobspec, now=now)
+                result.matcher_calls += 1
+                status = status_name(answer)
+        elif fits_now and not (hints is not None and hints.known_busy(job, result)):
             answer = matcher.allocate(job.jobspec, now=now)
             result.matcher_calls += 1
             status = status_name(answer)
+        if hints is not None:
+            # (a skipped question is not an answer about satisfiability)
+            hints.answered(job, status, answer, reserve=reserve and answer is not None)
         if status == "ALLOCATED":
             result.started.append((job, answer))
             if profile is not None:
@@ -273,10 +444,28 @@ def schedule_cycle(
     return result
 
 
+# matcher policies whose child order depends on the order of past updates (match/engine.py:
+# stop_on_1, "availability-weighted by_outedges")
+DYNAMIC_ORDER_POLICIES = frozenset({"first", "firstnodex"})
+
+
 @dataclass
 class _Running:
     result: Any
     cores: int
+
+
+@dataclass
+class _Last:
+    """The previous pinned cycle, as parking needs it."""
+
+    considered: list[str]  # ids in walk order (started and rejected ones included)
+    shapes: list[Hashable]  # their request shapes
+    started: bool  # it started something (the matcher state grew)
+    rejected: bool  # it rejected something (fewer jobs now count towards the depth)
+    complete: bool  # it walked every pending job (no depth cut, no fcfs stop)
+    walk: _Walk
+    result: CycleResult
 
 
 class Scheduler:
@@ -285,32 +474,73 @@ class Scheduler:
     * ``cycle(pending, now)``: run a cycle, remember its reservations and allocations.
     * ``release(job_id)``: a running job ended (or ended early): cancel its allocation now,
       so the next cycle can use it. ``partial_release`` gives back part of it.
+    * ``freed(nodes)``: the caller itself gave resources back in the matcher (cancel,
+      partial_cancel, a foreign allocation re-recorded smaller) on these nodes (None:
+      somewhere).
     * ``withdraw(job_id)``: a pending job left the queue: drop its reservation.
-    * ``invalidate()``: something outside the queue changed the graph (node up/down,
-      foreign pods): the next cycle starts from scratch.
+    * ``invalidate()``: something outside the queue changed the graph (node up/down/added,
+      resized): the next cycle starts from scratch.
 
     Cycle modes (``CycleResult.mode``):
 
     * ``reset`` - qmanager: cancel every reservation, walk the queue. Used for the first
       cycle, after ``invalidate()``, a policy change, or when a job arrived ahead of jobs
-      already walked (higher priority).
-    * ``compress`` (with ``capacity_cores``) - after releases: walk the queue in the same
-      order, but a job keeps its reservation when the core profile proves that no
-      placement can start earlier; otherwise it is cancelled and matched again (it can
-      only move earlier, since its old slot is still free). This is the classic
-      conservative-backfilling compression (Mu'alem & Feitelson): no reservation is ever
-      delayed. Counted reservations only: pinned ones are recomputed every cycle (qmanager),
-      since keeping a placement changes which nodes later jobs may backfill on.
-    * ``incremental`` (``incremental=True``, counted reservations) - nothing was released and every new job
-      sorts after the jobs already walked: only the new jobs are walked; the old ones would
-      get exactly the same answers since nothing they could use was freed. Assumes no
-      running job outlives its duration (true in the simulator: jobs end at their limit).
+      already walked (higher priority). With pinned reservations and ``parking`` (default)
+      every cycle that is not ``idle`` or ``incremental`` is a reset walk in which parked
+      jobs are answered without the matcher (below).
+    * ``idle`` (pinned, ``parking``) - nothing was freed, the previous cycle started
+      nothing, no time boundary was passed and the queue's head is the jobs walked last
+      time, in the same order: a reset walk would ask the matcher the same questions of
+      the same state and get the same answers, so the previous answers are returned
+      (reservations stay in the matcher) and no matcher call is made.
+    * ``incremental`` (pinned with ``parking``: as ``idle`` but new jobs were appended
+      behind a walk that had reached the end of the queue: only they are walked; counted
+      with ``incremental=True``: nothing was released and every new job sorts after the
+      jobs already walked; assumes no running job outlives its duration).
+    * ``compress`` (counted reservations, with ``capacity_cores``) - after releases: walk
+      the queue in the same order, but a job keeps its reservation when the core profile
+      proves that no placement can start earlier; otherwise it is cancelled and matched
+      again (it can only move earlier, since its old slot is still free). This is the
+      classic conservative-backfilling compression (Mu'alem & Feitelson): no reservation
+      is ever delayed. Pinned reservations are recomputed in every non-idle cycle
+      (qmanager), since keeping a placement changes which nodes later jobs may backfill on.
+
+    Parking (pinned reservations, ``parking=True``; Fluxion's qmanager blocks jobs the same
+    way). A job the previous cycle found unable to start now (BUSY or reserved) is
+    *parked*: when this cycle would ask it a plain ``allocate`` (not a reservation), the
+    answer is BUSY without a call unless it is *woken*. The argument: its answer was BUSY
+    in the state it saw then; the state it sees now differs only by what was freed (the
+    nodes in ``freed``) and by allocations and reservations added (which cannot make a
+    BUSY job fit). A placement that avoids every freed node would have fitted then, so it
+    can only fit now if one slot of it fits on a freed node. It is woken when:
+
+    * something was freed on a node that has room for one of its slots now (the node's
+      cores minus those held by this scheduler's running jobs >= the job's smallest slot's
+      cores): a ``release``/``partial_release``/``freed(nodes)``, a withdrawn job's
+      reservation, a running job the caller dropped from ``running`` itself;
+    * a reservation ahead of it (made by the previous cycle) is not held again exactly
+      (same start, same vertices) in this walk: the old reservation's nodes count as freed;
+    * anywhere (every parked job): ``invalidate()``, a policy change, ``adopt``,
+      ``freed(None)``, a node the scheduler does not know the cores of
+      (``node_cores``), ``now`` reaching the planned end of a running job or the start of
+      a reservation, or the surviving jobs changing their relative order (a priority
+      change): the jobs ahead of it are then not the ones it saw.
+
+    A job asked for a reservation (``allocate_orelse_reserve``: EASY's head, every
+    conservative job) is asked the matcher in every cycle that is not ``idle``, except
+    when nothing in the matcher ends by itself (``_Hints.forever``, the Kubernetes default
+    of unknown durations): then "reserve" has the answer of "start now", and a parked job
+    is BUSY as above. Within a walk, once a request shape could not start, a later plain
+    ``allocate`` of the same shape (resources, constraint, duration) is BUSY too (the walk
+    only adds). None of this changes a decision (tests/test_queue_parking.py);
+    ``parking=False`` is the old full re-evaluation (benchmarks).
 
     ``capacity_cores`` (the graph's total cores) turns on the core profile
     (``profile.py``): jobs whose cores exceed what is free over their window are skipped
     without a matcher call; a job asking more cores than the graph has is unsatisfiable.
     ``node_cores`` (cores per node name) makes that check node-aware (reservations pin
-    specific nodes). Both only ever skip calls whose answer would be BUSY.
+    specific nodes) and lets parking wake jobs per node. Both only ever skip calls whose
+    answer would be BUSY.
     """
 
     def __init__(
@@ -321,12 +551,14 @@ class Scheduler:
         capacity_cores: int | None = None,
         node_cores: Mapping[str, int] | None = None,
         incremental: bool = False,
+        parking: bool = True,
     ) -> None:
         if policy.reservation_style == "counted" and not capacity_cores:
             raise ValueError("Scheduler: counted reservations need capacity_cores")
         self.matcher = matcher
         self._policy = policy
         self.incremental = incremental
+        self.parking = parking
         self.profile = CoreProfile(capacity_cores, node_cores) if capacity_cores else None
         self.running: dict[str, _Running] = {}
         self.reservations: dict[str, Any] = {}
@@ -338,6 +570,20 @@ class Scheduler:
         self.cycles = 0
         self.full_cycles = 0
         self.matcher_calls = 0
+        # parking (pinned): see the class docstring
+        self._node_cap: dict[str, int] = dict(node_cores or {})
+        self._counted: dict[str, list[tuple[str, int]]] = {}  # running job -> its node shares
+        self._finite: set[str] = set()  # running jobs with a planned end
+        self._sat_shapes: set[Hashable] = set()  # request shapes the matcher found satisfiable
+        self._used: dict[str, int] = {}  # cores held per node by running jobs we know
+        self._freed: set[str] | None = set()  # nodes freed since the last cycle; None = anywhere
+        self._parked: dict[str, Hashable] = {}  # jobs the last cycle found unable to start now
+        self._last: _Last | None = None
+        self._shapes: dict[str, tuple[Any, Hashable, int]] = {}  # job id -> (jobspec, key, need)
+        # planned ends of running jobs (a heap; entries of jobs released since stay until
+        # passed) and the time of the last pinned cycle
+        self._ends: list[int] = []
+        self._last_now: int | None = None
 
     @property
     def policy(self) -> QueuePolicy:
@@ -353,6 +599,22 @@ class Scheduler:
         the graph may have changed)."""
         self._reset = True
         self._satisfiable.clear()
+        self._sat_shapes.clear()
+
+    def set_node_cores(self, node_cores: Mapping[str, int]) -> None:
+        """The graph's nodes changed (added, removed, resized): their cores, for parking.
+        Call ``invalidate()`` too."""
+        self._node_cap = dict(node_cores)
+
+    def freed(self, nodes: Iterable[str] | None = None) -> None:
+        """The caller gave resources back in the matcher itself (``cancel``,
+        ``partial_cancel``, a smaller foreign allocation...) on ``nodes`` (None: somewhere
+        or unknown): parked jobs that could use them are asked again next cycle."""
+        self._released = True
+        if nodes is None or self._freed is None:
+            self._freed = None
+        else:
+            self._freed.update(nodes)
 
     def allocation(self, job_id: str) -> Any:
         """The match result of a running job (KeyError if unknown)."""
@@ -366,9 +628,27 @@ class Scheduler:
         if self.profile is not None:
             self.profile.remove(_reserved_key(job_id))
 
+    def _count(self, job_id: str, result: Any) -> None:
+        self._uncount(job_id)
+        placed = shares_of(result)
+        self._counted[job_id] = placed
+        if not _until_released(result):
+            self._finite.add(job_id)
+            heapq.heappush(self._ends, int(result.at) + int(result.duration))
+        for name, cores in placed:
+            self._used[name] = self._used.get(name, 0) + cores
+
+    def _uncount(self, job_id: str) -> list[str]:
+        placed = self._counted.pop(job_id, None) or []
+        self._finite.discard(job_id)
+        for name, cores in placed:
+            self._used[name] = self._used.get(name, 0) - cores
+        return [name for name, _ in placed]
+
     def _record(self, result: CycleResult) -> None:
         for job, res in result.started:
             self.running[job.id] = _Running(res, cores_of(res))
+            self._count(job.id, res)
         for job, res in result.reserved:
             self.reservations[job.id] = res
         self.matcher_calls += result.matcher_calls
@@ -392,6 +672,8 @@ class Scheduler:
         jobs = list(pending) if ordered else queue_order(list(pending))
         order = [job for job in jobs if job.id not in self.running]
         self.cycles += 1
+        if self.parking and self._policy.reservation_style == "pinned":
+            return self._pinned_cycle(order, now)
         prefix = self._prefix(order)
         walk = self._walk
         if (
@@ -455,11 +737,180 @@ class Scheduler:
         self._record(result)
         return result
 
+    # ------------------------------------------------------------------ parking (pinned)
+    def _shape(self, job: QueuedJob) -> tuple[Hashable, int]:
+        """(what a match of the job depends on, cores of its smallest slot), cached while
+        the job keeps the same jobspec object."""
+        known = self._shapes.get(job.id)
+        if known is not None and known[0] is job.jobspec:
+            return known[1], known[2]
+        js = job.jobspec
+        resources = getattr(js, "resources", None)
+        key: Hashable
+        if resources is None:
+            key = ("job", job.id)  # unknown request type: never shared
+            need = 0
+        else:
+            key = (_resources_key(resources), repr(getattr(js, "constraint", None)),
+                   job_duration(job))
+            need = min(_slot_cores(resources), default=0)
+        self._shapes[job.id] = (js, key, need)
+        return key, need
+
+    def _woken(self, job: QueuedJob, freed: set[str]) -> bool:
+        """Could one of the ``freed`` nodes hold one slot of ``job`` now? Its cores minus
+        those held by our running jobs is an over-estimate of what is free there (foreign
+        use and reservations are not counted), so a False is certain."""
+        if not freed:
+            return False
+        need = self._shape(job)[1]
+        if need <= 0:
+            return True
+        used = self._used
+        for name in freed:
+            cap = self._node_cap.get(name)
+            if cap is None or cap - used.get(name, 0) >= need:
+                return True
+        return False
+
+    def _forever(self) -> bool:
+        """Does nothing in the matcher end by itself? No reservation, none of our running
+        jobs has a planned end, and (when the matcher lists its jobs, as
+        ``fluxnetes.match.Matcher`` does) no job recorded by someone else has one either
+        (e.g. groups the operator re-recorded with ``update_allocate`` after a restart)."""
+        if self._finite or self.reservations:
+            return False
+        jobs = getattr(self.matcher, "jobs", None)
+        if jobs is None:
+            return True
+        try:
+            records = list(jobs.values())
+        except (AttributeError, TypeError):
+            return False
+        for rec in records:
+            if getattr(rec, "reserved", False) or not _until_released(rec):
+                return False
+        return True
+
+    def _dynamic_order(self) -> bool:
+        """Does the matcher order candidates by their availability as last updated (the
+        ``first`` policies)? Then cancelling and re-placing a reservation at the same time
+        may put it elsewhere, so reservations are never carried over."""
+        return getattr(self.matcher, "policy", None) in DYNAMIC_ORDER_POLICIES
+
+    def _crossed(self, now: int) -> bool:
+        """Did time pass a point where the matcher's state changes by itself (a running
+        job's planned end, a reservation's start) since the last cycle? Ends at or before
+        that cycle were already seen by it."""
+        last = self._last_now
+        if last is None or now < last:
+            return True
+        ends = self._ends
+        while ends and ends[0] <= last:
+            heapq.heappop(ends)
+        if ends and ends[0] <= now:
+            return True
+        return any(int(res.at) <= now for res in self.reservations.values())
+
+    def _pinned_cycle(self, order: list[QueuedJob], now: int) -> CycleResult:
+        # running jobs the caller dropped from `running` itself: their nodes were freed
+        # (running jobs come in through cycles and adopt() only, so counts tell)
+        if len(self._counted) != len(self.running):
+            for job_id in self._counted.keys() - self.running.keys():
+                self.freed(self._uncount(job_id) or None)
+        ids = [job.id for job in order]
+        last = self._last
+        freed = self._freed
+        everything = self._reset or freed is None or self._crossed(now)
+        self._last_now = now
+        if not everything and not freed and last is not None and not last.started \
+                and not last.rejected and not (last.result.reserved and self._dynamic_order()):
+            k = len(last.considered)
+            if ids[:k] == last.considered and \
+                    [self._shape(job)[0] for job in order[:k]] == last.shapes:
+                return self._quiet(order, now, last)
+        self.full_cycles += 1
+        # the relative order of jobs seen last time must hold, else they see other jobs ahead
+        if not everything and last is not None:
+            pending_ids = set(ids)
+            before = [i for i in last.considered if i in pending_ids]
+            seen = set(before)
+            if [i for i in ids if i in seen] != before:
+                everything = True
+        hints = _Hints(
+            parked={} if everything else self._parked,
+            freed=None if everything or freed is None else set(freed),
+            woken=self._woken,
+            shape=lambda job: self._shape(job)[0],
+            forever_now=self._forever,  # (asked in the walk: reservations are cancelled first)
+            sat=self._sat_shapes,
+        )
+        pending_ids = set(ids)
+        for job_id in list(self.reservations):
+            res = self.reservations[job_id]
+            if job_id not in pending_ids and hints.freed is not None:
+                hints.freed.update(name for name, _ in shares_of(res))
+            elif job_id in pending_ids:
+                hints.old[job_id] = (_signature(res), [name for name, _ in shares_of(res)])
+            self._cancel_reservation(job_id)
+        result = CycleResult(now=now, mode="reset")
+        walk = _Walk()
+        _walk(order, self.matcher, now, self._policy, walk, result, self.profile, None,
+              self._satisfiable, hints)
+        self._remember(order, walk, result, hints)
+        return result
+
+    def _quiet(self, order: list[QueuedJob], now: int, last: _Last) -> CycleResult:
+        """Nothing the last walk saw changed: its answers stand; walk only new jobs behind
+        it, if that walk reached the end of the queue."""
+        prev = last.result
+        result = CycleResult(now=now, mode="idle", considered=prev.considered)
+        result.reserved = list(prev.reserved)
+        result.blocked = list(prev.blocked)
+        rest = order[len(last.considered):]
+        if rest and last.complete:
+            result.mode = "incremental"
+            walk = _Walk(considered=last.walk.considered, reservations=last.walk.reservations,
+                         stopped=last.walk.stopped, unreservable=last.walk.unreservable,
+                         order=list(last.walk.order))
+            hints = _Hints(parked={}, freed=set(), woken=self._woken,
+                           shape=lambda job: self._shape(job)[0],
+                           forever_now=self._forever,
+                           sat=self._sat_shapes)
+            _walk(rest, self.matcher, now, self._policy, walk, result, self.profile, None,
+                  self._satisfiable, hints)
+            self._remember(order, walk, result, hints)
+            return result
+        last.result = result
+        return result
+
+    def _remember(self, order: list[QueuedJob], walk: _Walk, result: CycleResult,
+                  hints: _Hints) -> None:
+        started = {job.id for job, _ in result.started}
+        rejected = {job.id for job, _ in result.unsatisfiable}
+        considered = [job.id for job in order[: result.considered]]
+        shapes = [self._shape(job)[0] for job in order[: result.considered]]
+        complete = not walk.stopped and result.considered >= len(order)
+        self._last = _Last(considered=considered, shapes=shapes, started=bool(started),
+                           rejected=bool(rejected),
+                           complete=complete, walk=walk, result=result)
+        unable = [*result.blocked, *(job for job, _ in result.reserved)]
+        self._parked = {job.id: self._shape(job)[0] for job in unable}
+        self._freed = set()
+        self._reset = False
+        self._released = False
+        self._walk = walk
+        live = {job.id for job in order}
+        for job_id in [j for j in self._shapes if j not in live]:
+            del self._shapes[job_id]
+        self._record(result)
+
     def adopt(self, job_id: str, allocation: Any, *, duration: int = 0) -> None:
         """Record a running job whose allocation is already in the matcher (e.g. re-recorded
         with ``update_allocate`` after a restart), so that ``release`` and the core profile
         know it. ``duration`` 0 = until released."""
         self.running[job_id] = _Running(allocation, cores_of(allocation))
+        self._count(job_id, allocation)
         if self.profile is not None:
             self.profile.add(job_id, int(allocation.at), duration or int(allocation.duration),
                              cores_of(allocation), shares_of(allocation), running=True)
@@ -475,7 +926,7 @@ class Scheduler:
         self.matcher_calls += 1
         if self.profile is not None:
             self.profile.remove(job_id)
-        self._released = True
+        self.freed(self._uncount(job_id) or None)
         return True
 
     def partial_release(self, job_id: str, release: Any) -> bool:
@@ -484,8 +935,12 @@ class Scheduler:
         running = self.running[job_id]
         answer = self.matcher.partial_cancel(running.result.jobid, release)  # type: ignore[attr-defined]
         self.matcher_calls += 1
-        self._released = True
-        # the profile cannot tell which cores went back: drop it, the matcher still knows
+        # which cores went back is not known here: count the job as holding nothing (free
+        # is then over-estimated, which only wakes more parked jobs) and wake on its nodes
+        finite = job_id in self._finite
+        self.freed(self._uncount(job_id) or None)
+        if finite:
+            self._finite.add(job_id)  # what is left still ends by itself
         full = bool(getattr(answer, "full_removal", answer))
         if self.profile is not None:
             self.profile.remove(job_id)
@@ -496,6 +951,8 @@ class Scheduler:
     def withdraw(self, job_id: str) -> None:
         """A pending job left the queue (cancelled, deleted): drop its reservation if any."""
         self._satisfiable.discard(job_id)
+        self._parked.pop(job_id, None)
         if job_id in self.reservations:
+            nodes = [name for name, _ in shares_of(self.reservations[job_id])]
             self._cancel_reservation(job_id)
-            self._released = True
+            self.freed(nodes or None)

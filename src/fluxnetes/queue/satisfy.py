@@ -203,3 +203,9 @@ def shape_key(js: Jobspec) -> tuple[Any, ...]:
 
 def _shape(resources: list[Resource]) -> tuple[Any, ...]:
     return tuple((r.type, r.count.min, r.count.max, r.exclusive, r.unit, _shape(r.with_)) for r in resources)
+
+
+def node_cores(graph: ResourceGraph) -> dict[str, int]:
+    """Cores of every node of ``graph``, by name: what ``Scheduler(node_cores=...)`` and
+    ``Scheduler.set_node_cores`` take, so that parking wakes blocked jobs per node."""
+    return {n.name: int(n.amounts.get("core", 0)) for n in Capacity.of(graph).nodes}
