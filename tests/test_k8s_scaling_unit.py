@@ -323,3 +323,37 @@ def test_a_group_the_store_saw_fail_is_not_matched_again_when_its_fluxjob_lags(t
             c.journal.close()
 
     asyncio.run(main())
+
+
+def test_a_deployment_that_lost_a_node_gets_its_replacement_pod_placed() -> None:
+    """Node loss under the default `fail` policy ends the group, its survivor keeps running
+    (and its share); the ReplicaSet re-creates the pod that was on the lost node. That pod
+    must be placed (a group of what the workload misses), not wait forever in the failed
+    group, nor in a new group of the full size waiting for pods that never come."""
+    from test_k8s_prune import node
+
+    async def main() -> None:
+        c, kube = make_controller()
+        ps = start_two(c)
+        await settle(c)
+        base = c.groups[BASE]
+        on = {uid: base.slots[i] for i, uid in enumerate(base.slot_pod)}
+        for p in ps:
+            c.handle(("Pod", "MODIFIED", bound(p, on[p["metadata"]["uid"]])))
+        lost, kept = on[ps[0]["metadata"]["uid"]], on[ps[1]["metadata"]["uid"]]
+        c.handle(("Node", "DELETED", node(lost)))
+        c.handle(("Pod", "DELETED", bound(ps[0], lost)))
+        await settle(c)
+        assert str(base.phase) == "Failed" and list(base.held) == [kept]
+        c.handle(("Pod", "ADDED", rs_pod(9)))  # the ReplicaSet's replacement
+        await settle(c)
+        assert kube.placed[-1] == "web-9"
+        g = c.groups[SCALE1]
+        assert str(g.phase) == "Running" and g.spec.size == 1
+        assert g.slots[0] not in (lost, kept)  # 16-cpu pods: a node of its own
+        c.handle(("ReplicaSet", "MODIFIED", rs(2)))  # a status update of the owner: nothing changes
+        await settle(c)
+        assert [k for k in c.groups if k[1].startswith(BASE[1])] == [BASE, SCALE1]
+        c.matcher.check_invariants()
+
+    asyncio.run(main())

@@ -113,6 +113,8 @@ class GroupBook(Context):
         def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
         def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
+        def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
+                              obj: Mapping[str, Any]) -> Group | None: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
 
     def init_groupbook(self) -> None:
@@ -321,6 +323,9 @@ class GroupBook(Context):
                     return
             elif (gkey in self.groups or gkey in self.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
                 target = self.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
+                if target is None:
+                    owner_obj = self.owner_obj(owner, ns)
+                    target = self.replacement_group(gkey, okind, owner_obj) if owner_obj is not None else None
                 if target is not None:
                     self.add_member(target, uid, pod)
                     return

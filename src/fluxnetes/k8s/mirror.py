@@ -18,7 +18,7 @@ from fluxnetes.k8s import nodefit, shares
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
-from fluxnetes.k8s.groups import GroupError, request_of
+from fluxnetes.k8s.groups import GroupError, controller_of, request_of
 from fluxnetes.k8s.objects import _gated, _meta, _node_down, _terminal
 from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.resources import PodResources
@@ -77,6 +77,7 @@ class ClusterMirror(Context):
         self.node_down: dict[str, bool] = {}
         self.foreign: dict[str, dict[str, PodResources]] = {}  # node -> uid -> request
         self.foreign_node: dict[str, str] = {}  # uid -> node
+        self.foreign_owner: dict[str, str] = {}  # uid -> its controller's uid
         self.foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
         self.foreign_dirty: set[str] = set()
         self.matcher: Any = None
@@ -115,12 +116,16 @@ class ClusterMirror(Context):
         self.remove_foreign(uid)
         self.foreign.setdefault(node, {})[uid] = req
         self.foreign_node[uid] = node
+        owner = controller_of(_meta(pod))
+        if owner is not None and owner.uid:
+            self.foreign_owner[uid] = owner.uid  # a replicated workload's pods still running (scaling.survivors)
         self.foreign_dirty.add(node)
         METRICS.foreign_allocations.inc()
         METRICS.foreign_pods.set(len(self.foreign_node))
 
     def remove_foreign(self, uid: str) -> None:
         node = self.foreign_node.pop(uid, None)
+        self.foreign_owner.pop(uid, None)
         if node is not None:
             self.foreign.get(node, {}).pop(uid, None)
             self.foreign_dirty.add(node)

@@ -19,6 +19,7 @@ from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import GroupSpec, controller_of, object_name
 from fluxnetes.k8s.objects import _dump_jobspec, _gated, _meta, _terminal
+from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -33,6 +34,7 @@ class Scaling(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         groups: dict[tuple[str, str], Group]
+        foreign_owner: dict[str, str]
         member_of: dict[str, tuple[str, str]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
         scheduler: Any
@@ -48,6 +50,8 @@ class Scaling(Context):
         def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+        @staticmethod
+        def same_owner(g: Group, uid: str) -> bool: ...
 
     def init_scaling(self) -> None:
         # scale-up groups of a workload: base group key -> keys of its "-scale-N" groups
@@ -89,12 +93,38 @@ class Scaling(Context):
             return len(g.slots) - len(g.released)
         return 0 if g.phase.final else g.spec.size
 
+    def survivors(self, base: tuple[str, str], owner_uid: str) -> int:
+        """Pods of the workload still running outside its live groups: survivors of a group
+        failed by node loss (members whose shares it keeps until they end) and, after a
+        restart, the same pods counted as foreign."""
+        n = 0
+        for k in (base, *self.scale_groups.get(base, ())):
+            g = self.groups.get(k)
+            if g is not None and g.phase.final and self.same_owner(g, owner_uid):
+                n += sum(1 for p in g.members.values() if assigned_node(p) is not None and not _gated(p)
+                         and not _terminal(p))
+        return n + sum(1 for o in self.foreign_owner.values() if o == owner_uid)
+
+    def replacement_group(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> Group | None:
+        """A ReplicaSet whose groups are over while some of its pods still run (its group
+        failed by node loss): the pods it re-creates form a group of what it misses, queued
+        all-or-nothing like a scale-up. None: not that case (a new base group forms)."""
+        old = self.groups.get(base)
+        if kind.kind != "ReplicaSet" or self.family(base) or old is None or not old.phase.final:
+            return None
+        left = self.survivors(base, str(_meta(obj).get("uid", "")))
+        missing = kind.size(obj) - left
+        if not left or missing < 1:
+            return None
+        return self.new_scale_group(base, old, kind, missing)
+
     def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
         """Follow the workload's replica count (see the comment above)."""
         fam = self.family(base)
         if not fam:
             return  # nothing live: new pods form a new group (join_group)
-        diff = kind.size(obj) - sum(self.capacity(g) for g in fam)
+        # pods still running from a group that failed by node loss count as replicas
+        diff = kind.size(obj) - sum(self.capacity(g) for g in fam) - self.survivors(base, str(_meta(obj).get("uid", "")))
         # the newest group that has not started yet absorbs the change
         while diff and fam and fam[-1].phase != Phase.RUNNING and fam[-1].spec.jobspec is None:
             g = fam[-1]
