@@ -75,6 +75,7 @@ from fluxnetes.k8s.recovery import Recovery
 from fluxnetes.k8s.scaling import SCALE_SEP, Scaling
 from fluxnetes.k8s.scheduling import Scheduling
 from fluxnetes.k8s.status import EVENT_BURST, EVENT_RATE, Status
+from fluxnetes.k8s.store_recovery import StoreRecovery
 from fluxnetes.k8s.workloads import kind_of
 from fluxnetes.metrics import METRICS
 
@@ -85,7 +86,8 @@ __all__ = ["CHECK_EVERY", "DEBUG_EXIT_AT", "EVENT_BURST", "EVENT_RATE", "OWNER_R
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, Allocation, Status, Scheduling):
+class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreRecovery, Allocation, Status,
+                 Scheduling):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
 
@@ -105,6 +107,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, Alloca
         self.init_status()
         self.init_allocation()
         self.init_recovery()
+        self.init_store_recovery()
         self.init_scheduling()
 
     def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:

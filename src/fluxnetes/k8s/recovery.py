@@ -3,8 +3,8 @@ live rows (``recover_store``, rows claimed by groups re-created from their objec
 no record shows, from the cluster itself, before any replayed event
 (``recover_from_cluster``: finished workloads, pods placed for an allocation no record shows:
 ``adopt_placed``); once every pod was seen again, ``reconcile`` (vanished pods give back,
-gone nodes, lost resumes) and ``reconcile_store`` (the store follows the cluster). Owned state:
-``store_only`` (live rows no group has claimed yet) and ``store_allocs``."""
+gone nodes, lost resumes). What the store says is read in store_recovery.py. Owned state:
+``unrecorded`` (allocations read back that did not fit the graph yet)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class Recovery(Context):
         nodes: dict[str, dict[str, Any]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
         scheduler: Any
+        store_only: dict[tuple[str, str], Any]
         finished: set[tuple[str, str]]
         scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
 
@@ -62,6 +63,8 @@ class Recovery(Context):
         def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
         def record_group(self, g: Group) -> bool: ...
         def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
+        def group_from_store(self, pod: dict[str, Any], key: tuple[str, str]) -> Group | None: ...
+        def claim_store_record(self, g: Group) -> None: ...
         def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
         def base_key(self, g: Group) -> tuple[str, str] | None: ...
         def release_all(self, g: Group) -> None: ...
@@ -74,9 +77,6 @@ class Recovery(Context):
         def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
     def init_recovery(self) -> None:
-        # live store rows no group has claimed yet (after a restart): (namespace, name) -> record
-        self.store_only: dict[tuple[str, str], Any] = {}
-        self.store_allocs: dict[int, Any] = {}  # store allocations read at start, by store id
         # running groups read back whose allocation did not fit the graph when recorded (a
         # stale FluxJob of a group that ended during the outage held the room): tried again
         # once reconcile has given back what ended
@@ -113,35 +113,6 @@ class Recovery(Context):
         self.dirty = True
         return True
 
-    def adopt_allocation(self, g: Group, alloc: Any, reason: str) -> bool:
-        """The store recorded an allocation (made before a crash) the cluster does not show
-        yet: the group runs again on exactly those nodes. False (queued again) if one of
-        them is gone or down."""
-        from fluxnetes.jobspec.pods import cores_for
-
-        held = [shares.Share(node=n.name, cores=n.cores, gpus=n.gpus, memory=n.memory, extra=dict(n.extra))
-                for n in alloc.nodes]
-        gone = self.nodes_gone(s.node for s in held)
-        if gone:
-            g.reason = g.note = (f"allocated on {', '.join(sorted(s.node for s in held))} before the restart, "
-                                 f"but {', '.join(gone)} is gone or down; matched again")
-            g.fj_dirty = True
-            self.group_event(g, "Warning", "Requeued", g.reason, pods=False)
-            return False
-        g.phase, g.reason = Phase.RUNNING, reason
-        g.held, g.alloc = {s.node: s for s in held}, held
-        g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
-        g.slot_pod, g.released = [None] * len(g.slots), set()
-        g.start, g.resumed, g.fj_dirty, g.recovered = alloc.at, True, True, True
-        g.expected_start = None
-        g.jobid = self.matcher.next_jobid
-        self.record_group(g)
-        self._counts_dirty = True
-        self.dirty = True
-        self.group_event(g, "Normal", "Recovered",
-                         f"{reason}: job {g.jobid} on {','.join(sorted(set(g.slots)))}", pods=False)
-        return True
-
     def adopt(self, uid: str, pod: dict[str, Any]) -> bool:
         """A pod fluxnetes placed (annotation) becomes a member of its group again."""
         meta = _meta(pod)
@@ -168,29 +139,6 @@ class Recovery(Context):
         if 0 <= slot < len(g.slot_pod) and g.slot_pod[slot] is None:
             g.slot_pod[slot] = uid
         return True
-
-    def group_from_store(self, pod: dict[str, Any], key: tuple[str, str]) -> Group | None:
-        """A pod placed before a crash that came before its FluxJob was created: the store row
-        (with the allocation) is all that is left of its group. The group is made again from
-        the pod (or its Job) and takes the row over, so the pod is adopted, not foreign."""
-        if key not in self.store_only:
-            return None
-        owner = controller_of(_meta(pod))
-        okind = kind_of(owner.kind) if owner else None
-        if owner is not None and okind is not None and okind.resume_patch({}) is not None:
-            obj = self.owner_obj(owner, key[0])
-            if obj is not None:
-                self.on_owner(owner.kind, "ADDED", obj)  # a Job: its group comes from the Job
-            return self.groups.get(key)
-        try:
-            spec = self.pod_group_spec(pod)
-        except GroupError:
-            return None
-        if spec.key != key:
-            return None
-        g = self.new_group(spec, kind_of(spec.owner.kind) if spec.owner else None)
-        self.claim_store_record(g)
-        return g
 
     # ---------------------------------------------------------------- recovery
     def recover(self, fluxjobs: list[dict[str, Any]], live: set[tuple[str, str]] | None = None) -> None:
@@ -248,94 +196,6 @@ class Recovery(Context):
         for g in sorted(to_record, key=lambda g: g.key not in live):
             if not self.record_group(g):
                 self.unrecorded.append(g)
-
-    def recover_store(self) -> None:
-        """The queue's memory after a restart: live store rows, matched with the groups
-        recovered from FluxJobs. The store gives the queue order (submit time) and allocations
-        whose FluxJob status was not written before the crash; rows no group matches wait in
-        ``store_only`` for their objects (replayed pods and owners) and are cancelled by
-        ``reconcile_store`` if none shows up."""
-        assert self.journal is not None
-        allocs = self.store_allocs = self.journal.allocations()
-        for rec in self.journal.live_jobs():
-            key = (rec.namespace, rec.name)
-            g = self.groups.get(key)
-            if g is None or g.store_id is not None:
-                older = self.store_only.get(key)
-                if older is not None:  # two live rows for one name: the newer one counts
-                    self.journal.cancel(older.id, self.now(), "superseded by a newer submission")
-                self.store_only[key] = rec
-                continue
-            self.adopt_store_record(g, rec, allocs.get(rec.id))
-        self.end_as_stored()
-        log.info("store: %d live jobs read back, %d wait for their objects",
-                 sum(1 for g in self.groups.values() if g.store_id is not None), len(self.store_only))
-
-    def end_as_stored(self) -> None:
-        """Workload groups read back from FluxJobs that still say they live, while the store
-        saw them end (their last status write was lost with the leader, e.g. during an API
-        server outage): they are over. Their surviving pods, if any (a group failed by node
-        loss), count as foreign pods; nothing is queued or held for them again."""
-        from fluxnetes.k8s.journal import TERMINAL
-
-        for g in list(self.groups.values()):
-            if g.store_id is not None or g.phase.final or not g.fj_exists or g.spec.owner is None:
-                continue
-            rec = self.journal.store.find(g.spec.namespace, g.spec.name, g.spec.owner.uid)
-            if rec is None or str(rec.state) not in TERMINAL:
-                continue
-            if g.jobid is not None and g.jobid in self.matcher.jobs:
-                self.matcher.cancel(g.jobid)
-            if g in self.unrecorded:
-                self.unrecorded.remove(g)
-            g.held, g.alloc, g.jobid = {}, [], None
-            g.slot_pod = [None] * len(g.slots)
-            g.store_id, g.store_uid = rec.id, rec.uid
-            phase = {"completed": Phase.COMPLETED, "failed": Phase.FAILED, "cancelled": Phase.CANCELLED,
-                     "unsatisfiable": Phase.UNSATISFIABLE}[str(rec.state)]
-            g.phase, g.reason = phase, f"{rec.reason} (as the store recorded it before a restart)"
-            g.end = g.end or self.now()
-            g.fj_dirty = True
-            self.finished.add(g.key)
-            log.info("%s: ended before the restart (store: %s); its FluxJob said %s", g.qid, rec.state,
-                     (g.fj_status or {}).get("phase", "nothing"))
-
-    def adopt_store_record(self, g: Group, rec: Any, alloc: Any) -> None:
-        g.store_id, g.store_uid = rec.id, rec.uid
-        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
-        g.submit = rec.submit_time  # the queue's order survives the restart
-        if str(rec.state) == "running" and g.phase != Phase.RUNNING and alloc is not None and alloc.nodes:
-            # allocated before the crash, FluxJob status not written yet: the store knows
-            self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
-
-    def claim_store_record(self, g: Group) -> None:
-        """A group re-created from cluster objects takes over its store row (same object)."""
-        rec = self.store_only.get(g.key)
-        if rec is None:
-            return
-        uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
-        if rec.uid != uid and g.spec.owner is not None:
-            return  # another object with the same name: the old row is cancelled at reconcile
-        del self.store_only[g.key]
-        g.store_id, g.store_uid, g.submit = rec.id, rec.uid, rec.submit_time
-        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
-        alloc = self.store_allocs.get(rec.id)
-        if str(rec.state) == "running" and alloc is not None and alloc.nodes and g.phase == Phase.PROVISIONAL:
-            # allocated before the crash, before its FluxJob was even created: the store knows
-            self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
-
-    def reconcile_store(self) -> None:
-        """After the post-restart reconcile: the store follows the cluster."""
-        if self.journal is None:
-            return
-        now = self.now()
-        for g in self.groups.values():
-            if g.phase != Phase.PROVISIONAL:
-                self.journal.record(self.group_record(g), now)
-        for rec in self.store_only.values():
-            self.journal.cancel(rec.id, now, "its objects are gone (found after a restart)")
-        self.store_only.clear()
-        self.store_allocs = {}  # only needed to take rows over during the replay
 
     # ---------------------------------------------------------------- exact recovery
     # At start, with every cache complete and before any replayed event: what the records
