@@ -83,7 +83,10 @@ def up(
     zones: Annotated[int, typer.Option(help="Zones (topology.kubernetes.io/zone).")] = 1,
     racks: Annotated[int, typer.Option(help="Racks per zone (fluxnetes.io/rack).")] = 1,
     directory: DirOption = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for everything.")] = 300.0,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds to wait for everything (default: 300, plus 0.1 per node above 1,000)."),
+    ] = None,
     addons: Annotated[
         str,
         typer.Option(help="Controllers of multi-role workloads to run too, comma-separated: "
@@ -171,11 +174,12 @@ def status(directory: DirOption = None) -> None:
     st = cluster.status()
     console = Console()
     table = Table(title=f"dev cluster {st.dir}")
-    for col in ("component", "pid", "state", "log"):
+    for col in ("component", "pid", "state", "RSS", "log"):
         table.add_column(col)
     for p in st.processes:
         state = "[green]running[/]" if p.running else "[red]stopped[/]"
-        table.add_row(p.name, str(p.pid), state, p.log)
+        rss = f"{p.rss_mib:.0f} MiB" if p.running and p.rss_mib is not None else "-"
+        table.add_row(p.name, str(p.pid), state, rss, p.log)
     console.print(table)
     console.print(f"API server {st.api_url}: {'ready' if st.api_ready else 'NOT ready'}")
     console.print(f"nodes Ready: {st.nodes_ready}/{st.nodes_total}")

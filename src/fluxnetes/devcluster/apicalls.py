@@ -57,6 +57,25 @@ class Request:
 RETRY = frozenset({429, 500, 502, 503, 504})
 
 
+async def send_one(session: Any, api_url: str, req: Request, sem: asyncio.Semaphore) -> None:
+    """One request on an aiohttp session (at most `sem` at once), retrying overload."""
+    text = ""
+    data = json.dumps(req.body)
+    headers = {"Content-Type": req.content_type, "Accept": "application/json"}
+    async with sem:
+        for attempt in range(8):
+            async with session.request(req.method, api_url + req.path, data=data, headers=headers) as resp:
+                if resp.status < 300 or resp.status in req.ignore:
+                    return
+                text = await resp.text()
+                if resp.status == 409 and req.method == "POST":
+                    raise ClusterError(f"{req.what}: it already exists")
+                if resp.status not in RETRY:
+                    raise ClusterError(f"{req.what}: HTTP {resp.status}: {text[:300]}")
+            await asyncio.sleep(0.1 * 2**attempt)
+        raise ClusterError(f"{req.what}: the apiserver kept refusing ({text[:200]})")
+
+
 async def send_all(
     api_url: str, ctx: ssl.SSLContext, reqs: list[Request], concurrency: int
 ) -> None:
@@ -66,24 +85,4 @@ async def send_all(
     sem = asyncio.Semaphore(concurrency)
     conn = aiohttp.TCPConnector(ssl=ctx, limit=concurrency)
     async with aiohttp.ClientSession(connector=conn) as session:
-
-        async def one(req: Request) -> None:
-            text = ""
-            data = json.dumps(req.body)
-            headers = {"Content-Type": req.content_type, "Accept": "application/json"}
-            async with sem:
-                for attempt in range(8):
-                    async with session.request(
-                        req.method, api_url + req.path, data=data, headers=headers
-                    ) as resp:
-                        if resp.status < 300 or resp.status in req.ignore:
-                            return
-                        text = await resp.text()
-                        if resp.status == 409 and req.method == "POST":
-                            raise ClusterError(f"{req.what}: it already exists")
-                        if resp.status not in RETRY:
-                            raise ClusterError(f"{req.what}: HTTP {resp.status}: {text[:300]}")
-                    await asyncio.sleep(0.1 * 2**attempt)
-                raise ClusterError(f"{req.what}: the apiserver kept refusing ({text[:200]})")
-
-        await asyncio.gather(*(one(r) for r in reqs))
+        await asyncio.gather(*(send_one(session, api_url, r, sem) for r in reqs))

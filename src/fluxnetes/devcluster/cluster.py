@@ -29,26 +29,22 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fluxnetes.devcluster import addons as addon_defs
-from fluxnetes.devcluster import components, procs
+from fluxnetes.devcluster import components, procs, readiness
 from fluxnetes.devcluster.apicalls import Request, http_ok, run_async, send_all, urlopen
 from fluxnetes.devcluster.components import COMPONENTS, PORT_NAMES, SERVICE_IP, kubeconfig_doc
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
 from fluxnetes.devcluster.nodes import (
-    DEV_NODE_LABEL,
-    NOT_READY_TAINT,
     RACK_LABEL,
     ZONE_LABEL,
     NodeShape,
-    has_ready_condition,
     is_ready,
-    not_ready_tainted,
 )
 from fluxnetes.devcluster.paths import Toolchain, default_cluster_dir, missing_message, toolchain
 from fluxnetes.devcluster.pki import ClusterPKI, write_cluster_pki, write_serving_cert
@@ -63,7 +59,8 @@ class ClusterOptions:
     dir: Path | None = None  # default: $FLUXNETES_DEV_DIR or ~/.cache/fluxnetes/dev
     k8s_home: Path | None = None  # default: $FLUXNETES_K8S_HOME or ~/.cache/fluxnetes/k8s
     advertise_address: str | None = None  # default: first non-loopback IPv4 of `hostname -I`
-    timeout: float = 300.0  # seconds for the whole start, nodes Ready included
+    # seconds for the whole start, nodes Ready included; None: start_timeout(node count)
+    timeout: float | None = None
     data_root: Path | None = None  # parent of etcd's data dir; default /dev/shm (else $TMPDIR)
     die_with_parent: bool = False  # tests: processes end when the starting process dies
     log: Callable[[str], None] | None = None  # progress messages (the CLI prints them)
@@ -72,6 +69,12 @@ class ClusterOptions:
     # controllers of multi-role workload kinds to run (devcluster/addons.py): jobset, mpi, lws,
     # trainer (addons.parse() gives the order and what each requires)
     addons: tuple[str, ...] = ()
+
+
+def start_timeout(nodes: int) -> float:
+    """Default seconds for `up`: 300, plus 0.1 s per node above 1,000 (700 s for 5,000 nodes,
+    which took 282 s on a loaded 2-core machine: docs/scale.md)."""
+    return 300.0 + 0.1 * max(0, nodes - 1000)
 
 
 # every process the cluster may run, in start order (stopped in reverse)
@@ -114,6 +117,7 @@ class ProcessStatus:
     pid: int
     running: bool
     log: str
+    rss_mib: float | None = None  # resident memory now (None when stopped)
 
 
 @dataclass(frozen=True)
@@ -308,6 +312,8 @@ class Cluster:
         """
         opts = options or ClusterOptions()
         shape = opts.nodes.validate()
+        if opts.timeout is None:
+            opts = replace(opts, timeout=start_timeout(shape.count))
         tools = toolchain(opts.k8s_home)
         missing = tools.missing()
         if missing:
@@ -336,9 +342,10 @@ class Cluster:
             cluster = cls._start(directory, tools, opts)
             cluster.timings["control_plane"] = time.monotonic() - started
         try:
-            cluster.create_nodes(shape, timeout=opts.timeout, log=opts.log)
+            timeout = opts.timeout or start_timeout(shape.count)
+            cluster.create_nodes(shape, timeout=timeout, log=opts.log)
             if wanted:
-                cluster.start_addons(wanted, timeout=opts.timeout, log=opts.log)
+                cluster.start_addons(wanted, timeout=timeout, log=opts.log)
         except BaseException:
             cluster.down()
             raise
@@ -347,7 +354,7 @@ class Cluster:
     @classmethod
     def _start(cls, directory: Path, tools: Toolchain, opts: ClusterOptions) -> Cluster:
         say = opts.log or (lambda _msg: None)
-        deadline = time.monotonic() + opts.timeout
+        deadline = time.monotonic() + (opts.timeout or start_timeout(opts.nodes.count))
         logs = directory / "logs"
         run = directory / "run"
         for d in (logs, run):
@@ -407,6 +414,7 @@ class Cluster:
             pki=self.pki,
             run=run,
             timed_pods=st.timed_pods,
+            nodes=int(st.nodes.get("count", 0)),
         )
         popen, rec = procs.spawn(
             name, argv, self.dir / "logs" / f"{name}.log", cwd=run,
@@ -544,9 +552,9 @@ class Cluster:
             labels[ZONE_LABEL] = zone
         if rack is not None:
             labels[RACK_LABEL] = rack
-        self._send([Request("POST", "/api/v1/nodes", body, f"creating node {name}")], 1)
-        self._wait_for(f"node {name} to be Ready", lambda: self._nodes_ready({name}, 1),
-                       time.monotonic() + timeout)
+        self._wait_nodes({name}, time.monotonic() + timeout, 1,
+                         create=[Request("POST", "/api/v1/nodes", body, f"creating node {name}")],
+                         what=f"node {name} to be Ready")
 
     def _wait_component(self, name: str, deadline: float) -> None:
         ports = self.state.ports
@@ -617,54 +625,63 @@ class Cluster:
         log: Callable[[str], None] | None = None,
         concurrency: int = 32,
     ) -> list[str]:
-        """Create `shape.count` kwok nodes (concurrent API calls) and wait until all are Ready."""
+        """Create `shape.count` kwok nodes (concurrent API calls) and wait until all are Ready.
+
+        A watch of the dev nodes follows them from before the first create, so their not-ready
+        taints are lifted while the others are still being created (readiness.py)."""
         shape.validate()
         say = log or (lambda _msg: None)
-        deadline = time.monotonic() + timeout
         bodies = shape.manifests()
-        if bodies:
-            say(f"creating {len(bodies)} nodes")
-            started = time.monotonic()
-            reqs = [
-                Request("POST", "/api/v1/nodes", b, f"creating node {b['metadata']['name']}")
-                for b in bodies
-            ]
-            self._send(reqs, concurrency)
-            self.timings["create_nodes"] = time.monotonic() - started
+        reqs = [
+            Request("POST", "/api/v1/nodes", b, f"creating node {b['metadata']['name']}")
+            for b in bodies
+        ]
         names = {b["metadata"]["name"] for b in bodies}
-        say(f"waiting for {len(names)} nodes to be Ready")
+        if reqs:
+            say(f"creating {len(reqs)} nodes (and waiting for them to be Ready)")
         started = time.monotonic()
-        self._wait_for(
-            f"{len(names)} nodes to be Ready",
-            lambda: self._nodes_ready(names, concurrency),
-            deadline,
-            interval=0.2 if len(names) <= 100 else 1.0,  # big node lists are costly to poll
-        )
-        self.timings["nodes_ready"] = time.monotonic() - started
+        created = self._wait_nodes(names, time.monotonic() + timeout, concurrency,
+                                   create=reqs, what=f"{len(names)} nodes to be Ready")
+        self.timings["create_nodes"] = created - started
+        self.timings["nodes_ready"] = time.monotonic() - created
         return sorted(names)
 
     def _send(self, reqs: list[Request], concurrency: int) -> None:
         run_async(lambda: send_all(self.api_url, self.ssl_context(), reqs, concurrency))
 
-    def _nodes_ready(self, names: set[str], concurrency: int) -> bool:
-        """True when every node in `names` is Ready and untainted.
+    def _wait_nodes(self, names: set[str], deadline: float, concurrency: int, *,
+                    create: list[Request] | None = None, what: str) -> float:
+        """Send `create` (at most `concurrency` at once) while watching `names` until all are
+        Ready and untainted; returns when the creates ended (monotonic). Fails early, with its
+        log, if a component dies; at `deadline` with the nodes still waiting and kwok's log."""
+        reqs = create or []
 
-        kwok marks a node Ready; kube-controller-manager then lifts the not-ready taint that
-        admission put on the new node, but only ~20 nodes/s on a busy 2-core machine. Lifting
-        it here for the nodes that are Ready does the same thing concurrently (a JSON patch
-        with a `test` op, so a concurrent change by the controller is never overwritten).
-        """
+        def check_alive() -> None:
+            for rec in self.state.processes:
+                if not procs.is_running(rec):
+                    raise ClusterError(
+                        f"{rec.name} exited while waiting for {what}; end of {rec.log}:\n"
+                        f"{procs.log_tail(rec.log)}"
+                    )
+
+        async def creating() -> None:
+            if reqs:
+                await send_all(self.api_url, self.ssl_context(), reqs, concurrency)
+
         try:
-            items = self.api_get(
-                f"/api/v1/nodes?labelSelector={DEV_NODE_LABEL}%3Dtrue&resourceVersion=0", 60
-            )["items"]
-        except (urllib.error.URLError, OSError):
-            return False
-        mine = [n for n in items if n["metadata"]["name"] in names]
-        stuck = [n for n in mine if has_ready_condition(n) and not_ready_tainted(n)]
-        if stuck:
-            self._send([_untaint_request(n) for n in stuck], concurrency)
-        return len(mine) == len(names) and all(is_ready(n) for n in mine)
+            return run_async(lambda: readiness.wait_ready(
+                self.api_url, self.ssl_context(), names, deadline=deadline,
+                concurrency=concurrency, check_alive=check_alive, meanwhile=creating))
+        except readiness.NotReadyYet as exc:
+            shown = ", ".join(sorted(exc.waiting)[:3])
+            logs = "".join(
+                f"\n--- {r.name} ({r.log}):\n{procs.log_tail(r.log, 8)}"
+                for r in self.state.processes if r.name == "kwok"
+            )
+            raise ClusterError(
+                f"timed out waiting for {what}: {len(exc.waiting)} not Ready (e.g. {shown}); "
+                f"a bigger cluster needs a longer --timeout{logs}"
+            ) from None
 
     @classmethod
     def attach(cls, directory: Path | None = None, k8s_home: Path | None = None) -> Cluster:
@@ -677,13 +694,15 @@ class Cluster:
 
     def status(self) -> ClusterStatus:
         processes = [
-            ProcessStatus(p.name, p.pid, procs.is_running(p), p.log) for p in self.state.processes
+            ProcessStatus(p.name, p.pid, running, p.log, procs.rss_mib(p.pid) if running else None)
+            for p in self.state.processes
+            for running in (procs.is_running(p),)
         ]
         api_ready = self._api_ok("/readyz")
         total = ready = 0
         if api_ready:
             with contextlib.suppress(urllib.error.URLError, OSError, KeyError):
-                items = self.api_get("/api/v1/nodes", 30)["items"]
+                items = self.api_get("/api/v1/nodes?resourceVersion=0", 30)["items"]
                 total = len(items)
                 ready = sum(1 for n in items if is_ready(n))
         return ClusterStatus(
@@ -716,22 +735,7 @@ class Cluster:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _untaint_request(node: dict[str, Any]) -> Request:
-    taints = node["spec"]["taints"]
-    kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
-    patch = [
-        {"op": "test", "path": "/spec/taints", "value": taints},
-        {"op": "replace", "path": "/spec/taints", "value": kept},
-    ]
-    name = node["metadata"]["name"]
-    return Request(
-        "PATCH",
-        f"/api/v1/nodes/{name}",
-        patch,
-        f"lifting the not-ready taint of node {name}",
-        content_type="application/json-patch+json",
-        ignore=frozenset({404, 409, 422}),  # gone, or changed meanwhile: the next poll decides
-    )
+_untaint_request = readiness.untaint_request
 
 
 def _load_state(directory: Path) -> ClusterState | None:

@@ -35,11 +35,14 @@ def argv(
     pki: ClusterPKI,
     run: Path,
     timed_pods: bool = False,
+    nodes: int = 0,
 ) -> list[str]:
     """Command line of one component; every listener and every client URL is on 127.0.0.1.
 
     timed_pods: Job pods carrying the annotation TIMED_POD_ANNOTATION (a duration such as
     "20s") complete that long after they run instead of at once (kwok stages below).
+    nodes: how many kwok nodes the cluster is made for (sets the node lease duration and the
+    controller-manager's grace period above 1,000 nodes: node_lease_seconds).
     """
     p = ports
     kc = kubeconfig
@@ -100,6 +103,12 @@ def argv(
             f"--service-account-private-key-file={pki.sa_key}",
             f"--cluster-signing-cert-file={pki.ca_crt}",
             f"--cluster-signing-key-file={pki.ca_key}",
+            # the TTL controller rewrites every node's node.alpha.kubernetes.io/ttl annotation
+            # each time the node count crosses 100, 500, 1,000 or 2,000: up to 4 PATCHes per
+            # node while a big cluster is created (still ~35/s two minutes after 5,000 nodes
+            # were Ready), for a value only kubelets read, and kwok nodes have none
+            "--controllers=*,-ttl-controller",
+            *_grace_flags(nodes),
         ]
     if name == "kube-scheduler":
         return [
@@ -125,10 +134,35 @@ def argv(
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--node-ip=127.0.0.1",
             f"--cidr={POD_CIDR}",
-            "--node-lease-duration-seconds=40",
+            f"--node-lease-duration-seconds={node_lease_seconds(nodes)}",
             "--v=WARN",  # INFO logs every lease renewal: ~25 KB/s with 1,000 nodes
         ]
     raise ValueError(f"unknown component {name}")
+
+
+# kwok renews every node's Lease each quarter of its duration, as a kubelet does: with 40 s that
+# is 100 renewals/s at 1,000 nodes but 500/s at 5,000, more than the API server of a 2-core
+# machine serves next to any work (each is a PUT written to etcd). Above 1,000 nodes the
+# duration grows with the node count so that renewals stay at ~100/s (200 s at 5,000 nodes),
+# and the controller-manager's grace period (how long a Lease may go unrenewed before the node
+# is marked NotReady: 50 s by default, for 40 s leases) grows with it. The price: a stopped
+# kwok is noticed after that grace period instead of 50 s.
+NODE_LEASE_SECONDS = 40
+LEASE_RENEWALS_PER_SECOND = 100
+DEFAULT_GRACE_SECONDS = 50  # kube-controller-manager's --node-monitor-grace-period
+
+
+def node_lease_seconds(nodes: int) -> int:
+    return max(NODE_LEASE_SECONDS, -(-4 * nodes // LEASE_RENEWALS_PER_SECOND))
+
+
+def node_monitor_grace_seconds(nodes: int) -> int:
+    return node_lease_seconds(nodes) + DEFAULT_GRACE_SECONDS - NODE_LEASE_SECONDS
+
+
+def _grace_flags(nodes: int) -> list[str]:
+    grace = node_monitor_grace_seconds(nodes)
+    return [] if grace == DEFAULT_GRACE_SECONDS else [f"--node-monitor-grace-period={grace}s"]
 
 
 # kwok plays node and pod stages 4 at a time by default: too slow to bring up 1,000 nodes or to

@@ -43,6 +43,17 @@ def is_running(rec: ProcessRecord) -> bool:
     return st is not None and st[1] == rec.start_ticks and st[0] not in ("Z", "X")
 
 
+def rss_mib(pid: int) -> float | None:
+    """Resident memory of a live pid (VmRSS of /proc/<pid>/status), MiB; None if gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
