@@ -30,6 +30,15 @@ BASE = ("ns", "replicaset-web")
 SCALE1 = ("ns", "replicaset-web-scale-1")
 
 
+def live_controller(kube: Any) -> Controller:
+    """A running operator (n0..n3, 16 cpu) over the FluxJob-keeping fake of the recovery tests."""
+    from test_k8s_recovery_unit import controller
+
+    c = controller(kube)
+    c.reconciled = True
+    return c
+
+
 def held_nodes(c: Controller) -> list[str]:
     """Every node share held by a running group (a node may appear once: 16 cpu pods)."""
     return sorted(n for g in c.groups.values() if str(g.phase) == "Running" for n in g.held)
@@ -158,11 +167,7 @@ def test_scale_group_keeps_its_pods_across_a_restart() -> None:
 
     async def main() -> None:
         kube = Kube()
-        c = Controller(kube, make_controller()[0].config)  # type: ignore[arg-type]
-        for n in ("n0", "n1", "n2", "n3"):
-            c.nodes[n] = make_controller()[0].nodes[n]
-        c.build_matcher()
-        c.reconciled = True
+        c = live_controller(kube)
         c.handle(("ReplicaSet", "ADDED", rs(2)))
         running = [rs_pod(i) for i in ("y", "z")]
         for p in running:
@@ -196,11 +201,7 @@ def test_a_scale_down_seen_in_the_replay_gives_back_the_slot_without_a_pod() -> 
 
     async def main() -> None:
         kube = Kube()
-        c = Controller(kube, make_controller()[0].config)  # type: ignore[arg-type]
-        for n in ("n0", "n1", "n2", "n3"):
-            c.nodes[n] = make_controller()[0].nodes[n]
-        c.build_matcher()
-        c.reconciled = True
+        c = live_controller(kube)
         c.handle(("ReplicaSet", "ADDED", rs(4, cpu="8")))
         ps = [rs_pod(i) for i in range(4)]
         for p in ps:
@@ -213,10 +214,8 @@ def test_a_scale_down_seen_in_the_replay_gives_back_the_slot_without_a_pod() -> 
         live = [placed(p, base.slots[slot_of[p["metadata"]["uid"]]], slot_of[p["metadata"]["uid"]],
                        int(base.jobid or 0), base.spec.name) for p in ps]
         gone = live.pop()  # the operator dies; the ReplicaSet goes to 3 and deletes one pod
-        c2 = Controller(kube, c.config)  # type: ignore[arg-type]
-        for n in ("n0", "n1", "n2", "n3"):
-            c2.nodes[n] = c.nodes[n]
-        c2.build_matcher()
+        c2 = live_controller(kube)
+        c2.reconciled = False  # a new operator: the replay comes first
         owner = rs(3, cpu="8")
         c2.owners[("ReplicaSet", "ns", "web")] = owner
         c2.recover(list(kube.fluxjobs.values()))
@@ -249,11 +248,7 @@ def test_a_scale_group_placed_before_its_fluxjob_existed_is_recovered_from_its_p
 
     async def main() -> None:
         kube = Kube()
-        c = Controller(kube, make_controller()[0].config)  # type: ignore[arg-type]
-        for n in ("n0", "n1", "n2", "n3"):
-            c.nodes[n] = make_controller()[0].nodes[n]
-        c.build_matcher()
-        c.reconciled = True
+        c = live_controller(kube)
         c.handle(("ReplicaSet", "ADDED", rs(2)))
         ps = [rs_pod(i) for i in range(4)]
         for p in ps[:2]:
