@@ -34,7 +34,7 @@ from fluxnetes.k8s.groups import (
     object_name,
     request_of,
 )
-from fluxnetes.k8s.objects import _meta
+from fluxnetes.k8s.objects import _gated, _meta, _terminal
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -88,6 +88,15 @@ class Group:
     def ref(self) -> dict[str, str]:
         return {"apiVersion": f"{names.API_GROUP}/{names.API_VERSION}", "kind": names.FLUXJOB_KIND,
                 "name": self.spec.name, "namespace": self.spec.namespace}
+
+    def free_slots(self) -> int:
+        """Slots neither given back nor taken by a pod."""
+        return sum(1 for i, u in enumerate(self.slot_pod) if u is None and i not in self.released)
+
+    def waiting(self) -> list[str]:
+        """Gated, unfinished members without a slot, by pod name."""
+        return [uid for uid, pod in sorted(self.members.items(), key=lambda kv: _meta(kv[1]).get("name", ""))
+                if uid not in self.slot_pod and _gated(pod) and not _terminal(pod)]
 
 
 class GroupBook(Context):

@@ -128,9 +128,8 @@ class Recovery(Context):
         owner = controller_of(meta)
         if owner is not None and g.spec.owner is not None and not self.same_owner(g, owner.uid):
             return False  # a pod of an earlier workload of the same name
-        try:
-            slot = int((meta.get("annotations") or {}).get(ANN_SLOT, "-1"))
-        except ValueError:
+        slot = _slot_of(pod)
+        if slot is None:
             slot = -1
         if slot in g.released:
             return False  # its slot was given back already: the pod ended before
@@ -317,11 +316,8 @@ class Recovery(Context):
         live: dict[int, dict[str, Any]] = {}
         ended: dict[int, dict[str, Any]] = {}
         for p in pods:
-            try:
-                slot = int((_meta(p).get("annotations") or {}).get(ANN_SLOT, "-1"))
-            except ValueError:
-                return False
-            if not 0 <= slot < size:
+            slot = _slot_of(p)
+            if slot is None or not 0 <= slot < size:
                 return False
             if _terminal(p):
                 ended.setdefault(slot, p)

@@ -201,10 +201,7 @@ class Scaling(Context):
         for other in self.family(base):
             if other.phase != Phase.RUNNING or other is g:
                 continue
-            free = sum(1 for i, u in enumerate(other.slot_pod) if u is None and i not in other.released)
-            strays = [uid for uid, pod in sorted(other.members.items(), key=lambda kv: _meta(kv[1]).get("name", ""))
-                      if uid not in other.slot_pod and _gated(pod) and not _terminal(pod)]
-            for uid in strays[free:]:
+            for uid in other.waiting()[other.free_slots():]:
                 if g.phase != Phase.PROVISIONAL or len(g.members) >= g.spec.size:
                     return
                 self.add_member(g, uid, other.members.pop(uid))
@@ -222,12 +219,8 @@ class Scaling(Context):
         for g in fam:  # a started group with a free slot: a replacement
             # (not during the replay after a restart: a recovered group's slots look free
             # until its placed pods, listed later, have claimed them again)
-            if g.phase == Phase.RUNNING and self.reconciled:
-                free = sum(1 for i, u in enumerate(g.slot_pod) if u is None and i not in g.released)
-                waiting = sum(1 for u, p in g.members.items() if u not in g.slot_pod and _gated(p)
-                              and not _terminal(p))
-                if free > waiting:
-                    return g
+            if g.phase == Phase.RUNNING and self.reconciled and g.free_slots() > len(g.waiting()):
+                return g
         for g in reversed(fam):  # the group still collecting its pods
             if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:
                 return g
