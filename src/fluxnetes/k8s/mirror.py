@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,8 @@ class ClusterMirror(Context):
         self.foreign: dict[str, dict[str, PodResources]] = {}  # node -> uid -> request
         self.foreign_node: dict[str, str] = {}  # uid -> node
         self.foreign_owner: dict[str, str] = {}  # uid -> its controller's uid
+        # controller uid -> its foreign pods (scaling.survivors asks it on every routed pod)
+        self.foreign_per_owner: Counter[str] = Counter()
         self.foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
         self.foreign_dirty: set[str] = set()
         self.matcher: Any = None
@@ -119,13 +122,18 @@ class ClusterMirror(Context):
         owner = controller_of(_meta(pod))
         if owner is not None and owner.uid:
             self.foreign_owner[uid] = owner.uid  # a replicated workload's pods still running (scaling.survivors)
+            self.foreign_per_owner[owner.uid] += 1
         self.foreign_dirty.add(node)
         METRICS.foreign_allocations.inc()
         METRICS.foreign_pods.set(len(self.foreign_node))
 
     def remove_foreign(self, uid: str) -> None:
         node = self.foreign_node.pop(uid, None)
-        self.foreign_owner.pop(uid, None)
+        gone_owner = self.foreign_owner.pop(uid, None)
+        if gone_owner is not None:
+            self.foreign_per_owner[gone_owner] -= 1
+            if self.foreign_per_owner[gone_owner] <= 0:
+                del self.foreign_per_owner[gone_owner]
         if node is not None:
             self.foreign.get(node, {}).pop(uid, None)
             self.foreign_dirty.add(node)

@@ -10,6 +10,7 @@ key -> keys of its scale groups)."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ class Scaling(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         groups: dict[tuple[str, str], Group]
-        foreign_owner: dict[str, str]
+        foreign_per_owner: Counter[str]
         member_of: dict[str, tuple[str, str]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
         scheduler: Any
@@ -103,7 +104,7 @@ class Scaling(Context):
             if g is not None and g.phase.final and self.same_owner(g, owner_uid):
                 n += sum(1 for p in g.members.values() if assigned_node(p) is not None and not _gated(p)
                          and not _terminal(p))
-        return n + sum(1 for o in self.foreign_owner.values() if o == owner_uid)
+        return n + self.foreign_per_owner.get(owner_uid, 0)
 
     def replacement_group(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> Group | None:
         """A ReplicaSet whose groups are over while some of its pods still run (its group
