@@ -94,3 +94,32 @@ def test_a_cancelled_job_gives_everything_back() -> None:
         assert not g.held and g.released == set(range(len(g.slots)))
 
     asyncio.run(main())
+
+
+class Restarting(Recording):
+    """The API server restarts: the first pod writes fail to connect, later ones go through."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None, **kw: Any) -> dict[str, Any]:
+        if res.plural == "pods" and self.failures > 0:
+            self.failures -= 1
+            raise ConnectionRefusedError(111, "Connect call failed")
+        return await super().patch(res, name, body, namespace, **kw)
+
+
+def test_a_placement_lost_to_an_api_server_restart_is_sent_again() -> None:
+    """Issue #11's soak: a placement refused while the API server restarted was dropped, the
+    pod stayed gated in its slot for good (until the next operator restart)."""
+    async def main() -> None:
+        c, _ = make_controller()
+        kube = c.kube = Restarting(failures=2)
+        pods = [pod(f"g-{i}", labels={names.LABEL_GROUP: "g", names.LABEL_GROUP_SIZE: "2"}) for i in range(2)]
+        g = started(c, pods)
+        await settle(c)
+        assert g.phase == Phase.RUNNING and kube.failures == 0
+        assert sorted(kube.patches) == ["g-0", "g-1"]  # both placed in the end
+
+    asyncio.run(main())

@@ -352,3 +352,49 @@ def test_a_deployment_that_lost_a_node_gets_its_replacement_pod_placed() -> None
         c.matcher.check_invariants()
 
     asyncio.run(main())
+
+
+def test_a_group_name_is_never_used_twice_for_one_workload() -> None:
+    """Issue #11's soak: a Deployment's group failed by node loss and every pod ended; the
+    ReplicaSet's new pods formed a group of the failed group's name, which the store (it knows
+    a group by namespace, name and workload uid) took for the failed one after a restart and
+    ended. New pods of that workload form "-scale-N" groups instead, in the same process and
+    after a restart (the failed FluxJob spends the name before any pod is replayed)."""
+    from test_k8s_prune import node
+    from test_k8s_recovery_unit import Kube, restart
+
+    async def main() -> None:
+        c, kube = make_controller()
+        ps = start_two(c)
+        await settle(c)
+        base = c.groups[BASE]
+        on = {uid: base.slots[i] for i, uid in enumerate(base.slot_pod)}
+        for p in ps:
+            c.handle(("Pod", "MODIFIED", bound(p, on[p["metadata"]["uid"]])))
+        lost = on[ps[0]["metadata"]["uid"]]
+        c.handle(("Node", "DELETED", node(lost)))
+        for p in ps:  # the survivor ends too: the failed group has no pod left
+            c.handle(("Pod", "DELETED", bound(p, on[p["metadata"]["uid"]])))
+        await settle(c)
+        c.prune_finished()
+        assert BASE not in c.groups and "replicaset-web" in c.spent_names["rs-web"]
+        for i in (7, 8):
+            c.handle(("Pod", "ADDED", rs_pod(i)))
+        await settle(c)
+        assert BASE not in c.groups
+        g = c.groups[SCALE1]
+        assert str(g.phase) == "Running" and sorted(kube.placed)[-2:] == ["web-7", "web-8"]
+
+        # after a restart: the base FluxJob says Failed, nothing runs; new pods come
+        failed = {"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob",
+                  "metadata": {"name": BASE[1], "namespace": "ns", "uid": "fj-web"},
+                  "spec": {"size": 2, "request": {"cpu": 16000},
+                           "workload": {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
+                                        "uid": "rs-web"}},
+                  "status": {"phase": "Failed", "reason": "node n1 was removed"}}
+        c2 = restart(Kube(), [rs(2)], [failed], [rs_pod(5), rs_pod(6)])
+        await settle(c2)
+        assert BASE not in c2.groups or str(c2.groups[BASE].phase) == "Failed"
+        assert str(c2.groups[SCALE1].phase) == "Running" and len(c2.groups[SCALE1].members) == 2
+
+    asyncio.run(main())

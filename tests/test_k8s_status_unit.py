@@ -11,6 +11,7 @@ from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group, GroupBook
 from fluxnetes.k8s.groups import GroupSpec
 from fluxnetes.k8s.resources import PodResources
+from fluxnetes.k8s.scaling import Scaling
 from fluxnetes.k8s.status import EVENT_BURST, Status
 from test_k8s_prune import RecordingKube
 
@@ -26,7 +27,7 @@ class Events(RecordingKube):
         return await super().create(res, body, namespace, **kw)
 
 
-class Book(Status, GroupBook):
+class Book(Status, Scaling, GroupBook):
     """Status with the group book it writes for (no matcher, no queue)."""
 
 
@@ -35,6 +36,7 @@ def book(**config: Any) -> tuple[Book, Events]:
     b = Book(kube, OperatorConfig(**config), clock=lambda: 1_000)  # type: ignore[arg-type]
     b.init_status()
     b.init_groupbook()
+    b.init_scaling()
     return b, kube
 
 
@@ -99,5 +101,38 @@ def test_a_phase_between_two_writes_stays_a_condition() -> None:
         running = [c for c in st["conditions"] if c["type"] == str(Phase.RUNNING)]
         assert len(running) == 1 and running[0]["status"] == "False"
         assert running[0]["message"] == "allocated on n0"
+
+    asyncio.run(main())
+
+
+class Refusing(Events):
+    """The API server is away (its restart): every status write fails to connect."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = True
+
+    async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None, **kw: Any) -> dict[str, Any]:
+        if self.away:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        return await super().patch(res, name, body, namespace, **kw)
+
+
+def test_a_status_write_lost_to_an_api_server_outage_is_written_again() -> None:
+    """Issue #11's soak: FluxJob statuses of groups that ended while the API server restarted
+    stayed Running (the write failed with a connection error, the group was no longer due)."""
+    async def main() -> None:
+        b, _ = book(status_interval=0.0)
+        kube = Refusing()
+        b.kube = kube  # type: ignore[assignment]
+        g = b.groups[("ns", "g")] = group()
+        b.set_phase(g, Phase.COMPLETED, "all pods finished")
+        b.fluxjobs_due(100.0)
+        await b.flush_fluxjobs(now=100.0)  # refused: no exception escapes, still due
+        assert g.fj_dirty and kube.fluxjob_status == {}
+        kube.away = False
+        b.fluxjobs_due(101.0)
+        await b.flush_fluxjobs(now=101.0)
+        assert not g.fj_dirty and kube.fluxjob_status[("ns", "g")]["phase"] == str(Phase.COMPLETED)
 
     asyncio.run(main())

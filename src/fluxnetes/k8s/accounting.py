@@ -15,7 +15,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, request_of
-from fluxnetes.k8s.kube import PODS, ApiError
+from fluxnetes.k8s.kube import PODS, ApiError, short, transient
 from fluxnetes.k8s.objects import _meta, _terminal
 from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.resources import PodResources
@@ -142,8 +142,10 @@ class Accounting(Context):
             # and go a difference may be that moment; only one seen three times is reported
             try:
                 pods, _ = await self.kube.list(PODS)
-            except ApiError as exc:
-                log.info("accounting check: pods not listed: %s", exc)
+            except Exception as exc:
+                if not (isinstance(exc, ApiError) or transient(exc)):
+                    raise
+                log.info("accounting check: pods not listed: %s", short(exc))
                 return None
             if self.foreign_dirty:
                 self.flush_foreign()  # what the cluster shows now is what the graph must hold

@@ -112,17 +112,30 @@ class Allocation(Context):
     async def place(self, g: Group, pod: dict[str, Any], slot: int) -> None:
         node = g.slots[slot]
         m = _meta(pod)
+        uid = m.get("uid")
+        jobid = g.jobid
+
+        def still() -> bool:  # the slot is still this pod's, in the same allocation
+            return (g.phase == Phase.RUNNING and g.jobid == jobid and slot < len(g.slot_pod)
+                    and g.slot_pod[slot] == uid and slot not in g.released)
+
         try:
             if hold.gated(pod):  # pin by node affinity and lift the gate in one update
                 patch = place_patch(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
                 if patch is None:
                     return
-                await self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH)
+                done = await self.until_answered(
+                    lambda: self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH),
+                    still, f"placing {m.get('namespace')}/{m.get('name')} on {node}")
             elif hold.is_held(pod):  # fluxnetes is the pod's scheduler: bind it
                 body = binding(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
-                await self.kube.request("POST", PODS.path(m.get("namespace"), m["name"], "binding"), body)
+                done = await self.until_answered(
+                    lambda: self.kube.request("POST", PODS.path(m.get("namespace"), m["name"], "binding"), body),
+                    still, f"binding {m.get('namespace')}/{m.get('name')} to {node}")
             else:
                 return
+            if done is None:
+                return  # the slot or the group went away while the API server was away
         except ApiError as exc:
             METRICS.reconcile_error("placement")
             with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace, pod=m.get("name"), node=node):
@@ -140,8 +153,13 @@ class Allocation(Context):
         if body is None:
             return
         res = OWNER_RESOURCES[g.kind.kind]
+        owner_name, jobid = g.spec.owner.name, g.jobid
         try:
-            await self.kube.patch(res, g.spec.owner.name, body, g.spec.namespace)
+            done = await self.until_answered(
+                lambda: self.kube.patch(res, owner_name, body, g.spec.namespace),
+                lambda: g.phase == Phase.RUNNING and g.jobid == jobid, f"resuming {g.qid}")
+            if done is None:
+                return
         except ApiError as exc:
             METRICS.reconcile_error("job")
             with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):

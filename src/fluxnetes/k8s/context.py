@@ -10,12 +10,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.informer import Event
-from fluxnetes.k8s.kube import Kube
+from fluxnetes.k8s.kube import Kube, short, transient
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.groupbook import Group
@@ -26,6 +26,16 @@ log = logging.getLogger("fluxnetes.k8s.controller")
 # FLUXNETES_DEBUG_EXIT_AT=<point>: the process exits (status 137, like SIGKILL) at that point,
 # so tests can stop the operator deterministically inside a crash window (see start_group)
 DEBUG_EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
+
+T = TypeVar("T")
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """A background task that failed says so at once (asyncio only does when it is collected)."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        log.error("background task %s failed: %s", task.get_coro(), short(exc) if exc else "",
+                  exc_info=exc)
 
 
 class Context:
@@ -55,6 +65,27 @@ class Context:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
+
+    async def until_answered(self, call: Callable[[], Awaitable[T]], still: Callable[[], bool],
+                             what: str) -> T | None:
+        """``call()``, sent again while the API server is away (refused, reset, timeout, 5xx,
+        429) and the write is ``still`` wanted; None once it is not. A write lost to an API
+        server restart would otherwise leave a pod gated or a Job suspended for good."""
+        backoff = 0.5
+        while True:
+            try:
+                return await call()
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                if not still():
+                    return None
+                log.info("%s: %s; trying again in %.1f s", what, short(exc), backoff)
+            await asyncio.sleep(backoff)
+            if not still():
+                return None
+            backoff = min(backoff * 2, 5.0)
 
     # ---------------------------------------------------------------- crash windows
     def debug_point(self, point: str, g: Group) -> bool:

@@ -121,6 +121,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             cached = self.owners.get(key)
             if cached is None or _meta(cached).get("uid") in (None, "", uid):
                 self.owners.pop(key, None)  # (a re-list may show the new object first: keep it)
+            self.spent_names.pop(uid, None)
             for k in [gkey, *self.scale_groups.get(gkey, ())]:
                 g = self.groups.get(k)
                 if g is not None and not g.phase.final and self.same_owner(g, uid):
@@ -231,6 +232,8 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                     self.priority_classes[""] = int(obj.get("value") or 0)
         elif kind in OWNER_RESOURCES:
             self.on_owner(kind, etype, obj)
+        elif kind == "FluxJob" and etype != "DELETED":
+            self.on_fluxjob(obj)
         elif kind == "FluxJob" and etype == "DELETED":
             m = _meta(obj)
             g = self.groups.get((m.get("namespace") or "default", m.get("name", "")))

@@ -125,6 +125,7 @@ class GroupBook(Context):
         def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
                               obj: Mapping[str, Any]) -> Group | None: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+        def name_for_new_group(self, spec: GroupSpec) -> GroupSpec: ...
 
     def init_groupbook(self) -> None:
         self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -346,7 +347,10 @@ class GroupBook(Context):
         g = self.groups.get(spec.key)
         if g is None or (g.phase.final and not g.members):
             kind = kind_of(spec.owner.kind) if spec.owner else None
-            g = self.new_group(spec, kind)
+            spec = self.name_for_new_group(spec)
+            g = self.groups.get(spec.key)
+            if g is None or g.phase.final:
+                g = self.new_group(spec, kind)
         self.add_member(g, uid, pod)
 
     def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None:

@@ -26,6 +26,20 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
+def transient(exc: BaseException) -> bool:
+    """An outage that passes (connection refused or reset, timeout, 5xx, 429): the request is
+    worth sending again later. A missing permission or a refused object is not."""
+    if isinstance(exc, ApiError):
+        return exc.status >= 500 or exc.status == 429
+    # not every OSError: a missing kubeconfig file is configuration, not an outage
+    return isinstance(exc, ConnectionError | aiohttp.ClientError | asyncio.TimeoutError)
+
+
+def short(exc: BaseException) -> str:
+    """One line naming the error, for logs."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
 class ApiError(Exception):
     def __init__(self, status: int, body: Any, method: str, path: str) -> None:
         self.status, self.body, self.method, self.path = status, body, method, path

@@ -50,6 +50,8 @@ RENEW_DEADLINE_SECONDS = 7.0
 RETRY_SECONDS = 2.0
 # a loop that has not run for this long is wedged, not busy (a cycle of a huge backlog takes seconds)
 STALL_SECONDS = 120.0
+# after a failed renewal, ask again this soon (not at once: a refused connection fails at once)
+RENEW_RETRY_SECONDS = 0.25
 
 
 def _now() -> datetime:
@@ -222,8 +224,16 @@ class LeaderElector:
 
     async def _renew(self, kube: Kube) -> None:
         """Renew every ``retry_seconds``; once the fence has closed unrenewed the lease is lost."""
+        failed = False
         while True:
-            await asyncio.sleep(max(0.0, min(self.retry_seconds, self.fence.remaining() - 0.05)))
+            pause = min(RENEW_RETRY_SECONDS, self.retry_seconds) if failed else self.retry_seconds
+            wait = min(pause, self.fence.remaining() - 0.05)
+            if wait <= 0 and failed:
+                # failing in the fence's last moments: let it run out instead of asking in a
+                # tight loop (a refused connection fails at once)
+                wait = self.fence.remaining()
+            await asyncio.sleep(max(0.0, wait))
+            failed = False
             left = self.fence.remaining()
             if self.heartbeat is not None and time.monotonic() - self.heartbeat > STALL_SECONDS:
                 log.error("leader election: the event loop has not run for %.0f s; no longer renewing the lease",
@@ -243,8 +253,10 @@ class LeaderElector:
                         self.fence.close()
                         raise
                     log.warning("lease renewal failed: %r", exc)
+                    failed = True
                 except Exception as exc:
                     log.warning("lease renewal failed: %r", exc)
+                    failed = True
             if self.fence.remaining() <= 0:
                 self.fence.close()
                 log.error("leader election: lease %s/%s not renewed within %.1f s; stepping down",

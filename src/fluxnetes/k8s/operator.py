@@ -34,6 +34,8 @@ from fluxnetes.k8s.kube import (
     ApiError,
     Kube,
     Resource,
+    short,
+    transient,
 )
 from fluxnetes.k8s.leader import LeaderElector
 from fluxnetes.k8s.webhook import WebhookServer
@@ -317,10 +319,10 @@ class Operator:
                 await self.setup()
                 return
             except Exception as exc:
-                if not _transient(exc) or stop.is_set():
+                if not transient(exc) or stop.is_set():
                     raise
                 log.warning("start-up: the API server is not reachable (%s); trying again in %.0f s",
-                            _short(exc), backoff)
+                            short(exc), backoff)
             # what the failed attempt had opened is made again by the next one
             if self.webhook is not None:
                 await self.webhook.stop()
@@ -380,7 +382,7 @@ class Operator:
             try:
                 return Controller(self.kube, self.config)
             except StoreUnavailable as exc:
-                log.warning("the store is not reachable (%s); trying again in %.0f s", _short(exc), backoff)
+                log.warning("the store is not reachable (%s); trying again in %.0f s", short(exc), backoff)
             waits: list[Any] = [stop.wait()]
             if self.elector is not None:
                 waits.append(self.elector.lost.wait())
@@ -428,20 +430,6 @@ class Operator:
         if self.kube is not None:
             await self.kube.close()
         await asyncio.gather(tracker, return_exceptions=True)
-
-
-def _transient(exc: BaseException) -> bool:
-    """An outage that passes (connection refused or reset, timeout, 5xx, 429)."""
-    import aiohttp
-
-    if isinstance(exc, ApiError):
-        return exc.status >= 500 or exc.status == 429
-    # not every OSError: a missing kubeconfig file is configuration, not an outage
-    return isinstance(exc, ConnectionError | aiohttp.ClientError | asyncio.TimeoutError)
-
-
-def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
 
 
 async def _first(*aws: Any) -> None:

@@ -33,6 +33,7 @@ class Recovery(Context):
     """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
         _counts_dirty: bool
         groups: dict[tuple[str, str], Group]
         matcher: Any
@@ -153,6 +154,7 @@ class Recovery(Context):
             except ValueError:
                 phase = Phase.PROVISIONAL
             if phase.final:
+                self.on_fluxjob(fj)  # its name is spent (before any replayed pod forms a group)
                 continue
             req = dict(spec.get("request") or {})
             request = PodResources(int(req.pop("cpu", 0)), int(req.pop("memory", 0)), int(req.pop(GPU, 0)),

@@ -5,7 +5,10 @@ untouched. Growing or shrinking before a group started resizes it. Shrinking giv
 removed pods' shares (empty slots at once, the others as the controller deletes the pods),
 counting the base group and its scale groups together (its ``family``). ``route_pod`` decides
 which group of the family a new gated pod joins. Owned state: ``scale_groups`` (base group
-key -> keys of its scale groups)."""
+key -> keys of its scale groups) and ``spent_names`` (per workload uid, the names of its groups
+that are over: a group name is never used twice for one workload, since the store knows a
+group by namespace, name and workload uid and would take a new group of an old name for the
+old one, ended, after a restart)."""
 
 from __future__ import annotations
 
@@ -57,6 +60,43 @@ class Scaling(Context):
     def init_scaling(self) -> None:
         # scale-up groups of a workload: base group key -> keys of its "-scale-N" groups
         self.scale_groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        # workload uid -> names of its groups that are over (from set_phase and, after a
+        # restart, from the final FluxJobs the informer lists)
+        self.spent_names: dict[str, set[str]] = {}
+
+    def spend_name(self, g: Group) -> None:
+        """``g`` is over: its name is not given to another group of its workload."""
+        o = g.spec.owner
+        if o is not None and o.uid and g.kind is not None and g.kind.owns_pods and g.kind.resume_patch({}) is None:
+            self.spent_names.setdefault(o.uid, set()).add(g.spec.name)
+
+    def on_fluxjob(self, obj: Mapping[str, Any]) -> None:
+        """A FluxJob listed or changed: a final one of a replicated workload spends its name."""
+        st, spec = obj.get("status") or {}, obj.get("spec") or {}
+        wl = spec.get("workload") or {}
+        kind = kind_of(str(wl.get("kind", "")))
+        try:
+            final = Phase(st.get("phase", "")).final
+        except ValueError:
+            return
+        if final and wl.get("uid") and kind is not None and kind.owns_pods and kind.resume_patch({}) is None:
+            self.spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
+
+    def name_for_new_group(self, spec: GroupSpec) -> GroupSpec:
+        """A new base group of a replicated workload whose base name an ended group of the same
+        workload used (its group failed by node loss and every survivor ended) is named like a
+        scale group instead: a name is never reused for one workload."""
+        o = spec.owner
+        if o is None or not o.uid or spec.name not in self.spent_names.get(o.uid, ()):
+            return spec
+        return replace(spec, name=self.next_scale_name((spec.namespace, spec.name), o.uid))
+
+    def next_scale_name(self, base: tuple[str, str], owner_uid: str) -> str:
+        """"<base>-scale-N" with N above every live and spent scale group of the workload."""
+        names = [k[1] for k in self.scale_groups.get(base, ())] + list(self.spent_names.get(owner_uid, ()))
+        used = {int(n.rsplit(SCALE_SEP, 1)[-1]) for n in names
+                if n.startswith(base[1] + SCALE_SEP) and n.rsplit(SCALE_SEP, 1)[-1].isdigit()}
+        return f"{base[1]}{SCALE_SEP}{max(used, default=0) + 1}"
 
     # ---------------------------------------------------------------- scaling
     # A ReplicaSet (so a Deployment) or StatefulSet whose group was allocated may scale. Up:
@@ -183,10 +223,8 @@ class Scaling(Context):
             g.reason = f"waiting for the group: {len(g.members)}/{size} pods"
 
     def new_scale_group(self, base: tuple[str, str], like: Group, kind: WorkloadKind, size: int) -> Group:
-        used = {int(k[1].rsplit(SCALE_SEP, 1)[-1]) for k in self.scale_groups.get(base, ())
-                if k[1].rsplit(SCALE_SEP, 1)[-1].isdigit()}
-        n = max(used, default=0) + 1
-        spec = replace(like.spec, name=f"{base[1]}{SCALE_SEP}{n}", size=size)
+        owner_uid = like.spec.owner.uid if like.spec.owner else ""
+        spec = replace(like.spec, name=self.next_scale_name(base, owner_uid), size=size)
         g = self.new_group(spec, kind)
         g.reason = f"waiting for the group: 0/{size} pods"
         self.event(like.ref(), "Normal", "ScaledUp",

@@ -19,7 +19,7 @@ from fluxnetes.k8s import fluxjob
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
-from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError
+from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
@@ -35,6 +35,7 @@ class Status(Context):
     """Phases, Events, FluxJob writes, store records."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        def spend_name(self, g: Group) -> None: ...
         finished: set[tuple[str, str]]
         groups: dict[tuple[str, str], Group]
         pruned: dict[str, int]
@@ -96,6 +97,7 @@ class Status(Context):
             g.fj_dirty = True
             if phase.final:
                 self.finished.add(g.key)
+                self.spend_name(g)
             self._wake.set()
             self._counts_dirty = True
             if changed and before == Phase.RUNNING:
@@ -199,6 +201,14 @@ class Status(Context):
             METRICS.reconcile_error("fluxjob")
             with log_context(job=g.qid, group=g.spec.name, namespace=ns):
                 log.info("FluxJob %s/%s: %s", ns, name, exc)
+            g.fj_dirty = True
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            # the API server is away (restart, dropped connection): the status is written
+            # again once it answers; until then the group stays due
+            METRICS.reconcile_error("fluxjob")
+            log.info("FluxJob %s/%s: not written (%s); trying again", ns, name, short(exc))
             g.fj_dirty = True
 
     async def take_over_fluxjob(self, g: Group, body: Mapping[str, Any]) -> bool:

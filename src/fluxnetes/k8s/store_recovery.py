@@ -27,6 +27,7 @@ class StoreRecovery(Context):
     """What the store says after a restart, matched with the groups read back."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        def spend_name(self, g: Group) -> None: ...
         groups: dict[tuple[str, str], Group]
         matcher: Any
         scheduler: Any
@@ -148,6 +149,7 @@ class StoreRecovery(Context):
             g.end = g.end or self.now()
             g.fj_dirty = True
             self.finished.add(g.key)
+            self.spend_name(g)
             log.info("%s: ended before the restart (store: %s); its FluxJob said %s", g.qid, rec.state,
                      (g.fj_status or {}).get("phase", "nothing"))
 

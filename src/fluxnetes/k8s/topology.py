@@ -34,7 +34,7 @@ from fluxnetes.graph.topology import (
     node_graph,
     topology_from_nrt,
 )
-from fluxnetes.k8s.kube import ApiError, Kube, Resource
+from fluxnetes.k8s.kube import ApiError, Kube, Resource, short, transient
 
 log = logging.getLogger(__name__)
 
@@ -286,3 +286,9 @@ class TopologySource:
             except ApiError as exc:
                 self._warn(exc)
                 await asyncio.sleep(max(self.crd_poll, 300) if exc.forbidden else self.crd_poll)
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                # the API server is away (its restart): ask again, as the informers do
+                log.info("node topology: %s; trying again", short(exc))
+                await asyncio.sleep(min(self.crd_poll, 5.0))
