@@ -109,3 +109,41 @@ def test_node_loss_fails_the_group_and_gives_back_only_the_lost_nodes_share() ->
         assert c.matcher.jobs[g.jobid].nodes[0].name == kept
 
     asyncio.run(main())
+
+
+def test_a_node_heartbeat_costs_nothing_a_cordon_or_a_resize_is_seen() -> None:
+    """Issue #17: at 5,000 nodes the operator's loop stalled for minutes after start: every Node
+    event (the replay of the initial list, then kubelet/kwok heartbeats every few seconds)
+    recounted every node's cores and woke the queue. A heartbeat changes nothing the graph or
+    the queue sees; a cordon, a new allocatable, a new node or a new label does."""
+    import copy
+
+    synced: list[int] = []
+
+    class Counting(Mirror):
+        def sync_node_cores(self) -> None:
+            synced.append(1)
+            super().sync_node_cores()
+
+    m = mirror("n0", "n1", cls=Counting)
+    m.node_view.reset(m.nodes.values())
+    m.dirty = False
+    beat = copy.deepcopy(m.nodes["n0"])
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-26T14:00:00Z"
+    m.on_node("MODIFIED", beat)
+    m.on_node("ADDED", copy.deepcopy(m.nodes["n1"]))  # the replay of the initial list
+    assert synced == [] and not m.dirty
+    cordoned = copy.deepcopy(beat)
+    cordoned["spec"] = {"unschedulable": True}
+    m.on_node("MODIFIED", cordoned)
+    assert synced == [1] and m.dirty
+    m.dirty = False
+    bigger = copy.deepcopy(m.nodes["n1"])
+    bigger["status"]["allocatable"]["cpu"] = "32"
+    m.on_node("MODIFIED", bigger)
+    assert synced == [1, 1] and m.dirty
+    m.dirty = False
+    labelled = copy.deepcopy(bigger)
+    labelled["metadata"]["labels"]["team"] = "a"
+    m.on_node("MODIFIED", labelled)
+    assert m.dirty

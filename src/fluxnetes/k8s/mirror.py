@@ -169,7 +169,8 @@ class ClusterMirror(Context):
     # ---------------------------------------------------------------- nodes
     def on_node(self, etype: str, node: dict[str, Any]) -> None:
         name = str(_meta(node).get("name", ""))
-        if self.node_view.update(name, None if etype == "DELETED" else node):
+        eligibility = self.node_view.update(name, None if etype == "DELETED" else node)
+        if eligibility:
             self.dirty = True  # labels/taints changed: waiting groups are fitted again
         if etype == "DELETED":
             self.nodes.pop(name, None)
@@ -185,6 +186,7 @@ class ClusterMirror(Context):
         if self.matcher is None:
             return
         down = _node_down(node)
+        changed = True
         if old is None:
             try:
                 from fluxnetes.graph.topology import node_graph
@@ -204,7 +206,14 @@ class ClusterMirror(Context):
                 self.matcher.set_status(name, not down)
         elif (old.get("status") or {}).get("allocatable") != (node.get("status") or {}).get("allocatable"):
             self.rebuild()
+        else:
+            changed = eligibility
         self.node_down[name] = down
+        if not changed:
+            # a heartbeat (conditions' times, images, annotations): nothing the graph or the
+            # queue sees. Each node reports one every few seconds: at 5,000 nodes the O(nodes)
+            # work below, done per event, kept the event loop busy for minutes
+            return
         self.update_node_gauge()
         self.sync_node_cores()
         self.scheduler.invalidate()
