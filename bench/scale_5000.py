@@ -15,13 +15,19 @@ For each node count, in a fresh subprocess (so RSS is per size):
   (a parsed Jobspec from jobspec_from_pods): the first call and the median/p99 of repeats
   (each allocation is cancelled again, so the state stays the same);
   - "spread90": every node has 29 of 32 cores used (90.6%): the backlog case of issue 17;
+  - "spread90_pod_jobs": the same, one matcher job per pod (as the operator records pods),
+    so the matcher holds 5,000 jobs rather than 50 groups;
   - "packed90": 90% of the nodes are full, 10% empty;
-* a failing `allocate_orelse_reserve` (and a failing plain `allocate`) on "spread90": a pod of
+* a failing `allocate_orelse_reserve` (and a failing plain `allocate`) on both "spread90": a pod of
   16 cpu (no node has 16 free and nothing running ever ends, so no reservation either), and a
   group of 10 such pods; its cost over a successful 1-pod allocate is the ratio of
-  issue 17 item 3 ("a failing match is as cheap as a successful one").
+  issue 17 item 3 ("a failing match is as cheap as a successful one");
+* with --compare-baseline, on the same "spread90" matcher right after: the same questions
+  with the matcher's failing-path shortcuts off (``Matcher.fast_fail = False``: a
+  satisfiability walk of the whole graph on every failure, "every job active" recomputed
+  after a cancel), under "baseline" - before/after from one run.
 
-    .venv/bin/python bench/scale_5000.py [--nodes 1000 5000] [--repeat 50]
+    .venv/bin/python bench/scale_5000.py [--nodes 1000 5000] [--repeat 50] [--compare-baseline]
 
 Writes bench/results/scale_5000.json (parameters, figures, load average, machine).
 
@@ -53,7 +59,7 @@ OUT = Path(__file__).resolve().parent / "results" / "scale_5000.json"
 POD_CPU_MILLIS = 1000
 POD_MEMORY = 64 * 1024 * 1024
 FILL_BATCH = 100  # filler groups of 100 pods, one per node
-FAIL_REPEAT = 1
+BASELINE_FAIL_REPEAT = 3  # the unoptimised failing path costs seconds per call at 5,000 nodes
 
 
 def rss_mb() -> float:
@@ -111,25 +117,28 @@ def measure(matcher: Any, op: str, js: Any, repeat: int, expect_ok: bool) -> dic
 def fill(matcher: Any, count: int, how: str) -> dict[str, Any]:
     from fluxnetes.jobspec import PodRequest, jobspec_from_pods
 
-    if how == "spread90":  # one 29-core pod on every node
+    batch = FILL_BATCH
+    if how.startswith("spread90"):  # one 29-core pod on every node
         pods, cores = count, 29
+        if how == "spread90_pod_jobs":
+            batch = 1
     else:  # packed90: 90% of the nodes full
         pods, cores = count * 9 // 10, 32
     t0 = time.perf_counter()
     groups = 0
     while pods > 0:
-        size = min(FILL_BATCH, pods)
+        size = min(batch, pods)
         res = matcher.allocate(jobspec_from_pods(size, PodRequest(cores * 1000, 0), name="fill"), now=0)
         if not res.ok:
             raise SystemExit(f"fill {how}: {res.status.value} ({res.reason})")
         pods -= size
         groups += 1
-    used = (count if how == "spread90" else count * 9 // 10) * cores
+    used = (count if how.startswith("spread90") else count * 9 // 10) * cores
     return {"fill_s": round(time.perf_counter() - t0, 2), "fill_groups": groups,
             "cores_used_fraction": round(used / (count * 32), 3)}
 
 
-def one_size(count: int, repeat: int) -> dict[str, Any]:
+def one_size(count: int, repeat: int, compare: bool = False) -> dict[str, Any]:
     from fluxnetes.graph.topology import from_k8s_nodes_topology
     from fluxnetes.jobspec import PodRequest, jobspec_from_pods
     from fluxnetes.match.matcher import Matcher
@@ -170,33 +179,65 @@ def one_size(count: int, repeat: int) -> dict[str, Any]:
         "allocate_1pod": measure(matcher, "allocate", one, repeat, True),
         "allocate_10pod": measure(matcher, "allocate", ten, repeat, True),
     }
-    for how in ("spread90", "packed90"):
-        m = Matcher(graph, policy="lonode") if how == "packed90" else matcher
+    for how in ("spread90", "spread90_pod_jobs", "packed90"):
+        m = matcher if how == "spread90" else Matcher(graph, policy="lonode")
         st: dict[str, Any] = fill(m, count, how)
         st["allocate_1pod"] = measure(m, "allocate", one, repeat, True)
         st["allocate_10pod"] = measure(m, "allocate", ten, repeat, True)
-        if how == "spread90":
-            # a failing allocate_orelse_reserve walks the whole graph (satisfiability and a
-            # search over candidate times): a few repeats are enough to see its cost
-            slow = max(1, min(repeat, FAIL_REPEAT))
+        if how.startswith("spread90"):
+            # failing questions: allocate_orelse_reserve (no node has 16 cores free, nothing
+            # ever ends, so no reservation: then the satisfiability question), plain allocate,
+            # satisfiability alone. The first call of a new request shape also builds the
+            # slot index (fast.py) and the empty-graph slot counts (pristine.py): "first_ms".
             for label, js in (("1pod_16cpu", big_one), ("10pod_16cpu", big_ten)):
-                st[f"fail_orelse_reserve_{label}"] = measure(m, "allocate_orelse_reserve", js, slow, False)
+                st[f"fail_orelse_reserve_{label}"] = measure(m, "allocate_orelse_reserve", js, repeat, False)
                 st[f"fail_allocate_{label}"] = measure(m, "allocate", js, repeat, False)
-                st[f"satisfiability_{label}"] = measure(m, "satisfiability", js, slow, True)
-            ok = st["allocate_1pod"]["median_ms"]
-            st["ratio_fail_orelse_reserve_1pod_over_ok_1pod_cpu"] = round(
-                st["fail_orelse_reserve_1pod_16cpu"]["median_cpu_ms"]
-                / max(st["allocate_1pod"]["median_cpu_ms"], 0.001), 1)
-            st["ratio_fail_allocate_1pod_over_ok_1pod"] = round(
-                st["fail_allocate_1pod_16cpu"]["median_ms"] / ok, 2)
-            st["ratio_fail_orelse_reserve_1pod_over_ok_1pod"] = round(
-                st["fail_orelse_reserve_1pod_16cpu"]["median_ms"] / ok, 2)
-            st["ratio_fail_orelse_reserve_10pod_over_ok_10pod"] = round(
-                st["fail_orelse_reserve_10pod_16cpu"]["median_ms"] / st["allocate_10pod"]["median_ms"], 2)
+                st[f"satisfiability_{label}"] = measure(m, "satisfiability", js, repeat, True)
+            st.update(_ratios(st))
+            if compare:
+                m.fast_fail = False
+                base: dict[str, Any] = {
+                    "what": "the same matcher and state, Matcher.fast_fail = False (the failing "
+                            "path before issue 17 item 3's work); measured after the rows above, "
+                            "so the slot index of each shape is already built (first_ms "
+                            "excludes it here)",
+                    "allocate_1pod": measure(m, "allocate", one, repeat, True),
+                    "allocate_10pod": measure(m, "allocate", ten, repeat, True),
+                }
+                slow = max(1, min(repeat, BASELINE_FAIL_REPEAT))
+                for label, js in (("1pod_16cpu", big_one), ("10pod_16cpu", big_ten)):
+                    base[f"fail_orelse_reserve_{label}"] = measure(m, "allocate_orelse_reserve", js, slow,
+                                                                   False)
+                    base[f"fail_allocate_{label}"] = measure(m, "allocate", js, repeat, False)
+                    base[f"satisfiability_{label}"] = measure(m, "satisfiability", js, slow, True)
+                base.update(_ratios(base))
+                m.fast_fail = True
+                st["baseline"] = base
+                st["speedup_fail_orelse_reserve_1pod_median"] = round(
+                    base["fail_orelse_reserve_1pod_16cpu"]["median_ms"]
+                    / max(st["fail_orelse_reserve_1pod_16cpu"]["median_ms"], 0.001), 1)
+                st["speedup_fail_orelse_reserve_10pod_median"] = round(
+                    base["fail_orelse_reserve_10pod_16cpu"]["median_ms"]
+                    / max(st["fail_orelse_reserve_10pod_16cpu"]["median_ms"], 0.001), 1)
         states[how] = st
     out["states"] = states
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out
+
+
+def _ratios(st: dict[str, Any]) -> dict[str, float]:
+    """Failing over successful (median wall ms; "_cpu": this process's CPU ms)."""
+    ok1, ok10 = st["allocate_1pod"], st["allocate_10pod"]
+    f1, f10 = st["fail_orelse_reserve_1pod_16cpu"], st["fail_orelse_reserve_10pod_16cpu"]
+    return {
+        "ratio_fail_orelse_reserve_1pod_over_ok_1pod_cpu": round(
+            f1["median_cpu_ms"] / max(ok1["median_cpu_ms"], 0.001), 2),
+        "ratio_fail_allocate_1pod_over_ok_1pod": round(
+            st["fail_allocate_1pod_16cpu"]["median_ms"] / max(ok1["median_ms"], 0.001), 2),
+        "ratio_fail_orelse_reserve_1pod_over_ok_1pod": round(f1["median_ms"] / max(ok1["median_ms"], 0.001), 2),
+        "ratio_fail_orelse_reserve_10pod_over_ok_10pod": round(
+            f10["median_ms"] / max(ok10["median_ms"], 0.001), 2),
+    }
 
 
 def _proc_ticks(pid: int) -> int:
@@ -312,10 +353,12 @@ def main() -> int:
     ap.add_argument("--idle-seconds", type=float, default=30.0)
     ap.add_argument("--sample-operator", type=int, metavar="PID",
                     help="sample the operator processes of this operator_bench run (RSS, CPU) until it ends")
+    ap.add_argument("--compare-baseline", action="store_true",
+                    help="also measure the failing questions with Matcher.fast_fail = False (before/after)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child: one size, JSON to stdout
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one_size(args.one, args.repeat)))
+        print(json.dumps(one_size(args.one, args.repeat, args.compare_baseline)))
         return 0
     if args.sample_operator:
         sampled = sample_operator(args.sample_operator)
@@ -337,21 +380,29 @@ def main() -> int:
     results = []
     for count in args.nodes:
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, __file__, "--one", str(count), "--repeat", str(args.repeat)],
-                              capture_output=True, text=True, check=False)
+        load_before = [round(x, 2) for x in os.getloadavg()]
+        argv = [sys.executable, __file__, "--one", str(count), "--repeat", str(args.repeat)]
+        if args.compare_baseline:
+            argv.append("--compare-baseline")
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
             return proc.returncode
         r = json.loads(proc.stdout)
         r["wall_s"] = round(time.monotonic() - t0, 1)
+        r["load_avg_before"] = load_before
         r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
         results.append(r)
         print(json.dumps(r, indent=1), flush=True)
-    doc = {
+    # keep what other modes (--cluster-nodes, --sample-operator) recorded in the same file
+    doc = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    doc.update({
         "benchmark": "scale_5000",
         "parameters": {
             "nodes": args.nodes,
             "repeat": args.repeat,
+            "compare_baseline": args.compare_baseline,
+            "baseline_fail_repeat": BASELINE_FAIL_REPEAT if args.compare_baseline else None,
             "node_shape": "dev cluster default: 32 cpu, 256Gi, 110 pods, 1 zone, 1 rack",
             "pod": "1 cpu, 64Mi (operator_bench's Jobs); failing pod: 16 cpu, 64Mi",
             "policy": "lonode (operator default)",
@@ -365,8 +416,9 @@ def main() -> int:
             "load_avg_start": [round(x, 2) for x in load_start],
             "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         },
-        "note": "the machine is shared (a chaos soak ran meanwhile); load_avg_* say how busy it was",
-    }
+        "note": "the machine is shared (2 cores, other sessions' work ran meanwhile): load_avg_* "
+                "say how busy it was; *_cpu_ms are this process's CPU time, less affected by it",
+    })
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")

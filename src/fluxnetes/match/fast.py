@@ -136,6 +136,8 @@ class SlotIndex:
         self.eng = eng
         self.types = types
         self.elems = elems  # element requests (counts matter for packing)
+        # fixed counts (min == max): a host's slot size does not depend on what is free
+        self.fixed = all(e.count.min == e.count.max for e in elems)
         self.hosts: list[_Host] = []
         self.host_of: dict[int, _Host] = {}  # id(leaf vstate) -> host
         self.dirty: set[_Host] = set()
@@ -225,7 +227,34 @@ class SlotIndex:
             self._order[id(h)] = st
         return st
 
+    def _fits(self, h: _Host) -> bool:
+        """_pack's count test (every element's count allows at least one slot) from the
+        host's children as they are, without sorting them: most hosts of a busy graph fail
+        it for a big request, and _pack would return no slot for them anyway."""
+        split = self.eng.split_pools
+        kids = h.vs.children
+        for elem in self.elems:
+            t = elem.type
+            qc = 0
+            for c in kids:
+                cv = c.v
+                if cv.type != t or cv.status != UP:
+                    continue
+                if c.xs or c.alloc_n or c.ps:
+                    if not (split and cv.size > 1 and not c.children):
+                        continue
+                    avail = cv.size - c.pused
+                else:
+                    avail = cv.size
+                if avail > 0:
+                    qc += avail
+            if calc_count(elem.count, qc) == 0:
+                return False
+        return True
+
     def _pack(self, h: _Host) -> list[Slot] | _Runs:
+        if not self._fits(h):
+            return []
         eng = self.eng
         high = eng.high
         split = eng.split_pools
@@ -322,7 +351,11 @@ class SlotIndex:
         """After a successful commit of ``picks`` (host, slot position): drop those slots.
 
         For hosts whose slots are aligned runs of unit leaves, taking whole runs leaves the
-        other runs unchanged, so no repacking is needed; other hosts are repacked lazily."""
+        other runs unchanged, so no repacking is needed - when the element counts are fixed:
+        a range (``core[1:2]``) takes as many as are free, so fewer free leaves can mean
+        shorter runs; other hosts are repacked lazily."""
+        if not self.fixed:
+            return
         by_host: dict[int, tuple[_Host, set[int]]] = {}
         for h, pos in picks:
             by_host.setdefault(id(h), (h, set()))[1].add(pos)

@@ -283,8 +283,11 @@ def _never(m: Matcher, js: Jobspec, parts: list[_Part], domains: list[tuple[Vert
     def alone(p: _Part, dcon: Constraint | None) -> bool:
         sub = _sub(js, p.entry, _and(p.constraint, dcon))
         need = sub.totals.get("node", 0)
-        return m._feasible(sub, need, now, duration, satisfiability=True) and \
-            eng.select(sub.resources, Meta(-1, at, now, duration, AT_SAT, sub.constraint), _exclusive_types(sub.resources))
+        x_types = _exclusive_types(sub.resources)
+        # (the matcher remembers or counts the walk's answer: Matcher._sat_walk)
+        return m._feasible(sub, need, now, duration, satisfiability=True) and m._sat_walk(
+            sub, duration, x_types,
+            lambda: eng.select(sub.resources, Meta(-1, at, now, duration, AT_SAT, sub.constraint), x_types))
 
     for p in parts:
         if not alone(p, None):

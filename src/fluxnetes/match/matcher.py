@@ -8,11 +8,13 @@ the graph horizon (never assumed to end).
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, cast
 
+from sortedcontainers import SortedList
+
 from fluxnetes.graph.jgf import read_jgf
-from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex
+from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex, gc_paused
 from fluxnetes.jobspec.constraints import expand_idset
 from fluxnetes.jobspec.model import Jobspec, Resource, parse_jobspec
 from fluxnetes.match.engine import (
@@ -26,8 +28,10 @@ from fluxnetes.match.engine import (
     JobEntry,
     Meta,
     VState,
+    calc_count,
 )
 from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
+from fluxnetes.match.pristine import PristineSlots
 from fluxnetes.match.results import (
     AllocVertex,
     MatchError,
@@ -37,6 +41,10 @@ from fluxnetes.match.results import (
     node_shares,
 )
 from fluxnetes.plan import max_overlap
+
+# spans ending after this could overlap a satisfiability walk's window
+# [FAR - duration - 1, FAR - 1) (duration <= GRAPH_END); spans end by GRAPH_END normally
+SAT_SAFE_END = FAR - GRAPH_END - 1
 
 # policy name -> (high, node_centric, stop_on_1, node_exclusive)   (fluxion-spec §4.1)
 POLICIES: dict[str, tuple[bool, bool, bool, bool]] = {
@@ -152,6 +160,19 @@ class Matcher:
         self._span_dirty = False
         self._max_at = -1
         self._min_end = GRAPH_END + 1
+        # ``fast_fail``: the failing path's shortcuts (see match/README.md "Failing
+        # matches"); False runs the unoptimised path (tests compare both, the benchmark
+        # measures both). Answers are the same either way.
+        self.fast_fail = True
+        # every recorded job's [at, end) as sorted multisets: "all active at now" in O(log n)
+        self._spans: dict[int, tuple[int, int]] = {}
+        self._starts: SortedList = SortedList()
+        self._ends: SortedList = SortedList()
+        # satisfiability answers (the far-future walk) per request, valid while the graph's
+        # structure and properties stay (and, under `first`, its child order): _sat_walk
+        self._sat_cache: dict[Hashable, bool] = {}
+        self._pristine: dict[frozenset[str], PristineSlots] = {}
+        self._late: set[int] = set()  # jobs with spans reaching the satisfiability window
 
     # ------------------------------------------------------------------ properties
     @property
@@ -259,7 +280,7 @@ class Matcher:
                 return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
         # satisfiability walk: far future, status ignored
         sat = self._feasible(js, need_nodes, now, duration, satisfiability=True) and \
-            run(FAR - duration - 1, AT_SAT)
+            self._sat_walk(js, duration, x_types, lambda: run(FAR - duration - 1, AT_SAT))
         if sat_only:
             if sat:
                 return MatchResult(MatchStatus.ALLOCATED, -1, now, duration, "")
@@ -267,6 +288,56 @@ class Matcher:
         if sat:
             return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
         return self._fail(MatchStatus.UNSATISFIABLE, jid, js, self._unsat_reason(js))
+
+    # ------------------------------------------------------------------ satisfiability
+    def _sat_walk(self, js: Jobspec, duration: int, x_types: set[str], walk: Callable[[], bool]) -> bool:
+        """The satisfiability walk's answer (far future, status ignored): remembered per
+        request while nothing it depends on changes, or counted where that is exact
+        (match/pristine.py), else ``walk()``.
+
+        At the far future every span has ended (unless a job in ``_late`` reaches there), so
+        the walk sees the empty graph: its answer depends on the structure, the vertices'
+        properties/names/ranks and the request (and under ``first`` on the child order,
+        which commits change) - _sat_changed() forgets the answers when those change."""
+        if not self.fast_fail or self._late:
+            return walk()
+        key = _request_key(js, duration)
+        if key is None:
+            return walk()
+        hit = self._sat_cache.get(key)
+        if hit is not None:
+            return hit
+        ok = self._pristine_sat(js, x_types)
+        if ok is None:
+            ok = walk()
+        if len(self._sat_cache) >= _SAT_CACHE_MAX:
+            self._sat_cache.clear()
+        self._sat_cache[key] = ok
+        return ok
+
+    def _pristine_sat(self, js: Jobspec, x_types: set[str]) -> bool | None:
+        """The walk's answer for ``slot[N] -> {leaves}`` from slot counts on the empty graph
+        (static policies with stable ties, as the index fast paths); None: walk."""
+        if not self._fast_policy or x_types:
+            return None
+        shape = slot_shape(js.resources)
+        if shape is None:
+            return None
+        slot, elems = shape
+        types = frozenset(e.type for e in elems)
+        ps = self._pristine.get(types)
+        if ps is None:
+            with gc_paused():
+                ps = self._pristine[types] = PristineSlots(self.engine, types)
+        total = ps.total(elems, js.constraint)
+        if total is None:
+            return None
+        return calc_count(slot.count, total) > 0
+
+    def _sat_changed(self) -> None:
+        """The graph's structure or properties changed: satisfiability answers are stale."""
+        self._sat_cache.clear()
+        self._pristine.clear()
 
     def _fail(self, status: MatchStatus, jid: int, js: Jobspec, reason: str) -> MatchResult:
         self.stats["failed"] += 1
@@ -315,6 +386,9 @@ class Matcher:
         self._jobs[jid] = rec
         self._touched([e.vs for e in entries])
         self._note_span(at, at + d)
+        self._track(jid, at, at + d)
+        if self.engine.first:
+            self._sat_cache.clear()  # the update pass reordered children (by_outedges)
         self.stats["succeeded"] += 1
         return res
 
@@ -340,7 +414,32 @@ class Matcher:
         if end < self._min_end:
             self._min_end = end
 
+    def _track(self, jid: int, at: int, end: int) -> None:
+        """Job ``jid`` holds [at, end) from now on (replacing what it held)."""
+        old = self._spans.get(jid)
+        if old == (at, end):
+            return
+        if old is not None:
+            self._untrack(jid)
+        self._spans[jid] = (at, end)
+        self._starts.add(at)
+        self._ends.add(end)
+        if end > SAT_SAFE_END:
+            self._late.add(jid)
+
+    def _untrack(self, jid: int) -> None:
+        old = self._spans.pop(jid, None)
+        if old is None:
+            return
+        self._starts.remove(old[0])
+        self._ends.remove(old[1])
+        self._late.discard(jid)
+
     def _all_active(self, now: int, duration: int) -> bool:
+        """Has every recorded job started by ``now`` and not ended at ``now``?"""
+        if self.fast_fail:
+            starts, ends = self._starts, self._ends
+            return (not starts or starts[-1] <= now) and (not ends or now < ends[0])
         if self._span_dirty:
             self._max_at = max((r.at for r in self._jobs.values()), default=-1)
             self._min_end = min((r.end for r in self._jobs.values()), default=GRAPH_END + 1)
@@ -359,7 +458,8 @@ class Matcher:
             key = tuple((e.type, e.count) for e in elems)
             idx = self._slot_idx.get(key)
             if idx is None:
-                idx = self._slot_idx[key] = SlotIndex(eng, frozenset(e.type for e in elems), elems)
+                with gc_paused():  # (many small objects at once: no full collections meanwhile)
+                    idx = self._slot_idx[key] = SlotIndex(eng, frozenset(e.type for e in elems), elems)
             members = idx.select(slot, js.constraint)
             if members is None:
                 return MatchResult(MatchStatus.BUSY, jid)
@@ -373,7 +473,8 @@ class Matcher:
             key2 = (slot.count, tuple((e.type, e.count) for e in elems))
             nidx = self._node_idx.get(key2)
             if nidx is None:
-                nidx = self._node_idx[key2] = NodeIndex(eng, slot, elems)
+                with gc_paused():
+                    nidx = self._node_idx[key2] = NodeIndex(eng, slot, elems)
             nodes = nidx.select(node_req, js.constraint)
             if nodes is None:
                 return MatchResult(MatchStatus.BUSY, jid)
@@ -437,6 +538,7 @@ class Matcher:
         self.engine.remove_entries(jobid, rec.entries, rec.reserved)
         self._touched([e.vs for e in rec.entries])
         self._span_dirty = True
+        self._untrack(jobid)
 
     def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
         """Release part of a job; returns True when nothing is left (the job is gone)."""
@@ -455,6 +557,7 @@ class Matcher:
         self._span_dirty = True
         if not any(holdings.values()):
             del self._jobs[jobid]
+            self._untrack(jobid)
             return True
         self._record(rec, {u: a for u, a in holdings.items() if a > 0})
         return False
@@ -561,6 +664,7 @@ class Matcher:
         rec.entries = entries
         self._touched(entries_vs := [e.vs for e in entries])
         self._note_span(rec.at, rec.at + rec.duration)
+        self._track(jid, rec.at, rec.at + rec.duration)
         verts = _postorder(self.engine, entries_vs, holdings)
         rec.vertices = verts
         rec.nodes = node_shares(verts)
@@ -698,6 +802,7 @@ class Matcher:
             raise MatchError(str(exc)) from None
         # a new dict: results already returned keep the properties they were emitted with
         v.properties = {**(v.properties or {}), key: str(value)}
+        self._sat_changed()
 
     def add_subgraph(self, jgf_or_graph: Mapping[str, Any] | str | ResourceGraph) -> list[str]:
         """Attach vertices (JGF with the path from the root, or a graph); returns new paths."""
@@ -723,6 +828,7 @@ class Matcher:
         self._capacity = self.graph.summary()
         self._slot_idx.clear()
         self._node_idx.clear()
+        self._sat_changed()
         return new
 
     def _fresh_ranks(self, new_paths: list[str]) -> None:
@@ -770,6 +876,7 @@ class Matcher:
                 self._record(rec, left)
             else:
                 del self._jobs[jid]
+                self._untrack(jid)
         pvs = top.parent
         assert pvs is not None
         pvs.children = [c for c in pvs.children if c is not top]
@@ -780,6 +887,7 @@ class Matcher:
         self._capacity = self.graph.summary()
         self._slot_idx.clear()
         self._node_idx.clear()
+        self._sat_changed()
         return affected
 
     # ------------------------------------------------------------------ info / stat
@@ -882,6 +990,25 @@ class Matcher:
                 break
         if problems:
             raise AssertionError("matcher invariants violated:\n  " + "\n  ".join(problems[:20]))
+
+
+_SAT_CACHE_MAX = 4096  # request shapes remembered (a bound for long-lived operators)
+
+
+def _resources_key(resources: list[Resource]) -> tuple[Any, ...]:
+    # (labels and ids name slots for tasks and pod sets; the walk does not read them, so
+    # groups of the same shape share one answer)
+    return tuple((r.type, r.count, r.unit, r.exclusive, _resources_key(r.with_)) for r in resources)
+
+
+def _request_key(js: Jobspec, duration: int) -> Hashable | None:
+    """What a satisfiability walk reads of a request (None: not hashable, do not cache)."""
+    key = (_resources_key(js.resources), js.constraint, duration)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _exclusive_types(resources: list[Resource]) -> set[str]:
