@@ -323,3 +323,15 @@ def test_group_names_and_pod_sets_of_any_workload() -> None:
     assert sets(pod_sets_of(tj, lookup_of(two_jobs))) == [("node", 6)]
     assert sets(pod_sets_of(fx("jobset"))) == [("driver", 1), ("workers", 8)]
     assert pod_sets_of({"kind": "Unknown"}) == []
+
+
+def test_conflicting_or_bad_packing_annotations_are_refused_at_admission() -> None:
+    obj = example("mpijob")
+    obj["metadata"]["annotations"] = {"fluxnetes.io/pack": "node", "fluxnetes.io/exclusive": "node"}
+    resp = admission.mutate(review(obj))["response"]
+    assert resp["allowed"] is False and "fluxnetes.io/exclusive" in resp["status"]["message"]
+    obj["metadata"]["annotations"] = {"fluxnetes.io/pack": "socket"}
+    resp = admission.mutate(review(obj))["response"]
+    assert resp["allowed"] is False and "must be one of node, rack, zone" in resp["status"]["message"]
+    obj["metadata"]["annotations"] = {"fluxnetes.io/pack": "rack", "fluxnetes.io/exclusive": "node"}
+    assert admission.mutate(review(obj))["response"]["allowed"] is True

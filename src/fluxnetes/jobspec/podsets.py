@@ -230,3 +230,28 @@ def nodes_of_sets(sets: Sequence[PodSet], result: Any, *, exclusive: bool = Fals
         shares = getattr(result, "nodes", result)
         fresh = decompose(live, shares, exclusive=exclusive)
     return keep_stable(fresh, previous)
+
+
+# ----------------------------------------------------------------------------- reading back
+
+
+def podsets_of_jobspec(js: Jobspec) -> list[tuple[str, int]]:
+    """(label, pods) of each pod set of a multi-set jobspec, in the order its slots are
+    numbered (the jobspec's order, as :func:`jobspec_from_podsets` wrote them); [] for a
+    one-set request. What ``kubectl fluxnetes explain`` shows of a FluxJob's pod sets."""
+    if len(js.sets) < 2:
+        return []
+    out: list[tuple[str, int]] = []
+
+    def walk(r: Any, mult: int) -> None:
+        n = mult * int(r.count.min)
+        if r.type == "slot":
+            out.append((str(r.label or ""), n))
+            return
+        for c in r.with_:
+            walk(c, n)
+
+    for top in js.resources:
+        # a packing level (<level>[1]) holds the sets; it counts once
+        walk(top, 1)
+    return out

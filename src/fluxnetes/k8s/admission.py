@@ -36,6 +36,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from fluxnetes.jobspec.packing import PackingError, packing_from_annotations
 from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
 from fluxnetes.k8s.hold import GATE, hold_ops
@@ -144,6 +145,10 @@ def mutate_multi_role(obj: Mapping[str, Any], kind: WorkloadKind, *, suspend: bo
         check_pod_template(tmeta, tspec)
     first = (sets[0].template.get("spec") or {}) if sets else {}
     duration_of(meta, first, kind.deadline(obj))
+    try:  # fluxnetes.io/pack and exclusive (and Kueue's alias): bad values, conflicts
+        packing_from_annotations(meta.get("annotations") or {}, pods=sum(ps.count for ps in sets))
+    except PackingError as exc:
+        raise GroupError(str(exc)) from None
     return kind.mutate(obj, suspend=suspend, hold=hold)
 
 

@@ -20,7 +20,7 @@ from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import OwnerRef
 from fluxnetes.k8s.kube import JSON_PATCH, PODS, ApiError
-from fluxnetes.k8s.objects import OWNER_RESOURCES, _gated, _meta, _terminal
+from fluxnetes.k8s.objects import _gated, _meta, _terminal, workload_resource
 from fluxnetes.k8s.placement import binding, place_patch
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
@@ -42,6 +42,9 @@ class Allocation(Context):
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
+        def slots_of_sets(self, g: Group, res: Any) -> None: ...
+        def set_slots(self, g: Group, pod: Mapping[str, Any], free: list[int]) -> tuple[list[int], int | None]: ...
+        def slot_share(self, g: Group, slot: int, held: shares.Share) -> shares.Share: ...
 
     def init_allocation(self) -> None:
         self._hold_placement = False  # debug exit point "fluxjob-running": never place
@@ -66,6 +69,8 @@ class Allocation(Context):
 
         g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
         g.slot_pod = [None] * len(g.slots)
+        if g.sets:  # a multi-role workload: each pod set's slots (k8s/podset_groups.py)
+            self.slots_of_sets(g, res)
         g.released = set()
         g.start = self.now()
         g.expected_start = None
@@ -102,6 +107,10 @@ class Allocation(Context):
                 continue
             want = g.kind.slot_of(pod) if g.kind else None
             free = [i for i in range(len(g.slots)) if g.slot_pod[i] is None and i not in g.released]
+            if g.slot_set:  # a slot of the pod's own set, its index's if free
+                free, want = self.set_slots(g, pod, free)
+                if not free:
+                    continue
             if not free:
                 break
             slot = want if want in free else free[0]
@@ -152,7 +161,7 @@ class Allocation(Context):
         body = g.kind.resume_patch(owner or {})
         if body is None:
             return
-        res = OWNER_RESOURCES[g.kind.kind]
+        res = workload_resource(g.kind)
         owner_name, jobid = g.spec.owner.name, g.jobid
         try:
             done = await self.until_answered(
@@ -176,7 +185,13 @@ class Allocation(Context):
 
                 # marked as fluxnetes' own hold, so it is resumed when allocated again
                 body = {"metadata": {"annotations": {ANN_SUSPENDED_BY: SUSPENDED_BY_US}}, "spec": {"suspend": True}}
-                await self.kube.patch(OWNER_RESOURCES[g.kind.kind], g.spec.owner.name, body, g.spec.namespace)
+                suspend_at = getattr(g.kind, "suspend_path", None)  # a multi-role kind's own field
+                if suspend_at is not None:
+                    held: dict[str, Any] = {suspend_at[-1]: True}
+                    for part in reversed(suspend_at[1:-1]):
+                        held = {part: held}
+                    body["spec"] = held
+                await self.kube.patch(workload_resource(g.kind), g.spec.owner.name, body, g.spec.namespace)
             else:
                 for pod in list(g.members.values()) if pods is None else pods:
                     await self.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
@@ -192,7 +207,8 @@ class Allocation(Context):
         g.released.add(slot)
         if held is None:
             return
-        part = held if len(left_on_node) <= 1 else held.split(len(left_on_node))
+        part = held if len(left_on_node) <= 1 else (
+            self.slot_share(g, slot, held) if g.slot_set else held.split(len(left_on_node)))
         rest = held - part
         if rest.empty:
             g.held.pop(node, None)
@@ -236,6 +252,10 @@ class Allocation(Context):
                     ok = False
                 elif c.get("type") in ("Complete", "SuccessCriteriaMet"):
                     complete = True
+            if g.kind.addon and owner is not None and g.kind.finished(owner):
+                # a multi-role workload's own outcome (MPIJob Succeeded, JobSet Completed, ...):
+                # its controller deleting the pods left running after it is not a cancel
+                ok = complete = not g.kind.failed(owner)
         if ok and g.deleted_pods and not complete:
             # its pods were deleted while they ran: the work was stopped, not finished
             reason = f"pods deleted: {g.deleted_pods} pod(s) of the group were deleted before they finished"

@@ -76,6 +76,10 @@ class Group:
     alloc: list[shares.Share] = field(default_factory=list)  # what it was given when it started
     note: str = ""  # said again with its next start (e.g. why it was matched again)
     recovered: bool = False  # its allocation was made before a restart (pods carry older job ids)
+    # a multi-role workload's pod sets (jobspec.podsets.PodSet; empty: one set, as for a Job)
+    # and, once started, the pod set of each slot (k8s/podset_groups.py)
+    sets: list[Any] = field(default_factory=list)
+    slot_set: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -126,6 +130,7 @@ class GroupBook(Context):
                               obj: Mapping[str, Any]) -> Group | None: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
         def name_for_new_group(self, spec: GroupSpec) -> GroupSpec: ...
+        def join_addon(self, uid: str, pod: dict[str, Any]) -> bool: ...
 
     def init_groupbook(self) -> None:
         self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -317,6 +322,8 @@ class GroupBook(Context):
         return group_of_pod(pod, owner_size=owner_size, owner_deadline=owner_deadline, priority=self.priority_of)
 
     def join_group(self, uid: str, pod: dict[str, Any]) -> None:
+        if self.join_addon(uid, pod):
+            return  # a multi-role workload's pod (k8s/podset_groups.py)
         meta = _meta(pod)
         ns = meta.get("namespace") or "default"
         owner = controller_of(meta)
@@ -406,7 +413,8 @@ class GroupBook(Context):
         if base is not None and g.kind is not None and g.kind.resume_patch({}) is None:
             unreleased = sum(self.capacity(x) for x in self.family(base))  # with its scale groups
         replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner)
-                    and (failed or g.kind.replaces_pods(owner)) and unreleased <= g.kind.size(owner))
+                    and (failed or g.kind.replaces_pods(owner)) and unreleased <= g.kind.size(owner)
+                    and ((pod.get("status") or {}).get("phase") != "Succeeded" or g.kind.replaces_succeeded(owner)))
         if replaced:
             self.assign(g)  # its replacement keeps the share
             return

@@ -10,9 +10,14 @@ from typing import Any
 
 from fluxnetes.k8s.hold import is_held
 from fluxnetes.k8s.kube import Resource
-from fluxnetes.k8s.workloads import KINDS
+from fluxnetes.k8s.workloads import KINDS, WorkloadKind
 
 OWNER_RESOURCES = {k.kind: Resource(k.api_version, k.plural) for k in KINDS.values() if k.owns_pods}
+
+
+def workload_resource(kind: WorkloadKind) -> Resource:
+    """The API resource of a workload kind (built-in or multi-role: k8s/podset_groups.py)."""
+    return OWNER_RESOURCES.get(kind.kind) or Resource(kind.api_version, kind.plural)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

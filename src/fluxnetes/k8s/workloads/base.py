@@ -209,6 +209,13 @@ class WorkloadKind:
         """A finished pod will be replaced by the controller: keep its share for the new one."""
         return True
 
+    def replaces_succeeded(self, obj: Mapping[str, Any]) -> bool:
+        """A pod that succeeded will be followed by another one (``replaces_pods`` being
+        true): keep its share. False for the multi-role kinds whose pods each run once (an MPI
+        worker, a JobSet pod of a Job with as many pods as completions): it is given back as
+        the pod ends."""
+        return True
+
     def slot_of(self, pod: Mapping[str, Any]) -> int | None:
         """Stable index of a pod within its group (node for index i stays the same)."""
         return None

@@ -93,6 +93,15 @@ class JobSetKind(SuspendableKind):
         # its Jobs replace failed pods (backoffLimit) and failurePolicy restarts whole Jobs
         return True
 
+    def replaces_succeeded(self, obj: Mapping[str, Any]) -> bool:
+        """Only a Job of more completions than pods at once makes a pod after one succeeded."""
+        for rj in self._rjobs(obj):
+            spec = (rj.get("template") or {}).get("spec") or {}
+            comp = spec.get("completions")
+            if comp is not None and count_field(comp, 0) > pods_per_job(rj.get("template") or {}):
+                return True
+        return False
+
     def slot_in_set(self, obj: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> int | None:
         """job-index x pods per Job + completion index (needs the JobSet for the Job width)."""
         labels = (pod.get("metadata") or {}).get("labels") or {}

@@ -88,6 +88,9 @@ class MPIJobKind(SuspendableKind):
     def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
         return True  # a failed worker is re-created by the operator (restartPolicy)
 
+    def replaces_succeeded(self, obj: Mapping[str, Any]) -> bool:
+        return False  # a launcher or worker that succeeded is not made again
+
     def slot_of(self, pod: Mapping[str, Any]) -> int | None:
         route = self.route(pod)
         return None if route is None else route.slot

@@ -94,6 +94,9 @@ class TrainJobKind(SuspendableKind):
         # pods are held by the pod webhook (see the module docstring)
         return suspend_ops(obj, "/spec/suspend") if suspend else []
 
+    def replaces_succeeded(self, obj: Mapping[str, Any]) -> bool:
+        return False  # one pod per training node, run once
+
     def route(self, pod: Mapping[str, Any], lookup: Lookup | None = None) -> PodRoute | None:
         """A pod of the JobSet a TrainJob made: needs that JobSet in ``lookup``."""
         r = JOBSET.route(pod, lookup)

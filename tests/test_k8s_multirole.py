@@ -1,0 +1,253 @@
+"""Multi-role workloads through the fluxnetes operator, with their REAL controllers.
+
+MPIJob (MPI Operator), JobSet, TrainJob (Kubeflow Trainer) and LeaderWorkerSet run in the dev
+cluster (`--addons all`); the operator (a subprocess, as a user runs it) finds their CRDs,
+installs their admission rules, holds each workload, makes one gang of its pod sets, resumes
+it once the whole gang is allocated and puts every pod on a node of its own pod set.
+
+One cluster and one operator for the module: 10 kwok nodes of 4 cpu. Job pods annotated with
+kwok's delay run that long (timed pods); other Job pods end at once. Needs the binaries of
+hack/build-addons.sh: skipped without them unless FLUXNETES_REQUIRE_ADDONS=1, then failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
+from fluxnetes.devcluster import addons as addon_defs
+from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
+from test_k8s_operator import OperatorProc, apply, fluxjob, pods, wait
+
+pytestmark = pytest.mark.k8s
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NS = "flux-demo"  # the examples' namespace (examples/k8s/namespace.yaml opts it in)
+MPI_NAME = "training.kubeflow.org/job-name"
+LONG = {TIMED_POD_ANNOTATION: "1h"}  # a Job pod that keeps running (kwok)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from conftest import k8s_missing_reason
+
+    reason = k8s_missing_reason()
+    if reason:
+        if os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    absent = addon_defs.missing(addon_defs.ADDON_NAMES)
+    if absent:
+        msg = addon_defs.missing_message(addon_defs.ADDON_NAMES, absent)
+        if os.environ.get("FLUXNETES_REQUIRE_ADDONS") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    c = Cluster.up(ClusterOptions(
+        nodes=NodeShape(count=10, cpu="4", memory="16Gi"),
+        dir=tmp_path_factory.mktemp("multirole-cluster"),
+        die_with_parent=True, timed_pods=True, addons=addon_defs.ADDON_NAMES,
+    ))
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture(scope="module")
+def op(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProc]:
+    o = OperatorProc(cluster, tmp_path_factory.mktemp("operator-multirole"))
+    o.start()
+    cluster.kubectl("apply", "-f", str(EXAMPLES / "k8s" / "namespace.yaml"))
+    try:
+        yield o
+    finally:
+        o.kill(signal.SIGTERM)
+
+
+def test_operator_admits_the_served_kinds(cluster: Cluster, op: OperatorProc) -> None:
+    cfg = cluster.kubectl_json("get", "mutatingwebhookconfiguration", "fluxnetes.io")
+    multi = next(w for w in cfg["webhooks"] if w["name"] == "multirole.mutate.fluxnetes.io")
+    resources = {r for rule in multi["rules"] for r in rule["resources"]}
+    assert resources == {"mpijobs", "jobsets", "trainjobs", "leaderworkersets"}
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def mpijob(name: str, workers: int, worker_cpu: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    def tmpl(cname: str, cpu: str, ann: dict[str, str] | None = None) -> dict[str, Any]:
+        return {"metadata": {"annotations": ann or {}},
+                "spec": {"containers": [{"name": cname, "image": "mpioperator/mpi-pi:openmpi",
+                                         "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}}
+
+    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"slotsPerWorker": 1, "runPolicy": {"cleanPodPolicy": "Running"},
+                     "mpiReplicaSpecs": {
+                         # the launcher's pod belongs to a Job: kwok would end it at once
+                         "Launcher": {"replicas": 1, "template": tmpl("launcher", "1", LONG)},
+                         "Worker": {"replicas": workers, "template": tmpl("worker", worker_cpu)}}}}
+
+
+def blocker(nodes: int) -> dict[str, Any]:
+    """A fluxnetes Job taking ``nodes`` whole 4-cpu nodes until deleted."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "block"},
+            "spec": {"parallelism": nodes, "completions": nodes, "completionMode": "Indexed",
+                     "template": {"metadata": {"annotations": LONG, "labels": {"app": "block"}},
+                                  "spec": {"restartPolicy": "Never", "containers": [
+                                      {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "4"}}}]}}}}
+
+
+def block(cluster: Cluster, nodes: int) -> None:
+    apply(cluster, NS, [blocker(nodes)])
+    wait(f"{nodes} blocking pods bound", lambda: len([p for p in pods(cluster, NS, "app=block")
+                                                     if p["spec"].get("nodeName")]) == nodes, timeout=90)
+
+
+def unblock(cluster: Cluster) -> None:
+    cluster.kubectl("delete", "job", "block", "-n", NS, "--ignore-not-found", "--cascade=foreground",
+                    timeout=120)
+
+
+def bound(cluster: Cluster, selector: str, count: int, timeout: float = 120) -> list[dict[str, Any]]:
+    def ready() -> list[dict[str, Any]] | None:
+        ps = [p for p in pods(cluster, NS, selector) if not p["metadata"].get("deletionTimestamp")]
+        return ps if len(ps) == count and all(p["spec"].get("nodeName") for p in ps) else None
+
+    return list(wait(f"{count} pods bound ({selector})", ready, timeout=timeout))
+
+
+def fj_phase(cluster: Cluster, name: str) -> str:
+    return str((fluxjob(cluster, NS, name).get("status") or {}).get("phase", ""))
+
+
+def one_gang(ps: list[dict[str, Any]], group: str) -> None:
+    """Every pod was placed by fluxnetes for ``group``, each in a slot of its own."""
+    anns = [p["metadata"].get("annotations") or {} for p in ps]
+    assert {a.get("fluxnetes.io/fluxjob") for a in anns} == {group}, anns
+    slots = [a.get("fluxnetes.io/slot") for a in anns]
+    assert len(set(slots)) == len(ps), slots
+
+
+def delete(cluster: Cluster, kind: str, name: str, selector: str) -> None:
+    cluster.kubectl("delete", kind, name, "-n", NS, "--ignore-not-found", timeout=120)
+    wait(f"pods of {kind} {name} gone", lambda: not pods(cluster, NS, selector), timeout=120)
+
+
+def group_names(cluster: Cluster, workload: str) -> list[str]:
+    """The FluxJobs of the workloads named ``workload`` ("<kind>-<name>[-<i>]")."""
+    names = [fj["metadata"]["name"] for fj in cluster.kubectl_json("get", "fluxjobs", "-n", NS)["items"]]
+    return sorted(n for n in names if n.endswith(f"-{workload}") or f"-{workload}-" in n)
+
+
+# -- MPIJob ----------------------------------------------------------------------------------------
+def test_mpijob_waits_for_room_then_starts_whole_and_a_recreated_worker_keeps_its_node(
+        cluster: Cluster, op: OperatorProc) -> None:
+    block(cluster, 3)  # 7 free nodes: 8 workers of 4 cpu (and a launcher) cannot all fit
+    apply(cluster, NS, [mpijob("mpi8", 8, "4")])
+    wait("the MPIJob queued", lambda: fj_phase(cluster, "mpijob-mpi8") in ("Pending", "Reserved"))
+    time.sleep(3)  # several cycles: still nothing of it may start
+    assert fj_phase(cluster, "mpijob-mpi8") in ("Pending", "Reserved")
+    obj = cluster.kubectl_json("get", "mpijob", "mpi8", "-n", NS)
+    assert obj["spec"]["runPolicy"]["suspend"] is True
+    assert not [p for p in pods(cluster, NS, f"{MPI_NAME}=mpi8") if p["spec"].get("nodeName")]
+    unblock(cluster)
+    ps = bound(cluster, f"{MPI_NAME}=mpi8", 9)
+    one_gang(ps, "mpijob-mpi8")
+    workers = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in ps
+               if p["metadata"]["labels"].get("training.kubeflow.org/job-role") == "worker"}
+    assert len(workers) == 8 and len(set(workers.values())) == 8
+    assert fj_phase(cluster, "mpijob-mpi8") == "Running"
+    # `kubectl fluxnetes explain` shows the pod sets and where each went
+    from typer.testing import CliRunner
+
+    from fluxnetes.cli.ctl import build
+
+    res = CliRunner().invoke(build(), ["explain", f"{NS}/mpijob-mpi8", "-o", "json", "--kubeconfig", str(cluster.kubeconfig)])
+    assert res.exit_code == 0, res.output
+    shown = {s["name"]: sorted(s["nodes"]) for s in json.loads(res.stdout)["podSets"]}
+    launcher = [p["spec"]["nodeName"] for p in ps
+                if p["metadata"]["labels"].get("training.kubeflow.org/job-role") == "launcher"]
+    assert shown == {"launcher": launcher, "worker": sorted(workers.values())}
+    assert cluster.kubectl_json("get", "mpijob", "mpi8", "-n", NS)["spec"]["runPolicy"]["suspend"] is False
+    # a worker deleted is re-created by the MPI Operator and goes back to its slot's node
+    victim = "mpi8-worker-3"
+    old = next(p for p in ps if p["metadata"]["name"] == victim)
+    cluster.kubectl("delete", "pod", victim, "-n", NS, "--grace-period=0", timeout=60)
+
+    def again() -> dict[str, Any] | None:
+        p = cluster.kubectl_json("get", "pod", victim, "-n", NS)
+        return p if p["metadata"]["uid"] != old["metadata"]["uid"] and p["spec"].get("nodeName") else None
+
+    new = wait("the re-created worker placed", again, timeout=90)
+    assert new["spec"]["nodeName"] == old["spec"]["nodeName"]
+    assert new["metadata"]["annotations"]["fluxnetes.io/slot"] == old["metadata"]["annotations"]["fluxnetes.io/slot"]
+    delete(cluster, "mpijob", "mpi8", f"{MPI_NAME}=mpi8")
+
+
+def test_mpijob_exclusive_nodes_put_no_two_workers_together(cluster: Cluster, op: OperatorProc) -> None:
+    apply(cluster, NS, [mpijob("mpix", 4, "1", {"fluxnetes.io/exclusive": "node"})])
+    ps = bound(cluster, f"{MPI_NAME}=mpix", 5)
+    one_gang(ps, "mpijob-mpix")
+    nodes = [p["spec"]["nodeName"] for p in ps]
+    assert len(set(nodes)) == 5, nodes  # launcher included: whole nodes each
+    delete(cluster, "mpijob", "mpix", f"{MPI_NAME}=mpix")
+
+
+def test_mpijob_example_runs_as_one_gang(cluster: Cluster, op: OperatorProc) -> None:
+    cluster.kubectl("apply", "-f", str(EXAMPLES / "mpijob.yaml"))
+    wait("the example's FluxJob allocated 5 slots",
+         lambda: len((fluxjob(cluster, NS, "mpijob-pi").get("status") or {}).get("nodes") or []) == 5)
+    assert group_names(cluster, "pi") == ["mpijob-pi"]  # its launcher Job is not a group
+    delete(cluster, "mpijob", "pi", f"{MPI_NAME}=pi")
+
+
+# -- JobSet ----------------------------------------------------------------------------------------
+def test_jobset_example_starts_all_or_nothing(cluster: Cluster, op: OperatorProc) -> None:
+    block(cluster, 7)  # 12 cpu free: the driver (1) and 8 workers of 2 cpu need 17
+    cluster.kubectl("apply", "-f", str(EXAMPLES / "jobset.yaml"))
+    wait("the JobSet queued", lambda: fj_phase(cluster, "jobset-train") in ("Pending", "Reserved"))
+    time.sleep(3)
+    assert fj_phase(cluster, "jobset-train") in ("Pending", "Reserved")
+    assert cluster.kubectl_json("get", "jobset", "train", "-n", NS)["spec"]["suspend"] is True
+    assert not pods(cluster, NS, "jobset.sigs.k8s.io/jobset-name=train")
+    unblock(cluster)
+    # the pods of its Jobs end at once (kwok): each was bound, all in one allocation
+    ps = wait("9 pods placed", lambda: (p := pods(cluster, NS, "jobset.sigs.k8s.io/jobset-name=train"))
+              and len(p) == 9 and all(x["spec"].get("nodeName") for x in p) and p, timeout=120)
+    one_gang(ps, "jobset-train")
+    assert group_names(cluster, "train") == ["jobset-train"]  # its Jobs are not groups
+    delete(cluster, "jobset", "train", "jobset.sigs.k8s.io/jobset-name=train")
+
+
+# -- TrainJob --------------------------------------------------------------------------------------
+def test_trainjob_example_is_exactly_one_group(cluster: Cluster, op: OperatorProc) -> None:
+    cluster.kubectl("apply", "-f", str(EXAMPLES / "trainjob.yaml"))
+    ps = wait("2 pods placed", lambda: (p := pods(cluster, NS, "jobset.sigs.k8s.io/jobset-name=mnist"))
+              and len(p) == 2 and all(x["spec"].get("nodeName") for x in p) and p, timeout=120)
+    one_gang(ps, "trainjob-mnist")
+    assert group_names(cluster, "mnist") == ["trainjob-mnist"]  # not its JobSet, not its Jobs
+    delete(cluster, "trainjob", "mnist", "jobset.sigs.k8s.io/jobset-name=mnist")
+
+
+# -- LeaderWorkerSet -------------------------------------------------------------------------------
+def test_lws_example_is_a_gang_per_replica_and_scaling_adds_one(cluster: Cluster, op: OperatorProc) -> None:
+    sel = "leaderworkerset.sigs.k8s.io/name=serve"
+    cluster.kubectl("apply", "-f", str(EXAMPLES / "lws.yaml"))
+    ps = bound(cluster, sel, 12)
+    gangs = [f"leaderworkerset-serve-{i}" for i in range(3)]
+    for i, g in enumerate(gangs):
+        one_gang([p for p in ps if p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"] == str(i)], g)
+    assert group_names(cluster, "serve") == gangs
+    cluster.kubectl("scale", "leaderworkerset", "serve", "-n", NS, "--replicas=4")
+    ps = bound(cluster, sel, 16)
+    one_gang([p for p in ps if p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"] == "3"],
+             "leaderworkerset-serve-3")
+    assert group_names(cluster, "serve") == [*gangs, "leaderworkerset-serve-3"]
+    delete(cluster, "leaderworkerset", "serve", sel)
