@@ -38,6 +38,16 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, typer.Option(help="log level")] = "INFO",
         log_format: Annotated[str | None, typer.Option(help="json or text (default: $FLUXNETES_LOG_FORMAT, else json unless stderr is a terminal)")] = None,
         metrics_port: Annotated[int | None, typer.Option(help="serve /metrics, /healthz, /readyz on this port (default: $FLUXNETES_METRICS_PORT; 0 = off)")] = None,
+        fairshare: Annotated[str, typer.Option(help="fair share (docs/fairshare.md): auto = the queue is ordered by multifactor priority with fair share as soon as a FluxAccount exists (plain order until then); off = FluxAccounts and Namespaces are not watched")] = "auto",
+        fairshare_algorithm: Annotated[str, typer.Option(help="fair-share factor: fair_tree (Slurm's Fair Tree) or classic")] = "fair_tree",
+        fairshare_half_life: Annotated[int, typer.Option(help="seconds in which recorded usage loses half its weight (0 = never decays)")] = 7 * 24 * 3600,
+        fairshare_weights: Annotated[str, typer.Option(help="multifactor weights, e.g. 'age=1000,fairshare=10000,job_size=1000,qos=1000' (unnamed ones keep these defaults)")] = "",
+        fairshare_save_seconds: Annotated[float, typer.Option(help="seconds between writes of the accounts' usage to the store (also written on stop)")] = 30.0,
+        preemption: Annotated[bool, typer.Option(help="let the head of the queue, of higher PriorityClass value, evict whole lower-QoS groups to start now (docs/preemption.md)")] = False,
+        preemption_min_priority: Annotated[int, typer.Option(help="only jobs whose PriorityClass value is at least this may preempt")] = 1000,
+        preemption_protected: Annotated[str, typer.Option(help="comma-separated PriorityClasses never preempted (classes above one billion never are)")] = "system-cluster-critical,system-node-critical",
+        preemption_on_preempt: Annotated[str, typer.Option(help="victims: requeue (a Job is suspended again and runs later) or fail")] = "requeue",
+        preemption_grace_seconds: Annotated[float, typer.Option(help="victims still running after this many seconds: the queue goes on and the head may plan again")] = 60.0,
     ) -> None:
         """Run the fluxnetes operator (out of cluster with --kubeconfig, or in cluster)."""
         import logging
@@ -111,7 +121,43 @@ def register(app: typer.Typer) -> None:
             metrics_port = int(raw) if raw else None
         elif not 0 <= metrics_port <= 65535:
             raise typer.BadParameter("must be a port number 0-65535", param_hint="--metrics-port")
+        if fairshare not in ("auto", "off"):
+            raise typer.BadParameter("must be auto or off", param_hint="--fairshare")
+        weights: dict[str, float] = {}
+        for item in (w.strip() for w in fairshare_weights.split(",")):
+            if not item:
+                continue
+            key, sep, raw = item.partition("=")
+            try:
+                weights[key.strip().replace("-", "_").replace("jobsize", "job_size")] = float(raw)
+            except ValueError:
+                raise typer.BadParameter(f"{item!r}: must be NAME=NUMBER", param_hint="--fairshare-weights") from None
+            if not sep:
+                raise typer.BadParameter(f"{item!r}: must be NAME=NUMBER", param_hint="--fairshare-weights")
+            if not set(weights) <= {"age", "fairshare", "job_size", "qos"}:
+                raise typer.BadParameter(f"{key.strip()!r}: unknown weight (known: age, fairshare, job_size, qos)",
+                                         param_hint="--fairshare-weights")
+        from fluxnetes.k8s.scheduling import fairshare_config
+        from fluxnetes.queue.priority import PriorityError
+
+        fs_flags = {"fairshare": fairshare, "fairshare_algorithm": fairshare_algorithm,
+                    "fairshare_half_life": fairshare_half_life, "fairshare_weights": weights}
+        try:
+            fairshare_config(OperatorConfig(**fs_flags))  # type: ignore[arg-type]
+        except PriorityError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--fairshare-*") from None
+        if fairshare_save_seconds <= 0:
+            raise typer.BadParameter("must be > 0", param_hint="--fairshare-save-seconds")
+        if preemption_on_preempt not in ("requeue", "fail"):
+            raise typer.BadParameter("must be requeue or fail", param_hint="--preemption-on-preempt")
+        if preemption_grace_seconds <= 0:
+            raise typer.BadParameter("must be > 0", param_hint="--preemption-grace-seconds")
         main(OperatorConfig(
+            **fs_flags,  # type: ignore[arg-type]
+            fairshare_save_seconds=fairshare_save_seconds, preemption=preemption,
+            preemption_min_priority=preemption_min_priority,
+            preemption_protected=tuple(p.strip() for p in preemption_protected.split(",") if p.strip()),
+            preemption_on_preempt=preemption_on_preempt, preemption_grace_seconds=preemption_grace_seconds,
             kubeconfig=kubeconfig, context=context, store=store, policy=policy, match_policy=match_policy,
             namespace=namespace, namespace_label=namespace_label, webhook_port=webhook_port,
             webhook_host=webhook_host, webhook_url=webhook_url, service_name=service_name,

@@ -58,3 +58,18 @@ class OperatorConfig:
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     api_concurrency: int = 64
+    # fair share (k8s/fairshare_book.py, docs/fairshare.md): "auto" = the queue is ordered by
+    # multifactor priority as soon as a FluxAccount exists (plain order until then); "off" =
+    # FluxAccounts and Namespaces are not even watched
+    fairshare: str = "auto"
+    fairshare_algorithm: str = "fair_tree"  # fair_tree | classic
+    fairshare_half_life: int = 7 * 24 * 3600  # seconds; 0 = no decay
+    # the multifactor weights (age, fairshare, job_size, qos); empty = Slurm's example values
+    fairshare_weights: dict[str, float] = field(default_factory=dict)
+    fairshare_save_seconds: float = 30.0  # how often the decayed usage is written to the store
+    # preemption (k8s/preemption.py, docs/preemption.md): off unless turned on
+    preemption: bool = False
+    preemption_min_priority: int = 1000  # only jobs of at least this PriorityClass value preempt
+    preemption_protected: tuple[str, ...] = ("system-cluster-critical", "system-node-critical")
+    preemption_on_preempt: str = "requeue"  # requeue | fail
+    preemption_grace_seconds: float = 60.0  # victims not gone after this: plan again

@@ -71,12 +71,14 @@ from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube
 from fluxnetes.k8s.mirror import ClusterMirror, TimedMatcher
 from fluxnetes.k8s.objects import OWNER_RESOURCES, _event_time, _gated, _meta, _terminal
 from fluxnetes.k8s.placement import assigned_node
+from fluxnetes.k8s.podset_groups import PodSetGroups
+from fluxnetes.k8s.preemption import Preemption
 from fluxnetes.k8s.recovery import Recovery
 from fluxnetes.k8s.scaling import SCALE_SEP, Scaling
 from fluxnetes.k8s.scheduling import Scheduling
 from fluxnetes.k8s.status import EVENT_BURST, EVENT_RATE, Status
 from fluxnetes.k8s.store_recovery import StoreRecovery
-from fluxnetes.k8s.workloads import kind_of
+from fluxnetes.k8s.workloads import kind_of, made_for
 from fluxnetes.metrics import METRICS
 
 __all__ = ["CHECK_EVERY", "DEBUG_EXIT_AT", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUED",
@@ -87,7 +89,7 @@ log = logging.getLogger(__name__)
 
 
 class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreRecovery, Allocation, Status,
-                 Scheduling):
+                 Scheduling, Preemption, PodSetGroups):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
 
@@ -100,6 +102,12 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             Informer(kube, FLUXJOBS, "FluxJob", self.queue),
             *(Informer(kube, res, kind, self.queue) for kind, res in OWNER_RESOURCES.items()),
         ]
+        if config.fairshare != "off":  # fair share: accounts, and the namespaces choosing them
+            from fluxnetes.k8s.fairshare_book import FLUXACCOUNTS
+            from fluxnetes.k8s.kube import NAMESPACES
+
+            self.informers += [Informer(kube, FLUXACCOUNTS, "FluxAccount", self.queue),
+                               Informer(kube, NAMESPACES, "Namespace", self.queue)]
         self._informer_runs: list[asyncio.Task[Any]] = []
         self.init_mirror()
         self.init_groupbook()
@@ -109,12 +117,16 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         self.init_recovery()
         self.init_store_recovery()
         self.init_scheduling()
+        self.init_preemption()
+        self.init_podset_groups()
 
     def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:
         meta = _meta(obj)
         ns, name, uid = meta.get("namespace") or "default", meta.get("name", ""), str(meta.get("uid", ""))
         kind = kind_of(kind_name)
         assert kind is not None
+        if made_for(obj, kind_name) is not None:
+            return  # a multi-role workload's Job or StatefulSet: part of its group (podset_groups.py)
         key = (kind_name, ns, name)
         gkey = (ns, object_name(f"{kind_name.lower()}-{name}"))
         if etype == "DELETED":
@@ -232,6 +244,10 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                     self.priority_classes[""] = int(obj.get("value") or 0)
         elif kind in OWNER_RESOURCES:
             self.on_owner(kind, etype, obj)
+        elif kind in self.addon_on:
+            self.on_workload(kind, etype, obj)
+        elif kind in ("FluxAccount", "Namespace"):
+            self.on_account_object(kind, etype, obj)
         elif kind == "FluxJob" and etype != "DELETED":
             self.on_fluxjob(obj)
         elif kind == "FluxJob" and etype == "DELETED":
@@ -243,6 +259,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
 
     async def start(self) -> None:
         """Start watching; returns once the cluster view is complete and state recovered."""
+        await self.start_addons()  # the multi-role kinds served: their informers too
         runs = [asyncio.ensure_future(inf.run()) for inf in self.informers]
         for task in runs:
             self._tasks.add(task)
@@ -266,7 +283,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             elif inf.kind == "PriorityClass":
                 for obj in inf.cache.values():
                     self.handle(("PriorityClass", "ADDED", obj))
-            elif inf.kind in OWNER_RESOURCES:
+            elif inf.kind in OWNER_RESOURCES or inf.kind in self.addon_on:
                 for obj in inf.cache.values():
                     m = _meta(obj)
                     self.owners[(inf.kind, m.get("namespace") or "default", m.get("name", ""))] = obj
@@ -345,6 +362,8 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                 self.spawn(self._flush_once())
 
     async def stop(self) -> None:
+        if self.ready.is_set():
+            self.save_fairshare_now()  # fair share's usage survives the restart
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -24,6 +24,9 @@ class Phase(enum.StrEnum):
     FAILED = "Failed"
     CANCELLED = "Cancelled"
     UNSATISFIABLE = "Unsatisfiable"
+    # evicted to let higher-QoS work start (k8s/preemption.py): its pods are going; once they
+    # are gone it is queued again (Pending) or failed, by --preemption-on-preempt
+    PREEMPTED = "Preempted"
 
     @property
     def final(self) -> bool:

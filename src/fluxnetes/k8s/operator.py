@@ -97,6 +97,34 @@ async def ensure_crd(kube: Kube) -> None:
     raise RuntimeError(f"CRD {name} did not become Established")
 
 
+async def ensure_accounts_crd(kube: Kube, cfg: OperatorConfig) -> None:
+    """Fair share watches FluxAccounts: their CRD (installed by the chart) is created when it
+    is missing and may be; otherwise fair share is off for this run (logged), since a watch
+    of a resource the API server does not serve would never sync."""
+    from fluxnetes.k8s import accounts
+
+    crd = accounts.crd_manifest()
+    name = crd["metadata"]["name"]
+    try:
+        if await kube.get_or_none(CRDS, name) is None:
+            with contextlib.suppress(ApiError):
+                await kube.create(CRDS, crd)  # 409: another replica made it
+            for _ in range(100):
+                cur = await kube.get_or_none(CRDS, name) or {}
+                conds = (cur.get("status") or {}).get("conditions") or []
+                if any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
+                    return
+                await asyncio.sleep(0.1)
+            log.warning("fair share off: the FluxAccount CRD %s did not become Established", name)
+            cfg.fairshare = "off"
+    except ApiError as exc:
+        if transient(exc):
+            raise  # set-up is tried again
+        log.warning("fair share off: the FluxAccount CRD %s is not installed and cannot be (%s); "
+                    "install deploy/crds/%s and restart, or pass --fairshare off", name, short(exc), name)
+        cfg.fairshare = "off"
+
+
 async def ensure_cert(kube: Kube, namespace: str, hosts: list[str],
                       owner: webhook_config.Owner | None = None) -> certs.CertBundle:
     """The serving certificate from the Secret (made or renewed if needed); replicas share it."""
@@ -193,6 +221,7 @@ class Operator:
         self.setup_done = False
         self.finished = threading.Event()  # set once main() is done (see shutdown_deadline)
         self._side_tasks: list[asyncio.Future[Any]] = []
+        self._mutating_for: Any = None  # kinds -> the mutating configuration (setup)
 
     def readiness(self) -> bool:
         """/readyz: the leader once it has synced Nodes and pods (and reached its store, when
@@ -211,6 +240,8 @@ class Operator:
         self.kube = kube = await Kube.from_config(cfg.kubeconfig, cfg.context, cfg.api_concurrency)
         await ensure_namespace(kube, cfg.namespace)
         await ensure_crd(kube)
+        if cfg.fairshare != "off":
+            await ensure_accounts_crd(kube, cfg)
         me = await whoami(kube)
         self.operators = {me} if me else set()
         log.info("operator identity: %s", me or "(unknown)")
@@ -233,7 +264,15 @@ class Operator:
                                          failure_policy=cfg.failure_policy,
                                          admit_template_pods=cfg.admit_template_pods)
             own = webhook_config.owned
-            await apply_config(kube, MUTATING, own(webhook_config.mutating(target, scope, bundle.ca_crt), owner))
+            from fluxnetes.k8s.podset_groups import addon_kinds_served
+
+            def mutating_for(kinds: list[Any]) -> dict[str, Any]:
+                return own(webhook_config.mutating(target, scope, bundle.ca_crt, multi_role=kinds), owner)
+
+            self._mutating_for = mutating_for
+            # the multi-role kinds whose CRD is served get admission rules (the leader logs the
+            # others, one line each, and adds them when their CRD appears: see _lead)
+            await apply_config(kube, MUTATING, mutating_for(await addon_kinds_served(kube)))
             policy, binding = webhook_config.gate_policy(scope, sorted(self.operators))
             if cfg.placement == "bind":
                 # no gate to protect (the scheduler name holds pods, and it is immutable); the
@@ -244,6 +283,12 @@ class Operator:
             else:
                 await self.protect_gate(kube, policy, binding, target, scope, bundle, owner)
             await wait_webhook_ready(kube, cfg.namespace_label, owner=owner)
+
+    async def _install_multi_role(self, kinds: list[Any]) -> None:
+        """A multi-role kind's CRD appeared: admission rules for it too."""
+        assert self.kube is not None
+        await apply_config(self.kube, MUTATING, self._mutating_for(kinds))
+        log.info("admission rules now cover %s", ", ".join(k.kind for k in kinds) or "no multi-role kind")
 
     async def protect_gate(self, kube: Kube, policy: dict[str, Any], binding: dict[str, Any],
                            target: webhook_config.WebhookTarget, scope: webhook_config.Scope,
@@ -354,6 +399,8 @@ class Operator:
             METRICS.leader.set(0)
             return self.elector is not None and self.elector.lost.is_set() and not stop.is_set()
         self.controller = controller = made
+        if self._mutating_for is not None:
+            controller.on_kinds_changed = self._install_multi_role
         _slow_cycles_for_tests(controller)
         run = asyncio.ensure_future(controller.run())
         try:

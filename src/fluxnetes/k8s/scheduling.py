@@ -2,7 +2,19 @@
 may use (``fit_groups``, k8s/nodefit.py), satisfiability judged (k8s/satisfiable.py), then the
 core's pure queue cycle (fluxnetes.queue) decides; started groups go to ``start_group``,
 reservations and Unsatisfiable are recorded. Unsatisfiable groups are looked at again when
-nodes change (``reexamine_unsatisfiable``). Owned state: ``fitted``, ``judge``, ``cycles``."""
+nodes change (``reexamine_unsatisfiable``).
+
+Fair share (docs/fairshare.md): the FluxAccounts and Namespaces the controller watches
+configure ``fairshare`` (a ``k8s.fairshare_book.FairShareBook``) at the start of a cycle; the
+book orders the queued groups (multifactor priority) and holds those over an account limit
+(Pending, the limit named in the reason). What runs is charged to its account: each cycle
+brings the book's running set in line with the groups (``sync_fairshare_usage``: started,
+shrunk, ended), so every start, release and end path is covered without hooks in them. The
+usage is read from the store on the first cycle and written back every
+``--fairshare-save-seconds`` and on stop; account status and metrics every ~10 s. With no
+FluxAccount the book is off and the queue keeps its plain order. Preemption runs after the
+cycle (k8s/preemption.py). Owned state: ``fitted``, ``judge``, ``cycles``, ``fairshare``,
+``fluxaccounts``, ``namespaces_seen``."""
 
 from __future__ import annotations
 
@@ -12,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s import fluxjob, nodefit
 from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.fairshare_book import FairShareBook
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import OwnerRef
@@ -21,6 +34,19 @@ from fluxnetes.metrics import METRICS
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
+
+HELD = "held: "  # the reason of a group an account limit holds starts with this
+PUBLISH_SECONDS = 10.0  # FluxAccount status and per-account metrics
+
+
+def fairshare_config(config: Any) -> Any:
+    """The core's FairShareConfig from the operator's flags (PriorityError names the field)."""
+    from fluxnetes.queue.priority import FairShareConfig
+
+    values: dict[str, Any] = {"algorithm": config.fairshare_algorithm, "half_life": int(config.fairshare_half_life)}
+    if config.fairshare_weights:
+        values["weights"] = dict(config.fairshare_weights)
+    return FairShareConfig.from_dict(values)
 
 
 class Scheduling(Context):
@@ -41,11 +67,155 @@ class Scheduling(Context):
         def prune_finished(self) -> None: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
         def start_group(self, g: Group, res: Any) -> None: ...
+        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
+        def preemption_step(self, now: int) -> str | None: ...
+        def consider_preemption(self, head: Any, started: set[str], now: int) -> None: ...
+        priority_classes: dict[str, int]
 
     def init_scheduling(self) -> None:
         self.cycles = 0
         self.fitted: dict[tuple[str, str], tuple[int, Any, Any]] = {}  # key -> (version, base, fitted)
         self.judge = Judge()  # can a queued group ever run? (k8s/satisfiable.py, run_cycle)
+        from fluxnetes.k8s.fairshare_book import default_metrics
+
+        store = self.journal.store if self.journal is not None else None
+        self.fairshare = FairShareBook(fairshare_config(self.config), store=store, metrics=default_metrics(),
+                                       now=self.now())
+        self.fluxaccounts: dict[str, dict[str, Any]] = {}  # name -> FluxAccount
+        self.namespaces_seen: dict[str, dict[str, Any]] = {}  # name -> Namespace
+        self._accounts_dirty = False
+        self._fs_loaded = False
+        self._fs_classes: dict[str, int] | None = None
+        self._fs_cores = -1
+        self._fs_cap: dict[str, int] | None = None
+        self._fs_cap_sum = 0
+        self._fs_published = self._fs_saved = 0.0  # monotonic times of the last publish / save
+        self._fs_saving = False
+
+    # ---------------------------------------------------------------- fair share
+    def on_account_object(self, kind: str, etype: str, obj: Mapping[str, Any]) -> None:
+        """A FluxAccount or Namespace changed: the book is configured again at the next cycle."""
+        name = str(_meta(obj).get("name") or "")
+        table = self.fluxaccounts if kind == "FluxAccount" else self.namespaces_seen
+        if kind == "Namespace" and etype != "DELETED":
+            old = table.get(name)
+            if old is not None and _account_choice(old) == _account_choice(obj):
+                table[name] = dict(obj)
+                return  # a namespace change that does not touch its account
+        if etype == "DELETED":
+            table.pop(name, None)
+        else:
+            table[name] = dict(obj)
+        self._accounts_dirty = True
+        self.dirty = True
+
+    def configure_fairshare(self, now: int) -> None:
+        """Bring the book up to date with the watched objects (start of each cycle)."""
+        book = self.fairshare
+        if self._accounts_dirty:
+            self._accounts_dirty = False
+            was = book.enabled
+            for notice in book.configure(self.fluxaccounts.values(), self.namespaces_seen.values(), now):
+                log.warning("fair share: %s", notice.message)
+                self.event(notice.ref, "Warning", notice.reason, notice.message)
+            if book.enabled != was:
+                log.info("fair share %s (%d FluxAccounts)", "on" if book.enabled else "off", len(book.listed))
+                self.scheduler.invalidate()
+        if not self._fs_loaded:
+            self._fs_loaded = True
+            try:
+                rows = book.load(now)
+            except Exception as exc:  # the store is down: usage starts from zero, logged
+                log.warning("fair share: cannot read the saved usage: %s", exc)
+            else:
+                if rows:
+                    log.info("fair share: usage of %d account(s) read from the store", rows)
+        if self._fs_classes != self.priority_classes:
+            self._fs_classes = dict(self.priority_classes)
+            book.set_priority_classes(self.priority_classes)
+        cores = self._cluster_cores()
+        if cores != self._fs_cores:
+            self._fs_cores = cores
+            book.set_total_cores(cores)
+
+    def _cluster_cores(self) -> int:
+        # the scheduler's per-node cores (a new dict whenever nodes change: mirror.sync_node_cores)
+        cap = getattr(self.scheduler, "_node_cap", None)
+        if not isinstance(cap, dict):
+            return 0
+        if self._fs_cap is not cap:
+            self._fs_cap, self._fs_cap_sum = cap, sum(cap.values())
+        return self._fs_cap_sum
+
+    def sync_fairshare_usage(self, now: int) -> None:
+        """Charge what runs: every running group (also recovered ones) is recorded as started,
+        resized when part of it was given back, ended once it holds nothing. Runs every cycle,
+        O(groups) like the cycle itself; an end is dated at the group's end time."""
+        book = self.fairshare
+        recorded = book.fs.usage.running_resources()
+        live: set[str] = set()
+        for g in self.groups.values():
+            if g.phase != Phase.RUNNING or not g.held:
+                continue
+            qid = g.qid
+            live.add(qid)
+            res = book.resources_of(g.held.values())
+            known = recorded.get(qid)
+            if known is None:
+                book.record_start(qid, now, res)
+            elif known[1] != res:
+                book.record_resize(qid, res, now)
+        for qid in recorded:
+            if qid in live:
+                continue
+            ended = self.groups.get(_key(qid))
+            end = ended.end if ended is not None and ended.end is not None else now
+            book.record_end(qid, min(int(end), now))
+
+    def fairshare_chores(self, now: int) -> None:
+        """Status, metrics, saving (background tasks; each at most one at a time)."""
+        import time
+
+        book = self.fairshare
+        mono = time.monotonic()
+        if mono - self._fs_published >= PUBLISH_SECONDS and (book.enabled or book.listed):
+            self._fs_published = mono
+            book.update_metrics(now)
+            self.spawn(book.publish(self.kube, now))
+        if book.store is not None and book.loaded and not self._fs_saving \
+                and mono - self._fs_saved >= self.config.fairshare_save_seconds:
+            self._fs_saved = mono
+            self._fs_saving = True
+            self.spawn(self._save_usage(now))
+
+    async def _save_usage(self, now: int) -> None:
+        try:
+            await self.fairshare.save_async(now)
+        except Exception as exc:
+            log.warning("fair share: cannot save the usage: %s", exc)
+        finally:
+            self._fs_saving = False
+
+    def save_fairshare_now(self) -> None:
+        """On stop: the usage as of now into the store (so a restart loses none of it)."""
+        book = self.fairshare
+        if book.store is None or not book.loaded:
+            return
+        try:
+            now = self.now()
+            self.sync_fairshare_usage(now)
+            book.save(now)
+        except Exception as exc:
+            log.warning("fair share: cannot save the usage on stop: %s", exc)
+
+    def explain_priority(self, g: Group) -> str:
+        """One line: the group's priority and its factors (and the limit holding it)."""
+        from fluxnetes.queue.job import QueuedJob
+
+        if not self.fairshare.enabled or g.jobspec is None:
+            return ""
+        job = QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or self.now(), priority=g.spec.priority)
+        return self.fairshare.breakdown(job, self.now()).explain()
 
     # ---------------------------------------------------------------- node rules
     def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None:
@@ -107,13 +277,17 @@ class Scheduling(Context):
 
     # ---------------------------------------------------------------- cycle
     def run_cycle(self) -> None:
-        from fluxnetes.queue.job import QueuedJob
+        from fluxnetes.queue.job import QueuedJob, queue_order
 
         self.flush_foreign()
         self.prune_finished()
         self.fit_groups()
         self.reexamine_unsatisfiable()
         now = self.now()
+        book = self.fairshare
+        self.configure_fairshare(now)
+        self.sync_fairshare_usage(now)
+        only = self.preemption_step(now)  # a preemption in flight: only its preemptor may start
         pending = []
         for g in list(self.groups.values()):
             if g.phase not in QUEUED or g.jobspec is None:
@@ -128,14 +302,27 @@ class Scheduling(Context):
                                      priority=g.spec.priority))
         self.judge.keep_only(self.groups.keys())
         self.dirty = False
+        self.fairshare_chores(now)
         if not pending:
+            book.arrange([], now)  # the per-account queued/held counts go back to 0
             return
         self.cycles += 1
-        with METRICS.time_cycle():
-            result = self.scheduler.cycle(pending, now)
         by_id = {g.qid: g for g in self.groups.values() if g.phase in QUEUED}
+        with METRICS.time_cycle():
+            if book.enabled:
+                order, held = book.arrange(pending, now)
+            else:
+                order, held = queue_order(pending), {}
+            for job_id, why in held.items():
+                self.hold(by_id[job_id], why)
+            if only is not None:
+                order = [j for j in order if j.id == only]
+            result = self.scheduler.cycle(order, now, ordered=True)
+        started = {job.id for job, _ in result.started}
         for job, res in result.started:
             self.start_group(by_id[job.id], res)
+        if started:
+            self.sync_fairshare_usage(now)
         for job, res in result.reserved:
             g = by_id[job.id]
             at = int(res.at)
@@ -154,8 +341,20 @@ class Scheduling(Context):
             if g.phase == Phase.RESERVED:
                 g.expected_start = None
                 self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
-            elif g.reason == "queued":
+            elif g.reason == "queued" or g.reason.startswith(HELD):
                 self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
+        if order and only is None:
+            self.consider_preemption(order[0], started, now)
+
+    def hold(self, g: Group, why: str) -> None:
+        """An account limit holds the group: Pending, the limit named (no reservation)."""
+        reason = f"{HELD}{why}"
+        if g.phase == Phase.RESERVED:
+            self.scheduler.withdraw(g.qid)
+            g.expected_start = None
+        if g.phase != Phase.PENDING or g.reason != reason:
+            self.set_phase(g, Phase.PENDING, reason)
+            self.group_event(g, "Normal", "Held", why, pods=False)
 
     def unsatisfiable(self, g: Group, reason: str) -> None:
         """A queued group that can never run on this cluster as it is: out of the queue, the
@@ -215,3 +414,15 @@ class Scheduling(Context):
             owner = self.owner_obj(g.spec.owner, g.spec.namespace)
             return owner is not None and not g.kind.finished(owner)
         return any(_gated(p) and not _terminal(p) for p in g.members.values())
+
+
+def _key(qid: str) -> tuple[str, str]:
+    ns, _, name = qid.partition("/")
+    return ns, name
+
+
+def _account_choice(ns: Mapping[str, Any]) -> tuple[Any, Any]:
+    from fluxnetes.k8s.accounts import ACCOUNT_KEY
+
+    md = _meta(ns)
+    return ((md.get("labels") or {}).get(ACCOUNT_KEY), (md.get("annotations") or {}).get(ACCOUNT_KEY))

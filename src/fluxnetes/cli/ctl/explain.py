@@ -60,6 +60,7 @@ def explain_job(
         "expectedStart": st.get("expectedStart"),
         "expectedStartIn": relative(parse_time(st.get("expectedStart")), now),
         "nodes": st.get("nodes") or [],
+        "podSets": pod_sets_of(spec, st.get("nodes") or []),
         "history": [
             {
                 "time": c.get("lastTransitionTime"),
@@ -153,6 +154,97 @@ def explain_job(
     return out
 
 
+def pod_sets_of(spec: Mapping[str, Any], nodes: Sequence[str]) -> list[dict[str, Any]]:
+    """A multi-role workload's pod sets (from the FluxJob's jobspec) and, once allocated, the
+    nodes of each set's slots (the status' slot order: set after set)."""
+    from fluxnetes.jobspec import parse_jobspec
+    from fluxnetes.jobspec.podsets import podsets_of_jobspec
+
+    try:
+        sets = podsets_of_jobspec(parse_jobspec(spec.get("jobspec") or ""))
+    except Exception:  # no jobspec, or one this version does not read: no pod sets shown
+        return []
+    out, at = [], 0
+    for name, count in sets:
+        out.append({"name": name, "count": count, "nodes": list(nodes[at:at + count])})
+        at += count
+    return out
+
+
+def priority_factors(
+    fj: Mapping[str, Any],
+    fluxaccounts: Sequence[Mapping[str, Any]],
+    namespace: Mapping[str, Any] | None,
+    priority_classes: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
+    now: datetime,
+    weights: Mapping[str, float] | None = None,
+    max_age: int = 7 * 24 * 3600,
+) -> dict[str, Any] | None:
+    """The job's multifactor priority as the operator computes it (docs/fairshare.md), from
+    what the cluster shows: the account's fair-share factor the operator published in its
+    FluxAccount status, the wait since submission, the job's cores over the cluster's, its
+    PriorityClass value over the highest one. None when no FluxAccount exists (fair share
+    off: the queue order is priority, then submit time). ``heldBy``: the account limit that
+    holds the job, as the operator wrote it."""
+    from fluxnetes.k8s import accounts as acc
+    from fluxnetes.k8s.resources import ResourceError, node_allocatable
+    from fluxnetes.queue.priority import PriorityBreakdown, PriorityWeights
+
+    if not fluxaccounts:
+        return None
+    spec, st = fj.get("spec") or {}, fj.get("status") or {}
+    ns = str((fj.get("metadata") or {}).get("namespace") or "default")
+    w = PriorityWeights(**dict(weights or {}))
+    out: dict[str, Any] = {}
+    try:
+        config = acc.parse_accounts(fluxaccounts, [namespace] if namespace else [])
+        leaf = config.account_of_namespace(ns)
+    except acc.AccountConfigError as exc:
+        leaf = ""
+        out["note"] = f"the account configuration is refused ({exc}); the operator keeps its last good one"
+    by_name = {str((a.get("metadata") or {}).get("name")): a for a in fluxaccounts}
+    published = ((by_name.get(leaf) or {}).get("status") or {}).get("fairShare")
+    fairshare = float(published) if isinstance(published, int | float) else 0.0
+    if leaf and not isinstance(published, int | float):
+        out["note"] = f"account {leaf}: no fair-share factor published yet (counted as 0)"
+    submit = parse_time(st.get("submitTime"))
+    waited = max(0.0, (now - submit).total_seconds()) if submit else 0.0
+    age = min(waited, max_age) / max_age
+    total = 0
+    for n in nodes:
+        try:
+            total += node_allocatable(n).cpu_millis // 1000
+        except ResourceError:
+            continue
+    job_cores = int(spec.get("size") or 1) * max(1, cores(request_of(fj).get("cpu", 0)))
+    size = min(job_cores / total, 1.0) if total else 0.0
+    top = acc.qos_max(acc.priority_classes_of(priority_classes))
+    qos = acc.qos_factor(int(spec.get("priority") or 0), top)
+    value = w.age * age + w.fairshare * fairshare + w.job_size * size + w.qos * qos
+    b = PriorityBreakdown(name_of(fj), leaf, value, age, fairshare, size, qos, w, out.get("note", ""))
+    reason = str(st.get("reason") or "")
+    out.update({
+        "account": leaf, "priority": round(value, 1), "age": round(age, 6), "fairshare": round(fairshare, 6),
+        "jobSize": round(size, 6), "qos": round(qos, 6),
+        "weights": {"age": w.age, "fairshare": w.fairshare, "job_size": w.job_size, "qos": w.qos},
+        "line": b.explain(),
+        "heldBy": reason.removeprefix("held: ") if reason.startswith("held: ") else None,
+    })
+    return out
+
+
+def _optional(conn: Conn, path: str) -> Any:
+    """GET ``path``; None when it cannot be read (not installed, not allowed, the API server
+    busy): what it adds to ``explain`` is optional."""
+    from fluxnetes.cli.ctl.common import api
+
+    try:
+        return api(conn, "GET", path)
+    except CtlError:
+        return None
+
+
 def could_ever_fit(
     need: Mapping[str, int], size: int, exclusive: bool, nodes: Sequence[Mapping[str, Any]]
 ) -> bool:
@@ -189,7 +281,17 @@ def explain_cmd(
         fj = find_fluxjob(view, ns, name)
     except CtlError as exc:
         raise fail(exc) from None
-    info = explain_job(fj, view.nodes, view.pods, view.fluxjobs, datetime.now(UTC))
+    now = datetime.now(UTC)
+    info = explain_job(fj, view.nodes, view.pods, view.fluxjobs, now)
+    factors = None
+    if info["state"] in WAITING:
+        accounts = (_optional(conn, "/apis/fluxnetes.io/v1alpha1/fluxaccounts") or {}).get("items") or []
+        if accounts:
+            ns_obj = _optional(conn, f"/api/v1/namespaces/{ns}")
+            classes = (_optional(conn, "/apis/scheduling.k8s.io/v1/priorityclasses") or {}).get("items") or []
+            factors = priority_factors(fj, accounts, ns_obj, classes, view.nodes, now)
+    if factors is not None:
+        info["priorityFactors"] = factors
     if output is not Output.table:
         emit(info, output)
         return
@@ -205,6 +307,14 @@ def explain_cmd(
         out.print(f"expected start: {info['expectedStart']} ({info['expectedStartIn']})")
     if info["nodes"]:
         out.print(f"nodes: {', '.join(info['nodes'])}")
+    for ps in info["podSets"]:
+        where = f": {', '.join(ps['nodes'])}" if ps["nodes"] else ""
+        out.print(f"pod set {ps['name']} ({ps['count']} pods){where}")
+    pf = info.get("priorityFactors")
+    if pf is not None:
+        out.print(f"fair share: {pf['line']} (default weights unless the operator runs with --fairshare-weights)")
+        if pf.get("heldBy"):
+            out.print(f"held by an account limit: {pf['heldBy']}")
     if "short" in info:
         out.print(f"short now: {info['short']}")
         if info["waitsBehind"]:
