@@ -14,8 +14,12 @@ target: 0.70 +- 0.10), the share of samples within 0.60..0.80, the accounts' usa
 end of the backlogged window (from their FluxAccount status, published every 10 s) and its
 ratio, the time to run everything, jobs/s.
 
-Run:  .venv/bin/python bench/fairshare_k8s.py [--nodes 4 --cpu 8 --jobs 200]
-      (writes bench/results/fairshare_k8s.json; about 4-6 minutes on 2 cores)
+Each ``--running-horizon`` value (the operator's ``--fairshare-running-horizon``; default
+0 = Slurm's formula exactly, then 600 = the operator's default) is one run on a fresh cluster,
+in the same invocation: the before/after of charging running jobs ahead.
+
+Run:  .venv/bin/python bench/fairshare_k8s.py [--nodes 4 --cpu 8 --jobs 200] [--running-horizon 0 600]
+      (writes bench/results/fairshare_k8s.json; about 4-6 minutes per horizon on 2 cores)
 """
 
 from __future__ import annotations
@@ -91,9 +95,26 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=int, default=15)
     ap.add_argument("--max-seconds", type=int, default=30)
     ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--running-horizon", type=int, nargs="+", default=[0, 600],
+                    help="the operator's --fairshare-running-horizon, one run each")
     ap.add_argument("--out", default=str(ROOT / "bench/results/fairshare_k8s.json"))
     args = ap.parse_args()
+    runs = []
+    for horizon in args.running_horizon:
+        out = run_once(args, horizon)
+        print(f"running horizon {horizon} s:", json.dumps(out["figures"], indent=1), flush=True)
+        runs.append(out)
+    result = {
+        "benchmark": "fairshare_k8s",
+        "parameters": {**runs[0]["parameters"], "running_horizon": args.running_horizon},
+        "runs": [{"running_horizon": r["parameters"]["running_horizon"], "figures": r["figures"],
+                  "samples": r["samples"], "machine": r["machine"]} for r in runs],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
+
+def run_once(args: Any, horizon: int) -> dict[str, Any]:
     from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
 
     work = Path(tempfile.mkdtemp(prefix="fairshare-k8s-"))
@@ -104,7 +125,8 @@ def main() -> None:
     log = (work / "operator.log").open("wb")
     op = subprocess.Popen([sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(cluster.kubeconfig),
                            "--webhook-port", "0", "--namespace", "fluxnetes-bench", "--owner-cluster-role", "",
-                           "--store", f"sqlite:///{work / 'store.db'}", "--status-interval", "0.3"],
+                           "--store", f"sqlite:///{work / 'store.db'}", "--status-interval", "0.3",
+                           "--fairshare-running-horizon", str(horizon)],
                           stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
@@ -151,7 +173,7 @@ def main() -> None:
             "benchmark": "fairshare_k8s",
             "parameters": {"nodes": args.nodes, "cpu_per_node": args.cpu, "jobs_per_account": args.jobs,
                            "job_seconds": [args.min_seconds, args.max_seconds], "shares": {"bench-a": 70, "bench-b": 30},
-                           "sample_interval": args.interval},
+                           "sample_interval": args.interval, "running_horizon": horizon},
             "figures": {
                 "mean_share_a_while_both_backlogged": round(share, 4),
                 "target": 0.70, "tolerance": 0.10, "within_target": abs(share - 0.70) <= 0.10,
@@ -166,9 +188,7 @@ def main() -> None:
             "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform(),
                         "loadavg": os.getloadavg()},
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-        print(json.dumps(out["figures"], indent=1))
+        return out
     finally:
         op.send_signal(signal.SIGTERM)
         try:

@@ -752,3 +752,45 @@ def test_queued_job_account_field_is_what_fair_share_charges() -> None:
     # a used the machine, b did not: b's job goes first although a's was submitted first
     assert [j.id for j in fs.order([ja, jb], HOUR)] == ["4", "1"]
     assert fs.priority(jb, HOUR).fairshare > fs.priority(ja, HOUR).fairshare
+
+
+def _backlogged_split(horizon: int, seed: int = 1) -> list[float]:
+    """Two accounts with shares 70/30 keep 200 one-core jobs each queued on 32 cores; every
+    second the free cores go to the queue head (the order of FairShare). Returns account a's
+    share of the running cores, each second while both are backlogged."""
+    rng = random.Random(seed)
+    tree = AccountTree.from_dict({"accounts": {"a": {"shares": 70, "users": ["ua"]},
+                                               "b": {"shares": 30, "users": ["ub"]}}})
+    fs = FairShare(tree, FairShareConfig(running_horizon=horizon))
+    queued = [job(f"{acct}{i}", f"u{acct}", submit=0) for i in range(200) for acct in "ab"]
+    running: dict[str, tuple[Job, int]] = {}
+    split: list[float] = []
+    for now in range(0, 2000):
+        for jid, (j, end) in list(running.items()):
+            if end <= now:
+                fs.record_end(j, now)
+                del running[jid]
+        free = 32 - len(running)
+        if free:
+            for j in fs.order(queued, now)[:free]:
+                queued.remove(j)
+                fs.record_start(j, now)
+                running[j.id] = (j, now + rng.randint(15, 30))
+        if {j.id[0] for j in queued} != {"a", "b"}:
+            break
+        split.append(sum(1 for j, _ in running.values() if j.account == "ua") / len(running))
+    return split[60:]  # once the first jobs have ended
+
+
+def test_a_running_horizon_keeps_the_running_split_near_the_shares() -> None:
+    """Issue #16: with accounts 70/30 both backlogged, the running cores must stay within ±10
+    points of 70/30. Slurm's factor follows accrued usage only: each freed core goes to the
+    account furthest below its share until its usage catches up, so the split swings with
+    the jobs' durations. Charging the running jobs a horizon ahead makes each start count at
+    once."""
+    plain = _backlogged_split(0)
+    ahead = _backlogged_split(600)
+    within = [sum(1 for s in split if 0.6 <= s <= 0.8) / len(split) for split in (plain, ahead)]
+    assert within[1] >= 0.95, within
+    assert within[0] < within[1]
+    assert abs(sum(ahead) / len(ahead) - 0.7) < 0.05

@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         fairshare: Annotated[str, typer.Option(help="fair share (docs/fairshare.md): auto = the queue is ordered by multifactor priority with fair share as soon as a FluxAccount exists (plain order until then); off = FluxAccounts and Namespaces are not watched")] = "auto",
         fairshare_algorithm: Annotated[str, typer.Option(help="fair-share factor: fair_tree (Slurm's Fair Tree) or classic")] = "fair_tree",
         fairshare_half_life: Annotated[int, typer.Option(help="seconds in which recorded usage loses half its weight (0 = never decays)")] = 7 * 24 * 3600,
+        fairshare_running_horizon: Annotated[int, typer.Option(help="seconds of usage running jobs are charged ahead, so the running split stays near the shares (0 = Slurm's formula exactly: the split swings with the jobs' durations)")] = 600,
         fairshare_weights: Annotated[str, typer.Option(help="multifactor weights, e.g. 'age=1000,fairshare=10000,job_size=1000,qos=1000' (unnamed ones keep these defaults)")] = "",
         fairshare_save_seconds: Annotated[float, typer.Option(help="seconds between writes of the accounts' usage to the store (also written on stop)")] = 30.0,
         preemption: Annotated[bool, typer.Option(help="let the head of the queue, of higher PriorityClass value, evict whole lower-QoS groups to start now (docs/preemption.md)")] = False,
@@ -141,7 +142,8 @@ def register(app: typer.Typer) -> None:
         from fluxnetes.queue.priority import PriorityError
 
         fs_flags = {"fairshare": fairshare, "fairshare_algorithm": fairshare_algorithm,
-                    "fairshare_half_life": fairshare_half_life, "fairshare_weights": weights}
+                    "fairshare_half_life": fairshare_half_life, "fairshare_weights": weights,
+                    "fairshare_running_horizon": fairshare_running_horizon}
         try:
             fairshare_config(OperatorConfig(**fs_flags))  # type: ignore[arg-type]
         except PriorityError as exc:

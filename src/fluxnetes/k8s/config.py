@@ -64,6 +64,9 @@ class OperatorConfig:
     fairshare: str = "auto"
     fairshare_algorithm: str = "fair_tree"  # fair_tree | classic
     fairshare_half_life: int = 7 * 24 * 3600  # seconds; 0 = no decay
+    # running jobs charged this many seconds ahead (queue/priority.py running_horizon): the
+    # running split stays near the shares; 0 = Slurm's formula exactly
+    fairshare_running_horizon: int = 600
     # the multifactor weights (age, fairshare, job_size, qos); empty = Slurm's example values
     fairshare_weights: dict[str, float] = field(default_factory=dict)
     fairshare_save_seconds: float = 30.0  # how often the decayed usage is written to the store

@@ -38,6 +38,9 @@ _STATE = {
     Phase.PROVISIONAL: "provisional", Phase.PENDING: "pending", Phase.RESERVED: "reserved",
     Phase.RUNNING: "running", Phase.COMPLETED: "completed", Phase.FAILED: "failed",
     Phase.CANCELLED: "cancelled", Phase.UNSATISFIABLE: "unsatisfiable",
+    # a victim of preemption holds its resources until its pods are gone: still running for
+    # the store (k8s/preemption.py ends the row once they are)
+    Phase.PREEMPTED: "running",
 }
 LIVE = ("provisional", "pending", "reserved", "running")
 TERMINAL = ("completed", "failed", "cancelled", "unsatisfiable")

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s.accounts import SYSTEM_PRIORITY
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase, rfc3339
+from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 
 if TYPE_CHECKING:
@@ -132,7 +132,6 @@ class Preemption(Context):
         """A victim's pods are all gone (it holds nothing): queue it again, or fail it."""
         by_text = f"preempted by {by}" if by else "preempted"
         requeue = self.config.preemption_on_preempt == "requeue" and self._requeueable(g)
-        self._keep_preempted_condition(g, now)
         if not requeue:
             g.end = now
             self.set_phase(g, Phase.FAILED, by_text)
@@ -163,14 +162,6 @@ class Preemption(Context):
             return False
         owner = self.owner_obj(g.spec.owner, g.spec.namespace)
         return owner is not None and not g.kind.finished(owner)
-
-    def _keep_preempted_condition(self, g: Group, now: int) -> None:
-        """The Preempted phase may never have been written (status writes are coalesced):
-        its condition joins the FluxJob's history all the same."""
-        conds = [c for c in g.fj_status.get("conditions") or [] if c.get("type") != str(Phase.PREEMPTED)]
-        conds.append({"type": str(Phase.PREEMPTED), "status": "False", "reason": str(Phase.PREEMPTED),
-                      "message": g.reason, "lastTransitionTime": rfc3339(now)})
-        g.fj_status = {**g.fj_status, "conditions": conds}
 
     # ---------------------------------------------------------------- deciding
     def qos_name(self, g: Group) -> str:
@@ -254,14 +245,9 @@ class Preemption(Context):
 
     def preempt_group(self, g: Group, by: str, message: str) -> None:
         """Phase Preempted, a Warning Event naming the preemptor, and its pods sent away."""
-        # The store row stays "running" while the pods go (it holds its resources until
-        # then); set_phase would write a state the store does not have, so the journal is
-        # left out of this one transition (after_preemption ends the row).
-        journal, self.journal = self.journal, None
-        try:
-            self.set_phase(g, Phase.PREEMPTED, message)
-        finally:
-            self.journal = journal
+        # the store row stays "running" while the pods go (journal._STATE): it holds its
+        # resources until then; after_preemption ends the row
+        self.set_phase(g, Phase.PREEMPTED, message)
         self.group_event(g, "Warning", "Preempted", message)
         self.preempted[g.qid] = by
         if g.kind is not None and g.spec.owner is not None:

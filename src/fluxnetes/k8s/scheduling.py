@@ -43,7 +43,8 @@ def fairshare_config(config: Any) -> Any:
     """The core's FairShareConfig from the operator's flags (PriorityError names the field)."""
     from fluxnetes.queue.priority import FairShareConfig
 
-    values: dict[str, Any] = {"algorithm": config.fairshare_algorithm, "half_life": int(config.fairshare_half_life)}
+    values: dict[str, Any] = {"algorithm": config.fairshare_algorithm, "half_life": int(config.fairshare_half_life),
+                              "running_horizon": int(config.fairshare_running_horizon)}
     if config.fairshare_weights:
         values["weights"] = dict(config.fairshare_weights)
     return FairShareConfig.from_dict(values)

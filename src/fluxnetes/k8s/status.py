@@ -115,7 +115,7 @@ class Status(Context):
         coalesced, so a short job can go Pending -> Running -> Completed between two), its
         condition is added to the last written status, which the next write builds on
         (fluxjob.status keeps earlier conditions): every decision stays on the FluxJob."""
-        if phase not in (Phase.PENDING, Phase.RESERVED, Phase.RUNNING):
+        if phase not in (Phase.PENDING, Phase.RESERVED, Phase.RUNNING, Phase.PREEMPTED):
             return
         conds = list(g.fj_status.get("conditions") or [])
         if g.fj_status.get("phase") == str(phase) or any(

@@ -95,11 +95,18 @@ class FairShareConfig:
     favor_small: bool = False
     qos_max: int = 0  # 0 = the highest priority among the jobs being ordered
     dampening: float = 1.0  # classic only: FairShareDampeningFactor
+    # seconds of usage the running jobs are charged ahead when the factors are computed: a
+    # start is felt at once, not only as its usage accrues. 0 = Slurm's formula exactly (the
+    # factor follows accrued usage only, so with every account backlogged the running split
+    # swings around the shares with the jobs' durations); > 0 keeps the split near the shares
+    # (each account's running rate x this horizon counts as used), like Kueue's and Volcano's
+    # fair sharing of what runs now, while past usage still decides over the long run
+    running_horizon: int = 0
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise PriorityError(f"algorithm: must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-        for name in ("half_life", "max_age", "total_cores", "qos_max"):
+        for name in ("half_life", "max_age", "total_cores", "qos_max", "running_horizon"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PriorityError(f"{name}: must be an integer >= 0, got {value!r}")
@@ -118,7 +125,7 @@ class FairShareConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> FairShareConfig:
         """From plain values (YAML / flags); unknown keys are errors naming the key."""
         known = {"algorithm", "half_life", "max_age", "weights", "usage_weights", "total_cores",
-                 "favor_small", "qos_max", "dampening"}
+                 "favor_small", "qos_max", "dampening", "running_horizon"}
         for key in data:
             if key not in known:
                 raise PriorityError(f"{key}: unknown field (known: {', '.join(sorted(known))})")
@@ -242,9 +249,19 @@ class FairShare:
         cached = self._rows
         if cached is not None and cached[0] == now and cached[1] == self.usage.version:
             return cached[2]
-        rows = factors(self.config.algorithm, self.tree, self.usage.totals(now), self.config.dampening)
+        rows = factors(self.config.algorithm, self.tree, self.effective_usage(now), self.config.dampening)
         self._rows = (now, self.usage.version, rows)
         return rows
+
+    def effective_usage(self, now: int) -> dict[str, float]:
+        """The usage the factors are computed from: decayed usage at ``now`` plus, with a
+        ``running_horizon``, what the running jobs charge over that horizon."""
+        totals = self.usage.totals(now)
+        horizon = self.config.running_horizon
+        if not horizon:
+            return totals
+        rates = self.usage.rates()
+        return {name: u + rates[name] * horizon for name, u in totals.items()}
 
     def leaf_factors(self, now: int) -> dict[str, float]:
         """Each leaf's fair-share factor at ``now`` (what the order uses; the same numbers
@@ -256,7 +273,7 @@ class FairShare:
         if rows is not None and rows[0] == now and rows[1] == self.usage.version:
             values = {leaf: rows[2][leaf].factor for leaf in self.tree.leaves}
         else:
-            values = leaf_factors(self.config.algorithm, self.tree, self.usage.totals(now),
+            values = leaf_factors(self.config.algorithm, self.tree, self.effective_usage(now),
                                   self.config.dampening)
         self._factors = (now, self.usage.version, values)
         return values

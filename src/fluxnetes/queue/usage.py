@@ -214,6 +214,10 @@ class Usage:
         self._cache = (now, self.version, values)
         return values
 
+    def rates(self) -> dict[str, float]:
+        """Resource units per second charged now under every node (its running jobs)."""
+        return {name: acc.rate for name, acc in self._acc.items()}
+
     def of(self, name: str, now: int) -> float:
         return self._value(self._acc[name], now)
 
