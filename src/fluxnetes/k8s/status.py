@@ -161,7 +161,22 @@ class Status(Context):
             start_time=g.start, end_time=g.end, nodes=g.slots, pods_seen=len(g.members), now=self.now(),
             previous=g.fj_status,
         ) | ({"shares": [s.as_dict() for s in g.held.values()], "released": sorted(g.released)}
-             if g.phase == Phase.RUNNING else {"shares": None, "released": None})
+             if g.phase == Phase.RUNNING else {"shares": None, "released": None}) | self.pod_sets_status(g)
+
+    @staticmethod
+    def pod_sets_status(g: Group) -> dict[str, Any]:
+        """A multi-role workload's pod sets (k8s/podset_groups.py): name, pods, and once
+        started the node of each of its slots. Nothing for a one-template group."""
+        if not g.sets:
+            return {}
+        started = g.phase == Phase.RUNNING and len(g.slot_set) == len(g.slots)
+        out = []
+        for ps in g.sets:
+            entry: dict[str, Any] = {"name": ps.name, "count": ps.count}
+            if started:
+                entry["nodes"] = [n for n, name in zip(g.slots, g.slot_set, strict=True) if name == ps.name]
+            out.append(entry)
+        return {"podSets": out}
 
     async def write_fluxjob(self, g: Group) -> None:
         st = self.fluxjob_status(g)
