@@ -140,6 +140,10 @@ def test_queue_lists_running_then_waiting_in_scheduling_order() -> None:
     assert rows[0]["nodes"] == "n1,n2" and rows[0]["start"] == "5s ago"
     assert rows[0]["request"] == "1c,1Gi"
     assert [r["name"] for r in queue_rows(jobs, NOW, include_finished=True)][-1] == "done"
+    assert rows[0]["podSets"] == ""
+    mpi = fluxjob("mpi", "Pending", submit=5, size=9)
+    mpi["status"]["podSets"] = [{"name": "launcher", "count": 1}, {"name": "worker", "count": 8}]
+    assert queue_rows([mpi], NOW)[0]["podSets"] == "launcher 1, worker 8"
 
 
 def test_nodes_view_counts_fluxnetes_and_foreign_use_and_checks_agreement() -> None:

@@ -58,6 +58,8 @@ def queue_rows(
                 "name": md.get("name", ""),
                 "state": phase,
                 "size": spec.get("size"),
+                # a multi-role workload's pod sets (status.podSets), e.g. "launcher 1, worker 8"
+                "podSets": ", ".join(f"{ps.get('name')} {ps.get('count')}" for ps in st.get("podSets") or []),
                 "request": fmt_request(request_of(fj)),
                 "priority": spec.get("priority") or 0,
                 "duration": spec.get("duration") or 0,
@@ -104,7 +106,7 @@ def queue_cmd(
                 r["position"],
                 f"{r['namespace']}/{r['name']}" if all_namespaces else r["name"],
                 r["state"],
-                r["size"],
+                f"{r['size']} ({r['podSets']})" if r["podSets"] else r["size"],
                 r["request"],
                 r["priority"],
                 r["start"],
