@@ -251,3 +251,26 @@ def test_lws_example_is_a_gang_per_replica_and_scaling_adds_one(cluster: Cluster
              "leaderworkerset-serve-3")
     assert group_names(cluster, "serve") == [*gangs, "leaderworkerset-serve-3"]
     delete(cluster, "leaderworkerset", "serve", sel)
+
+
+# -- restarts --------------------------------------------------------------------------------------
+def test_an_operator_restart_while_an_mpijob_waits_loses_nothing(cluster: Cluster, op: OperatorProc) -> None:
+    """Nothing is lost when the operator restarts mid-admission: the MPIJob was held and
+    queued (nothing placed) when the operator was SIGKILLed; the new one finds it again, keeps
+    it held while it cannot fit, and starts it whole once room comes."""
+    block(cluster, 3)
+    apply(cluster, NS, [mpijob("mpir", 8, "4")])
+    wait("the MPIJob queued", lambda: fj_phase(cluster, "mpijob-mpir") in ("Pending", "Reserved"))
+    op.kill(signal.SIGKILL)
+    op.start()
+    time.sleep(3)  # several cycles of the new operator: still nothing of it may start
+    assert cluster.kubectl_json("get", "mpijob", "mpir", "-n", NS)["spec"]["runPolicy"]["suspend"] is True
+    assert fj_phase(cluster, "mpijob-mpir") in ("Pending", "Reserved")
+    unblock(cluster)
+    ps = bound(cluster, f"{MPI_NAME}=mpir", 9)
+    one_gang(ps, "mpijob-mpir")
+    workers = {p["spec"]["nodeName"] for p in ps
+               if p["metadata"]["labels"].get("training.kubeflow.org/job-role") == "worker"}
+    assert len(workers) == 8
+    assert group_names(cluster, "mpir") == ["mpijob-mpir"]  # one group, not a second one after the restart
+    delete(cluster, "mpijob", "mpir", f"{MPI_NAME}=mpir")
