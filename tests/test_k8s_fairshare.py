@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from fluxnetes.devcluster.apicalls import create_jobs
 from k8s_helpers import OverbookingWatch, cleanup_webhooks
 from test_k8s_operator import OperatorProc, wait
 
@@ -100,25 +101,6 @@ def job(name: str, ns: str, *, size: int = 1, seconds: float = 3, pc: str | None
 
 def apply(cluster: Any, objs: list[dict[str, Any]]) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
-
-
-def create_jobs(kubeconfig: Any, jobs: list[dict[str, Any]], concurrency: int = 16) -> None:
-    """Create the Jobs through the API with a few requests in flight (kubectl's client-side
-    rate limit, 5 requests/s, would make the submission the bottleneck)."""
-    import asyncio
-
-    from fluxnetes.k8s.kube import Kube, Resource
-
-    jobs_res = Resource("batch/v1", "jobs")
-
-    async def go() -> None:
-        kube = await Kube.from_config(str(kubeconfig), None, concurrency)
-        try:
-            await asyncio.gather(*(kube.create(jobs_res, j, j["metadata"]["namespace"]) for j in jobs))
-        finally:
-            await kube.close()
-
-    asyncio.run(go())
 
 
 def running_pods(cluster: Any) -> list[dict[str, Any]]:

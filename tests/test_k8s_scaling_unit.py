@@ -52,6 +52,21 @@ def start_two(c: Controller) -> list[dict[str, Any]]:
     return ps
 
 
+async def started_then_node_lost(c: Controller) -> tuple[Any, list[dict[str, Any]], dict[str, str]]:
+    """Two replicas started and bound (one per node); the node of the first is deleted.
+    Returns (the base group, the two pods, pod uid -> node)."""
+    from test_k8s_prune import node
+
+    ps = start_two(c)
+    await settle(c)
+    base = c.groups[BASE]
+    on = {uid: base.slots[i] for i, uid in enumerate(base.slot_pod)}
+    for p in ps:
+        c.handle(("Pod", "MODIFIED", bound(p, on[p["metadata"]["uid"]])))
+    c.handle(("Node", "DELETED", node(on[ps[0]["metadata"]["uid"]])))
+    return base, ps, on
+
+
 def test_scale_up_forms_a_group_of_the_added_pods() -> None:
     async def main() -> None:
         c, kube = make_controller()
@@ -325,18 +340,10 @@ def test_a_deployment_that_lost_a_node_gets_its_replacement_pod_placed() -> None
     (and its share); the ReplicaSet re-creates the pod that was on the lost node. That pod
     must be placed (a group of what the workload misses), not wait forever in the failed
     group, nor in a new group of the full size waiting for pods that never come."""
-    from test_k8s_prune import node
-
     async def main() -> None:
         c, kube = make_controller()
-        ps = start_two(c)
-        await settle(c)
-        base = c.groups[BASE]
-        on = {uid: base.slots[i] for i, uid in enumerate(base.slot_pod)}
-        for p in ps:
-            c.handle(("Pod", "MODIFIED", bound(p, on[p["metadata"]["uid"]])))
+        base, ps, on = await started_then_node_lost(c)
         lost, kept = on[ps[0]["metadata"]["uid"]], on[ps[1]["metadata"]["uid"]]
-        c.handle(("Node", "DELETED", node(lost)))
         c.handle(("Pod", "DELETED", bound(ps[0], lost)))
         await settle(c)
         assert str(base.phase) == "Failed" and list(base.held) == [kept]
@@ -360,19 +367,11 @@ def test_a_group_name_is_never_used_twice_for_one_workload() -> None:
     a group by namespace, name and workload uid) took for the failed one after a restart and
     ended. New pods of that workload form "-scale-N" groups instead, in the same process and
     after a restart (the failed FluxJob spends the name before any pod is replayed)."""
-    from test_k8s_prune import node
     from test_k8s_recovery_unit import Kube, restart
 
     async def main() -> None:
         c, kube = make_controller()
-        ps = start_two(c)
-        await settle(c)
-        base = c.groups[BASE]
-        on = {uid: base.slots[i] for i, uid in enumerate(base.slot_pod)}
-        for p in ps:
-            c.handle(("Pod", "MODIFIED", bound(p, on[p["metadata"]["uid"]])))
-        lost = on[ps[0]["metadata"]["uid"]]
-        c.handle(("Node", "DELETED", node(lost)))
+        _, ps, on = await started_then_node_lost(c)
         for p in ps:  # the survivor ends too: the failed group has no pod left
             c.handle(("Pod", "DELETED", bound(p, on[p["metadata"]["uid"]])))
         await settle(c)
