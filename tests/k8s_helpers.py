@@ -125,3 +125,32 @@ def store_at(url: str) -> Any:
 
 def log_path(op: Operator) -> Path:
     return Path(op.log)
+
+
+def addon_cluster(tmp_path_factory: Any, label: str, nodes: Any, *, timed_pods: bool = False) -> Iterator[Any]:
+    """A dev cluster running the four workload controllers (MPI Operator, JobSet, Trainer,
+    LWS), for a module fixture: skipped without the control plane or the addon builds, failed
+    instead when FLUXNETES_REQUIRE_K8S / FLUXNETES_REQUIRE_ADDONS=1 say they must be there."""
+    import pytest
+
+    from conftest import k8s_missing_reason
+    from fluxnetes.devcluster import Cluster, ClusterOptions
+    from fluxnetes.devcluster import addons as addon_defs
+
+    reason = k8s_missing_reason()
+    if reason:
+        if os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    absent = addon_defs.missing(addon_defs.ADDON_NAMES)
+    if absent:
+        msg = addon_defs.missing_message(addon_defs.ADDON_NAMES, absent)
+        if os.environ.get("FLUXNETES_REQUIRE_ADDONS") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    c = Cluster.up(ClusterOptions(nodes=nodes, dir=tmp_path_factory.mktemp(label), die_with_parent=True,
+                                  timed_pods=timed_pods, addons=addon_defs.ADDON_NAMES))
+    try:
+        yield c
+    finally:
+        c.down()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.error
 from collections.abc import Callable, Iterator, Mapping
@@ -26,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
+from fluxnetes.devcluster import Cluster, NodeShape
 from fluxnetes.devcluster import addons as addon_defs
 from fluxnetes.k8s import certs, names, webhook_config
 from fluxnetes.k8s.webhook import WebhookServer
@@ -41,6 +40,7 @@ from fluxnetes.k8s.workloads import (
 )
 from fluxnetes.k8s.workloads.base import ANN_SUSPENDED_BY, PodRoute
 from fluxnetes.k8s.workloads.trainjob import KIND as TRAINJOB
+from k8s_helpers import addon_cluster
 
 pytestmark = pytest.mark.k8s
 
@@ -49,36 +49,9 @@ NS = "flux-demo"  # the examples' namespace, opted in by examples/k8s/namespace.
 ALL = addon_defs.ADDON_NAMES
 
 
-def _addons_or_skip() -> None:
-    absent = addon_defs.missing(ALL)
-    if not absent:
-        return
-    msg = addon_defs.missing_message(ALL, absent)
-    if os.environ.get("FLUXNETES_REQUIRE_ADDONS") == "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    from conftest import k8s_missing_reason
-
-    reason = k8s_missing_reason()
-    if reason:
-        if os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    _addons_or_skip()
-    c = Cluster.up(ClusterOptions(
-        nodes=NodeShape(count=4, cpu="16", memory="64Gi"),
-        dir=tmp_path_factory.mktemp("addons-cluster"),
-        die_with_parent=True,
-        addons=ALL,
-    ))
-    try:
-        yield c
-    finally:
-        c.down()
+    yield from addon_cluster(tmp_path_factory, "addons-cluster", NodeShape(count=4, cpu="16", memory="64Gi"))
 
 
 def lookup_in(c: Cluster) -> Callable[[str, str, str], Mapping[str, Any] | None]:

@@ -13,7 +13,6 @@ hack/build-addons.sh: skipped without them unless FLUXNETES_REQUIRE_ADDONS=1, th
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -22,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
-from fluxnetes.devcluster import addons as addon_defs
+from fluxnetes.devcluster import Cluster, NodeShape
 from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
+from k8s_helpers import addon_cluster
 from test_k8s_operator import OperatorProc, apply, fluxjob, pods, wait
 
 pytestmark = pytest.mark.k8s
@@ -37,28 +36,8 @@ LONG = {TIMED_POD_ANNOTATION: "1h"}  # a Job pod that keeps running (kwok)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    from conftest import k8s_missing_reason
-
-    reason = k8s_missing_reason()
-    if reason:
-        if os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    absent = addon_defs.missing(addon_defs.ADDON_NAMES)
-    if absent:
-        msg = addon_defs.missing_message(addon_defs.ADDON_NAMES, absent)
-        if os.environ.get("FLUXNETES_REQUIRE_ADDONS") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    c = Cluster.up(ClusterOptions(
-        nodes=NodeShape(count=10, cpu="4", memory="16Gi"),
-        dir=tmp_path_factory.mktemp("multirole-cluster"),
-        die_with_parent=True, timed_pods=True, addons=addon_defs.ADDON_NAMES,
-    ))
-    try:
-        yield c
-    finally:
-        c.down()
+    yield from addon_cluster(tmp_path_factory, "multirole-cluster", NodeShape(count=10, cpu="4", memory="16Gi"),
+                             timed_pods=True)
 
 
 @pytest.fixture(scope="module")
