@@ -31,6 +31,13 @@ For each node count, in a fresh subprocess (so RSS is per size):
 
 Writes bench/results/scale_5000.json (parameters, figures, load average, machine).
 
+"reserve" (see reserve_state): a backlog head that gets a reservation, 1,000 and 5,000 nodes,
+running pods of known durations; with --compare-baseline also with ``fast_fail = False`` (a
+walk at every candidate start time) on the same state, answers checked equal. Also part of
+the full run; alone (merged into the file, other keys kept):
+
+    .venv/bin/python bench/scale_5000.py --reserve-only --repeat 10 --compare-baseline
+
 With --cluster-nodes N it instead runs `fluxnetes dev cluster up --nodes N` (the CLI, default
 node shape) in a temporary directory and records, under "dev_cluster" in the same file: the
 time to Ready by phase, each component's RSS (now and peak), the CPU each uses while the
@@ -220,9 +227,84 @@ def one_size(count: int, repeat: int, compare: bool = False) -> dict[str, Any]:
                     base["fail_orelse_reserve_10pod_16cpu"]["median_ms"]
                     / max(st["fail_orelse_reserve_10pod_16cpu"]["median_ms"], 0.001), 1)
         states[how] = st
+    states["reserve"] = reserve_state(count, min(repeat, 10), compare)
     out["states"] = states
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out
+
+
+RESERVE_SEED = 17
+RESERVE_PARAMS = {
+    "command": ".venv/bin/python bench/scale_5000.py --reserve-only --nodes N --repeat 10 --compare-baseline",
+    "state": "per node one 24-cpu pod (600-7,200 s); min(5,000, 5 x nodes) 1-cpu pods (60-3,600 s), "
+             "lonode, one matcher job per pod, seed 17",
+    "request": "allocate_orelse_reserve of 1 and of 10 pods of 16 cpu, 64Mi, 600 s (RESERVED)",
+    "baseline": "same matcher, Matcher.fast_fail = False, one call per request, answers compared",
+}
+
+
+def reserve_state(count: int, repeat: int, compare: bool) -> dict[str, Any]:
+    """A backlog whose head gets a reservation (issue 17 item 3): every node runs one 24-cpu
+    pod and the cluster 5,000 1-cpu pods more (lonode packs them node by node), all of known
+    durations (random, seeded: 600-7,200 s and 60-3,600 s), one matcher job per pod. A 16-cpu
+    pod (600 s) fits nowhere now; the root has room at every end time, a node only once
+    enough of its pods ended: `allocate_orelse_reserve` answers RESERVED. Each answer is
+    cancelled again (the state stays). With ``compare``: the same questions with
+    ``Matcher.fast_fail = False`` (a walk at every candidate start time) on the same matcher,
+    and the answers must be equal."""
+    import random
+    from dataclasses import replace
+
+    from fluxnetes.graph.topology import from_k8s_nodes_topology
+    from fluxnetes.jobspec import PodRequest, jobspec_from_pods
+    from fluxnetes.match.matcher import Matcher
+
+    graph, _ = from_k8s_nodes_topology(node_objects(count), {}, rack_label="fluxnetes.io/rack")
+    m = Matcher(graph, policy="lonode")
+    rng = random.Random(RESERVE_SEED)
+    t0 = time.perf_counter()
+    base = jobspec_from_pods(1, PodRequest(24_000, POD_MEMORY), name="base")
+    small = jobspec_from_pods(1, PodRequest(POD_CPU_MILLIS, POD_MEMORY), name="small")
+    for _ in range(count):
+        if not m.allocate(replace(base, duration=rng.randint(600, 7200)), now=0).ok:
+            raise SystemExit("reserve fill: 24-cpu pod did not fit")
+    smalls = min(5000, count * 5)  # (below 1,000 nodes: 5 per node)
+    for _ in range(smalls):
+        if not m.allocate(replace(small, duration=rng.randint(60, 3600)), now=0).ok:
+            raise SystemExit("reserve fill: 1-cpu pod did not fit")
+    st: dict[str, Any] = {"fill_s": round(time.perf_counter() - t0, 2), "running_pods": count + smalls,
+                          "what": "every node one 24-cpu pod (600-7,200 s) + 5,000 1-cpu pods (60-3,600 s); "
+                                  "request: 16 cpu, 64Mi, 600 s (1 pod, and a group of 10)"}
+    reqs = {label: replace(jobspec_from_pods(n, PodRequest(16_000, POD_MEMORY), name=label), duration=600)
+            for label, n in (("1pod_16cpu", 1), ("10pod_16cpu", 10))}
+    answers: dict[str, Any] = {}
+    for label, js in reqs.items():
+        st[f"reserve_{label}"] = measure(m, "allocate_orelse_reserve", js, repeat, True)
+        r = m.allocate_orelse_reserve(js, now=0)
+        answers[label] = (r.status.value, r.at, [(v.path, v.size) for v in r.vertices])
+        st[f"reserve_{label}"]["at"] = r.at
+        m.cancel(r.jobid)
+    if compare:
+        m.fast_fail = False
+        base_st: dict[str, Any] = {"what": "the same matcher and state, Matcher.fast_fail = False (a full walk "
+                                           "at every candidate start time, as before this work); one call per "
+                                           "request (each costs seconds), its answer compared with the "
+                                           "optimised one"}
+        for label, js in reqs.items():
+            ms, cpu, r = timed(lambda js=js: m.allocate_orelse_reserve(js, now=0))
+            got = (r.status.value, r.at, [(v.path, v.size) for v in r.vertices])
+            m.cancel(r.jobid)
+            if got != answers[label]:
+                raise SystemExit(f"reserve {label}: baseline answer differs from the optimised one")
+            base_st[f"reserve_{label}"] = {"op": "allocate_orelse_reserve", "status": r.status.value, "calls": 1,
+                                           "wall_ms": round(ms, 3), "cpu_ms": round(cpu, 3), "at": r.at}
+        m.fast_fail = True
+        st["baseline"] = base_st
+        st["answers_equal"] = True
+        for label in reqs:
+            st[f"speedup_reserve_{label}_cpu"] = round(
+                base_st[f"reserve_{label}"]["cpu_ms"] / max(st[f"reserve_{label}"]["median_cpu_ms"], 0.001), 1)
+    return st
 
 
 def _ratios(st: dict[str, Any]) -> dict[str, float]:
@@ -344,6 +426,41 @@ def sample_operator(bench_pid: int, interval: float = 2.0) -> dict[str, Any]:
     return {"bench_pid": bench_pid, "interval_s": interval, "operators": list(seen.values())}
 
 
+def reserve_main(args: argparse.Namespace) -> int:
+    """Run the 'reserve' state per node count (a subprocess each) and store it under
+    results[i]["states"]["reserve"] of the existing file, keeping everything else."""
+    doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    results = doc.setdefault("results", [])
+    for count in args.nodes:
+        t0 = time.monotonic()
+        load_before = [round(x, 2) for x in os.getloadavg()]
+        argv = [sys.executable, __file__, "--one", str(count), "--repeat", str(args.repeat), "--reserve-only"]
+        if args.compare_baseline:
+            argv.append("--compare-baseline")
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            print(proc.stderr, file=sys.stderr)
+            return proc.returncode
+        st = json.loads(proc.stdout)
+        st["wall_s"] = round(time.monotonic() - t0, 1)
+        st["load_avg_before"] = load_before
+        st["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+        st["repeat"] = args.repeat
+        st["python"] = platform.python_version()
+        st["cpu_count"] = os.cpu_count()
+        print(json.dumps(st, indent=1), flush=True)
+        row = next((r for r in results if r.get("nodes") == count), None)
+        if row is None:
+            row = {"nodes": count}
+            results.append(row)
+        row.setdefault("states", {})["reserve"] = st
+    doc.setdefault("parameters", {})["reserve_state"] = RESERVE_PARAMS
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
@@ -355,11 +472,18 @@ def main() -> int:
                     help="sample the operator processes of this operator_bench run (RSS, CPU) until it ends")
     ap.add_argument("--compare-baseline", action="store_true",
                     help="also measure the failing questions with Matcher.fast_fail = False (before/after)")
+    ap.add_argument("--reserve-only", action="store_true",
+                    help="only the 'reserve' state (a reservation found), merged into the results file")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child: one size, JSON to stdout
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one_size(args.one, args.repeat, args.compare_baseline)))
+        if args.reserve_only:
+            print(json.dumps(reserve_state(args.one, args.repeat, args.compare_baseline)))
+        else:
+            print(json.dumps(one_size(args.one, args.repeat, args.compare_baseline)))
         return 0
+    if args.reserve_only:
+        return reserve_main(args)
     if args.sample_operator:
         sampled = sample_operator(args.sample_operator)
         kept: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}

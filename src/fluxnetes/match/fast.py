@@ -145,6 +145,9 @@ class SlotIndex:
         self.ranked: SortedList = SortedList()
         self.total_slots = 0
         self._node_vertex: dict[int, Any] = {}  # host dfs -> its node vertex (constraints)
+        self._lb: list[tuple[Any, int, _Host]] | None = None  # select_at's host order
+        self._lb_unknown = False
+        self._fcheck: dict[int, list[tuple[int, int]]] = {}  # host dfs -> (filter index, need)
         self._discover()
         for h in self.hosts:
             self._refresh(h)
@@ -420,6 +423,203 @@ class SlotIndex:
                 s1 = h.slots[si + 1]
                 heapq.heappush(heap, (s1[0], h.dfs, si + 1, h))
         return chosen
+
+
+    # ------------------------------------------------------------------ as of a future window
+    def _bounds(self) -> list[tuple[Any, int, _Host]] | None:
+        """Per host a lower bound on its best slot's key (from the static candidate order,
+        whatever is free), sorted; None when a bound cannot be given (non-leaf candidates,
+        or element counts that are ranges)."""
+        got = self._lb
+        if got is not None or self._lb_unknown:
+            return got
+        if not self.fixed:
+            self._lb_unknown = True
+            return None
+        high = self.eng.high
+        split = self.eng.split_pools
+        out: list[tuple[Any, int, _Host]] = []
+        fcheck = self._fcheck
+        for h in self.hosts:
+            score = 1
+            ok = True
+            checks: list[tuple[int, int]] = []
+            for elem, order in zip(self.elems, self._static(h), strict=True):
+                cnt = elem.count.min
+                if any(c.children for _s, c in order):
+                    self._lb_unknown = True
+                    return None
+                unit = all(c.v.size == 1 and not (split and c.v.size > 1) for _s, c in order)
+                fi = h.vs.fidx.get(elem.type)
+                if fi is not None and not any(split and c.v.size > 1 for _s, c in order):
+                    # the host's filter bounds these leaves (see match/reserve.py)
+                    checks.append((fi, cnt))
+                # unit leaves: exactly cnt members, at best the first cnt in policy order;
+                # else members hold >= 1 unit each: at most cnt of them (high), one at least (low)
+                k = cnt if unit else (min(cnt, len(order)) if high else 1)
+                if len(order) < (cnt if unit else 1) or k < 1:
+                    ok = False
+                    break
+                score += sum(sc for sc, _c in order[:k])
+            if ok:
+                out.append((-score if high else score, h.dfs, h))
+                fcheck[h.dfs] = checks
+        out.sort(key=lambda x: (x[0], x[1]))
+        self._lb = out
+        return out
+
+    def _free_at(self, c: VState, at: int, end: int) -> int:
+        """What the walk at [at, end) (a reservation) sees free of candidate leaf ``c``."""
+        cv = c.v
+        if cv.status != UP:
+            return 0
+        if self.eng.split_pools and cv.size > 1:
+            return c.avail(at, end) if c.ps else cv.size
+        if (c.xs or c.ps) and c.x_busy(at, end):
+            return 0
+        return c.avail(at, end) if c.ps else cv.size
+
+    def _host_open_at(self, h: _Host, at: int, end: int) -> bool:
+        """The walk's host-level checks at [at, end): up (and its ancestors), own planner of
+        the host and its ancestors not full over the window; and (no slot otherwise) the
+        host's filter has one slot's count of each leaf type it bounds free over it."""
+        if h.down:
+            return False
+        f = h.vs.f
+        if f is not None:
+            for fi, need in self._fcheck.get(h.dfs, ()):
+                if f.free(fi, at, end) < need:
+                    return False  # fewer leaves free over the window than one slot takes
+        x: VState | None = h.vs
+        while x is not None:
+            if x.ps and x.avail(at, end) == 0:
+                return False
+            x = x.parent
+        return True
+
+    def _pack_at(self, h: _Host, at: int, end: int) -> list[Slot] | _Runs:
+        """_pack with the leaves free over [at, end) instead of the leaves free now."""
+        high = self.eng.high
+        split = self.eng.split_pools
+        per: list[tuple[int, list[tuple[int, int, VState]]]] = []
+        unit = True
+        for elem, order in zip(self.elems, self._static(h), strict=True):
+            cands: list[tuple[int, int, VState]] = []
+            for sc, c in order:
+                avail = self._free_at(c, at, end)
+                if avail <= 0:
+                    continue
+                if avail != 1:
+                    unit = False
+                cands.append((sc, avail, c))
+            qc = len(cands) if unit else sum(a for _s, a, _c in cands)
+            cnt = calc_count(elem.count, qc)
+            if cnt == 0:
+                return []
+            per.append((cnt, cands))
+        if unit and len(per) == 1:
+            cnt, cands = per[0]
+            if len(cands) < cnt:
+                return []
+            return _Runs([(x[0], x[2]) for x in cands], cnt, high)
+        return _pack_slots(per, high, split)
+
+    def select_at(self, slot: Resource, allow: Allow, at: int, end: int) -> list[tuple[VState, int]] | None:
+        """The walk's choice of ``slot`` (a fixed count) for a reservation over [at, end):
+        members of the N best slots, or None if fewer than N exist. Hosts are packed lazily
+        in the order of a lower bound on their best slot, until no unpacked host can beat the
+        slots found. Raises LookupError when not applicable (the caller walks)."""
+        if slot.count.min != slot.count.max:
+            raise LookupError("slot count is a range")
+        bounds = self._bounds()
+        if bounds is None:
+            raise LookupError("no static bound for these hosts")
+        need = slot.count.min
+        nodes = self._node_vertex
+        chosen: list[tuple[VState, int]] = []
+        heap: list[tuple[Any, int, int, int]] = []
+        packed: list[list[Slot] | _Runs] = []
+        it = iter(bounds)
+        nxt = next(it, None)
+        taken = 0
+        while taken < need:
+            while nxt is not None and (not heap or (nxt[0], nxt[1], 0) <= heap[0][:3]):
+                h = nxt[2]
+                nxt = next(it, None)
+                if allow is not None:
+                    nv = nodes.get(h.dfs, False)
+                    if nv is False:
+                        nv = nodes[h.dfs] = _node_of(h.vs)
+                    if nv is not None and not allow.match(nv):
+                        continue
+                if not self._host_open_at(h, at, end):
+                    continue
+                slots = self._pack_at(h, at, end)
+                if len(slots):
+                    packed.append(slots)
+                    heapq.heappush(heap, (slots[0][0], h.dfs, 0, len(packed) - 1))
+            if not heap:
+                return None
+            _key, dfs, si, pi = heapq.heappop(heap)
+            slots = packed[pi]
+            chosen.extend(slots[si][2])
+            taken += 1
+            if si + 1 < len(slots):
+                heapq.heappush(heap, (slots[si + 1][0], dfs, si + 1, pi))
+        return chosen
+
+
+def _pack_slots(per: list[tuple[int, list[tuple[int, int, VState]]]], high: bool, split: bool) -> list[Slot]:
+    """cnt_slot and the slots' members (as SlotIndex._pack builds them)."""
+    nslots = None
+    for cnt, cands in per:
+        fit = 0
+        acc = 0
+        for _s, a, c in cands:
+            if split and c.v.size > 1 and not c.children:
+                acc += a
+                fit += acc // cnt
+                acc %= cnt
+                continue
+            acc += a
+            if acc >= cnt:
+                fit += 1
+                acc = 0
+        nslots = fit if nslots is None else min(nslots, fit)
+    if not nslots:
+        return []
+    slots: list[Slot] = []
+    pos = [0] * len(per)
+    left = [0] * len(per)
+    for i in range(nslots):
+        score = 1
+        members: list[tuple[VState, int]] = []
+        for ei, (cnt, cands) in enumerate(per):
+            j = 0
+            while j < cnt:
+                gi = pos[ei]
+                if gi >= len(cands):
+                    slots.sort(key=_slot_key)
+                    return slots
+                s, a, c = cands[gi]
+                if split and c.v.size > 1 and not c.children:
+                    if left[ei] == 0:
+                        left[ei] = a
+                    take = min(left[ei], cnt - j)
+                    left[ei] -= take
+                    if left[ei] == 0:
+                        pos[ei] = gi + 1
+                    members.append((c, take))
+                    score += s
+                    j += take
+                    continue
+                pos[ei] = gi + 1
+                members.append((c, a))
+                score += s
+                j += a
+        slots.append((-score if high else score, i, members))
+    slots.sort(key=_slot_key)
+    return slots
 
 
 def _slot_key(s: tuple[Any, int, Any]) -> tuple[Any, int]:

@@ -32,6 +32,7 @@ from fluxnetes.match.engine import (
 )
 from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
 from fluxnetes.match.pristine import PristineSlots
+from fluxnetes.match.reserve import ReserveBound, ReserveHosts
 from fluxnetes.match.results import (
     AllocVertex,
     MatchError,
@@ -173,6 +174,8 @@ class Matcher:
         self._sat_cache: dict[Hashable, bool] = {}
         self._pristine: dict[frozenset[str], PristineSlots] = {}
         self._late: set[int] = set()  # jobs with spans reaching the satisfiability window
+        # slot hosts per set of slot element types, for the reservation search's bound
+        self._resv_hosts: dict[frozenset[str], ReserveHosts] = {}
 
     # ------------------------------------------------------------------ properties
     @property
@@ -268,9 +271,41 @@ class Matcher:
             if op == "allocate_orelse_reserve":
                 # candidate start times: scheduled points of the root filter where the
                 # root has the job's totals free for the whole window (§5.6)
-                for when in eng.candidate_times(now + 1, duration, js.totals):
-                    if when >= GRAPH_END:
+                cands = eng.candidate_times(now + 1, duration, js.totals)
+                bound: ReserveBound | None = None
+                at_index = None
+                set_up = False
+                while True:
+                    when = next(cands, None)
+                    if when is None or when >= GRAPH_END:
                         break
+                    if not set_up:  # (only when there is a candidate at all)
+                        set_up = True
+                        bound = self._reserve_bound(js, duration)
+                        at_index = self._reserve_index(js, duration, x_types)
+                    if bound is not None and not bound.may_fit(when):
+                        # the hosts cannot give enough slots: the walk would fail here, and
+                        # at every candidate before the first instant a host could give one
+                        nxt = bound.next_start()
+                        if nxt is None:
+                            break
+                        if nxt > when + 1:
+                            cands = eng.candidate_times(nxt, duration, js.totals)
+                        continue
+                    if at_index is not None:
+                        try:
+                            members = at_index(when)
+                        except LookupError:
+                            at_index = None  # not applicable to these hosts: walk
+                        else:
+                            if members is None:
+                                continue  # fewer slots than asked: the walk fails here
+                            eng.mark_selection([(u, a, True) for u, a in members])
+                            self.stats["fast"] += 1
+                            res = self._commit(js, jid, when, duration, AT_RESERVE, now, x_types)
+                            if res is not None:
+                                return res
+                            break
                     if run(when, AT_RESERVE):
                         res = self._commit(js, jid, when, duration, AT_RESERVE, now, x_types)
                         if res is not None:
@@ -338,6 +373,49 @@ class Matcher:
         """The graph's structure or properties changed: satisfiability answers are stale."""
         self._sat_cache.clear()
         self._pristine.clear()
+        self._resv_hosts.clear()
+
+    def _reserve_index(self, js: Jobspec, duration: int,
+                       x_types: set[str]) -> Callable[[int], list[tuple[VState, int]] | None] | None:
+        """The walk's answer at a candidate time from the slot index (static policies with
+        stable ties, ``slot[N] -> {leaves}``, fixed counts): SlotIndex.select_at."""
+        if not self.fast_fail or not self._fast_policy or x_types or "slot" in self.graph.by_type:
+            return None
+        shape = slot_shape(js.resources)
+        if shape is None:
+            return None
+        slot, elems = shape
+        if slot.count.min != slot.count.max:
+            return None
+        key = tuple((e.type, e.count) for e in elems)
+        idx = self._slot_idx.get(key)
+        if idx is None:
+            with gc_paused():
+                idx = self._slot_idx[key] = SlotIndex(self.engine, frozenset(e.type for e in elems), elems)
+        constraint = js.constraint
+
+        def at_time(when: int) -> list[tuple[VState, int]] | None:
+            end = when + duration if when + duration <= GRAPH_END else GRAPH_END
+            return idx.select_at(slot, constraint, when, end)
+
+        return at_time
+
+    def _reserve_bound(self, js: Jobspec, duration: int) -> ReserveBound | None:
+        """The reservation search's count bound (match/reserve.py) for ``slot -> {leaves}``
+        requests; None: walk at every candidate."""
+        if not self.fast_fail or "slot" in self.graph.by_type:
+            return None
+        shape = slot_shape(js.resources)
+        if shape is None:
+            return None
+        slot, elems = shape
+        types = frozenset(e.type for e in elems)
+        if len(types) != len(elems):
+            return None
+        hosts = self._resv_hosts.get(types)
+        if hosts is None:
+            hosts = self._resv_hosts[types] = ReserveHosts(self.engine, types)
+        return ReserveBound(hosts, elems, slot, duration, GRAPH_END)
 
     def _fail(self, status: MatchStatus, jid: int, js: Jobspec, reason: str) -> MatchResult:
         self.stats["failed"] += 1

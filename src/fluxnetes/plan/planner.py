@@ -560,6 +560,43 @@ class Planner:
         self._check_search(t, duration, amount)
         return self._first_fit(t, duration, self._total - amount, True)
 
+    def earliest_capped(self, t: int, duration: int, amount: int, cap: int) -> int | None:
+        """Earliest instant ``s >= t`` (``t`` or a later point) where ``amount`` units are free
+        over ``[s, min(s + duration, cap))``, for ``s < cap``; None if there is none (or
+        ``amount`` exceeds the total). Trusted (no argument checks). The matcher's windows
+        are capped at the graph horizon this way, so a window never grows shorter as ``s``
+        moves later except by the cap: a point too busy inside the window of ``s`` is inside
+        the window of every start between ``s`` and it, and the search jumps past it."""
+        total = self._total
+        if amount > total:
+            return None
+        if t >= cap:
+            return None
+        if total - self.used >= amount:
+            return t
+        times = self._points()
+        sched = self._sched
+        n = len(times)
+        limit = total - amount
+        k = bisect_right(times, t) - 1  # the point in force at t (the base point is <= t)
+        cand = t
+        while cand < cap:
+            wend = cand + duration
+            if wend > cap:
+                wend = cap
+            j = k
+            while j < n and times[j] < wend:
+                if sched[j] > limit:
+                    break
+                j += 1
+            else:
+                return cand
+            k = j + 1
+            if k >= n:
+                return None
+            cand = times[k]
+        return None
+
     def next_point_after(self, t: int) -> int | None:
         """First scheduled point strictly after ``t`` (None if none)."""
         times = self._points()
