@@ -317,6 +317,39 @@ def test_rbac_is_least_privilege() -> None:
     assert "delete" in pods["verbs"] and "create" not in pods["verbs"]
 
 
+# (apiGroup, resource) -> verbs: what the operator calls on each multi-role kind (informers in
+# k8s/podset_groups.py; resume and requeue patches in k8s/allocation.py); it never creates,
+# updates or deletes them, and an LWS (no suspend field) is only read
+MULTI_ROLE = {
+    ("kubeflow.org", "mpijobs"): {"get", "list", "watch", "patch"},
+    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "patch"},
+    ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "patch"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch"},
+}
+
+
+def multi_role_grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                if (group, res) in MULTI_ROLE:
+                    assert "resourceNames" not in rule, rule  # every workload, not some
+                    out.setdefault((group, res), set()).update(rule["verbs"])
+    return out
+
+
+@needs_helm
+def test_rbac_grants_the_multi_role_kinds() -> None:
+    """Without these rules a chart install keeps MPIJob, JobSet, TrainJob and LWS off
+    (podset_groups.watchable): exactly the verbs the operator uses, in the chart and in dist."""
+    rendered = one(docs(helm_template()), "ClusterRole")["rules"]
+    assert multi_role_grants(rendered) == MULTI_ROLE
+    shipped = [o for o in docs(DIST.read_text()) if o.get("kind") == "ClusterRole"
+               and o["metadata"]["name"] == "fluxnetes"]
+    assert len(shipped) == 1 and multi_role_grants(shipped[0]["rules"]) == MULTI_ROLE
+
+
 @needs_helm
 def test_non_default_values() -> None:
     objs = docs(
@@ -574,6 +607,22 @@ def can_i(cluster: Any, ns: str, sa: str, verb: str, resource: str, where: str |
     return answer == "yes"
 
 
+def sar_allows(cluster: Any, ns: str, sa: str, verb: str, group: str, resource: str) -> bool:
+    """A SubjectAccessReview for the ServiceAccount, cluster-wide. `kubectl auth can-i` cannot
+    name a resource whose CRD is not installed (it drops the group), so the multi-role kinds
+    are asked this way: RBAC does not need their CRDs."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{ns}:{sa}",
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "group": group, "resource": resource},
+        },
+    }
+    res = cluster.kubectl("create", "-o", "json", "-f", "-", input=yaml.safe_dump(review))
+    return bool(yaml.safe_load(res.stdout)["status"].get("allowed"))
+
+
 @pytest.mark.k8s
 def test_rendered_manifests_apply_to_the_real_apiserver(installed: tuple[Any, str, str]) -> None:
     cluster, ns, sa = installed
@@ -603,3 +652,8 @@ def test_service_account_can_do_its_job_and_nothing_more(installed: tuple[Any, s
     assert not can_i(cluster, ns, sa, "delete", role, None)
     assert not can_i(cluster, ns, sa, "get", "clusterroles.rbac.authorization.k8s.io/admin", None)
     assert not can_i(cluster, ns, sa, "list", "clusterroles.rbac.authorization.k8s.io", None)
+    # the multi-role kinds: exactly their verbs
+    every = {"get", "list", "watch", "patch", "create", "update", "delete"}
+    wrong = [(verb, group, res) for (group, res), verbs in MULTI_ROLE.items() for verb in sorted(every)
+             if sar_allows(cluster, ns, sa, verb, group, res) != (verb in verbs)]
+    assert wrong == [], f"multi-role kinds: these answers differ from {MULTI_ROLE}: {wrong}"
