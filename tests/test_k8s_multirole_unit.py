@@ -354,3 +354,40 @@ def test_a_workload_that_succeeded_completes_its_group_though_its_controller_del
         assert g.phase == Phase.COMPLETED and not g.held
 
     asyncio.run(main())
+
+
+def test_a_succeeded_mpijob_keeps_its_workers_nodes_until_they_end() -> None:
+    """An MPIJob is Succeeded when its launcher ends; its workers run on until the MPI
+    Operator deletes them (minutes under load: bench/mpijob_bench.py at 1,000 nodes). Giving
+    their nodes back at the Succeeded condition let the next gang start its launcher there
+    while its workers stayed pending: a partial run. Each node goes back as its pod ends."""
+    from test_k8s_prune import finished
+
+    async def main() -> None:
+        c, _ = controller()  # 4 nodes of 16 cpu: the 2 workers of 16 cpu take 2 whole nodes
+        job = mpijob("ok", 2, worker_cpu="16")
+        c.handle(("MPIJob", "ADDED", job))
+        await settle(c)
+        g = c.groups[("ns", "mpijob-ok")]
+        pods = [mpi_pod(job, "launcher", None, "1")] + [mpi_pod(job, "worker", i, "16") for i in (0, 1)]
+        for p in pods:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        on = {p["metadata"]["uid"]: g.slots[g.slot_pod.index(p["metadata"]["uid"])] for p in pods}
+        placed = [bound(p, on[p["metadata"]["uid"]]) for p in pods]
+        for p in placed:
+            c.handle(("Pod", "MODIFIED", p))
+        c.handle(("Pod", "MODIFIED", finished(placed[0])))  # the launcher ends
+        done = copy.deepcopy(job)
+        done["spec"]["runPolicy"]["suspend"] = False
+        done["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+        c.handle(("MPIJob", "MODIFIED", done))
+        workers = sorted(on[p["metadata"]["uid"]] for p in pods[1:])
+        assert g.phase == Phase.RUNNING and sorted(g.held) == workers  # still running there
+        c.handle(("Pod", "DELETED", placed[1]))  # cleanPodPolicy: the MPI Operator deletes them
+        assert g.phase == Phase.RUNNING and list(g.held) == [on[pods[2]["metadata"]["uid"]]]
+        c.handle(("Pod", "DELETED", placed[2]))
+        assert g.phase == Phase.COMPLETED and not g.held
+        c.matcher.check_invariants()
+
+    asyncio.run(main())

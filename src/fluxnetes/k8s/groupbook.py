@@ -233,8 +233,20 @@ class GroupBook(Context):
         before a restart, or was resumed by someone else) is never queued again and ends with
         its workload's outcome."""
         if g.phase == Phase.RUNNING:
-            self.finish_group(g)
-            return
+            # a node is given back once the pod on it has ended or gone, not when the workload
+            # says it is over: an MPIJob is Succeeded when its launcher ends, while its workers
+            # run on until the MPI Operator deletes them (minutes, under load); the next gang
+            # placed on their nodes would start its launcher and leave its workers pending
+            running = {i for i, uid in enumerate(g.slot_pod)
+                       if uid is not None and uid in g.members and not _terminal(g.members[uid])
+                       and not _gated(g.members[uid])}
+            if not running:
+                self.finish_group(g)
+                return
+            for slot in range(len(g.slots)):
+                if slot not in running:
+                    self.release_slot(g, slot)
+            return  # the last of those pods to end finishes the group (member_gone)
         if g.phase in QUEUED:
             self.scheduler.withdraw(g.qid)
         failed = kind.failed(obj)
