@@ -119,6 +119,13 @@ def delete(cluster: Cluster, kind: str, name: str, selector: str) -> None:
     wait(f"pods of {kind} {name} gone", lambda: not pods(cluster, NS, selector), timeout=120)
 
 
+def groups_are(cluster: Cluster, workload: str, expected: list[str]) -> None:
+    """The FluxJobs of ``workload`` are exactly ``expected`` (a FluxJob is created with its
+    group's first status write, a moment after the group: waited for)."""
+    wait(f"FluxJobs {expected}", lambda: group_names(cluster, workload) == expected, timeout=30)
+    assert group_names(cluster, workload) == expected
+
+
 def group_names(cluster: Cluster, workload: str) -> list[str]:
     """The FluxJobs of the workloads named ``workload`` ("<kind>-<name>[-<i>]")."""
     names = [fj["metadata"]["name"] for fj in cluster.kubectl_json("get", "fluxjobs", "-n", NS)["items"]]
@@ -142,7 +149,8 @@ def test_mpijob_waits_for_room_then_starts_whole_and_a_recreated_worker_keeps_it
     workers = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in ps
                if p["metadata"]["labels"].get("training.kubeflow.org/job-role") == "worker"}
     assert len(workers) == 8 and len(set(workers.values())) == 8
-    assert fj_phase(cluster, "mpijob-mpi8") == "Running"
+    # the FluxJob's status is written a moment after the pods are placed (coalesced writes)
+    wait("the FluxJob Running", lambda: fj_phase(cluster, "mpijob-mpi8") == "Running", timeout=30)
     # `kubectl fluxnetes explain` shows the pod sets and where each went
     from typer.testing import CliRunner
 
@@ -183,7 +191,7 @@ def test_mpijob_example_runs_as_one_gang(cluster: Cluster, op: OperatorProc) -> 
     cluster.kubectl("apply", "-f", str(EXAMPLES / "mpijob.yaml"))
     wait("the example's FluxJob allocated 5 slots",
          lambda: len((fluxjob(cluster, NS, "mpijob-pi").get("status") or {}).get("nodes") or []) == 5)
-    assert group_names(cluster, "pi") == ["mpijob-pi"]  # its launcher Job is not a group
+    groups_are(cluster, "pi", ["mpijob-pi"])  # its launcher Job is not a group
     delete(cluster, "mpijob", "pi", f"{MPI_NAME}=pi")
 
 
@@ -201,7 +209,7 @@ def test_jobset_example_starts_all_or_nothing(cluster: Cluster, op: OperatorProc
     ps = wait("9 pods placed", lambda: (p := pods(cluster, NS, "jobset.sigs.k8s.io/jobset-name=train"))
               and len(p) == 9 and all(x["spec"].get("nodeName") for x in p) and p, timeout=120)
     one_gang(ps, "jobset-train")
-    assert group_names(cluster, "train") == ["jobset-train"]  # its Jobs are not groups
+    groups_are(cluster, "train", ["jobset-train"])  # its Jobs are not groups
     delete(cluster, "jobset", "train", "jobset.sigs.k8s.io/jobset-name=train")
 
 
@@ -211,7 +219,7 @@ def test_trainjob_example_is_exactly_one_group(cluster: Cluster, op: OperatorPro
     ps = wait("2 pods placed", lambda: (p := pods(cluster, NS, "jobset.sigs.k8s.io/jobset-name=mnist"))
               and len(p) == 2 and all(x["spec"].get("nodeName") for x in p) and p, timeout=120)
     one_gang(ps, "trainjob-mnist")
-    assert group_names(cluster, "mnist") == ["trainjob-mnist"]  # not its JobSet, not its Jobs
+    groups_are(cluster, "mnist", ["trainjob-mnist"])  # not its JobSet, not its Jobs
     delete(cluster, "trainjob", "mnist", "jobset.sigs.k8s.io/jobset-name=mnist")
 
 
@@ -223,12 +231,12 @@ def test_lws_example_is_a_gang_per_replica_and_scaling_adds_one(cluster: Cluster
     gangs = [f"leaderworkerset-serve-{i}" for i in range(3)]
     for i, g in enumerate(gangs):
         one_gang([p for p in ps if p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"] == str(i)], g)
-    assert group_names(cluster, "serve") == gangs
+    groups_are(cluster, "serve", gangs)
     cluster.kubectl("scale", "leaderworkerset", "serve", "-n", NS, "--replicas=4")
     ps = bound(cluster, sel, 16)
     one_gang([p for p in ps if p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"] == "3"],
              "leaderworkerset-serve-3")
-    assert group_names(cluster, "serve") == [*gangs, "leaderworkerset-serve-3"]
+    groups_are(cluster, "serve", [*gangs, "leaderworkerset-serve-3"])
     delete(cluster, "leaderworkerset", "serve", sel)
 
 
@@ -251,5 +259,5 @@ def test_an_operator_restart_while_an_mpijob_waits_loses_nothing(cluster: Cluste
     workers = {p["spec"]["nodeName"] for p in ps
                if p["metadata"]["labels"].get("training.kubeflow.org/job-role") == "worker"}
     assert len(workers) == 8
-    assert group_names(cluster, "mpir") == ["mpijob-mpir"]  # one group, not a second one after the restart
+    groups_are(cluster, "mpir", ["mpijob-mpir"])  # one group, not a second one after the restart
     delete(cluster, "mpijob", "mpir", f"{MPI_NAME}=mpir")
