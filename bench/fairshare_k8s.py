@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fluxnetes.devcluster.apicalls import create_jobs
+from fluxnetes.devcluster.apicalls import create_jobs, fluxjobs_per_namespace
 
 ROOT = Path(__file__).resolve().parents[1]
 DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
@@ -49,25 +49,6 @@ def job(name: str, ns: str, seconds: int) -> dict[str, Any]:
                                   "spec": {"restartPolicy": "Never",
                                            "containers": [{"name": "c", "image": "busybox",
                                                            "resources": {"requests": {"cpu": "1"}}}]}}}}
-
-
-def column(cluster: Any, *args: str) -> list[list[str]]:
-    return [line.split() for line in cluster.kubectl(*args).stdout.splitlines() if line.strip()]
-
-
-def counts(cluster: Any) -> tuple[dict[str, int], dict[str, int]]:
-    """(Running FluxJobs, waiting FluxJobs) per namespace: the cores the scheduler gave each
-    account (one-core jobs; their pods follow through the Job controller) and its backlog."""
-    running: dict[str, int] = {}
-    waiting: dict[str, int] = {}
-    for row in column(cluster, "get", "fluxjobs", "-A", "-o",
-                      'jsonpath={range .items[*]}{.metadata.namespace} {.status.phase}{"\\n"}{end}'):
-        if len(row) != 2:
-            continue
-        table = running if row[1] == "Running" else waiting if row[1] in ("Pending", "Reserved") else None
-        if table is not None:
-            table[row[0]] = table.get(row[0], 0) + 1
-    return running, waiting
 
 
 def main() -> None:
@@ -134,7 +115,7 @@ def run_once(args: Any, horizon: int) -> dict[str, Any]:
         window_usage: dict[str, float] | None = None
         seen = False
         while True:
-            running, waiting = counts(cluster)
+            running, waiting = fluxjobs_per_namespace(cluster)
             t = round(time.monotonic() - t0, 2)
             a, b = running.get("bench-a", 0), running.get("bench-b", 0)
             samples.append({"t": t, "a": a, "b": b, "waitingA": waiting.get("bench-a", 0),

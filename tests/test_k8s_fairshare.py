@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.devcluster.apicalls import create_jobs
+from fluxnetes.devcluster.apicalls import create_jobs, fluxjobs_per_namespace
 from k8s_helpers import OverbookingWatch, cleanup_webhooks
 from test_k8s_operator import OperatorProc, wait
 
@@ -116,27 +116,6 @@ def per_namespace(pods: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
-def _column(cluster: Any, *args: str) -> list[list[str]]:
-    out = cluster.kubectl(*args).stdout
-    return [line.split() for line in out.splitlines() if line.strip()]
-
-
-def phases_per_namespace(cluster: Any) -> tuple[dict[str, int], dict[str, int]]:
-    """(FluxJobs Running, FluxJobs waiting) per namespace: the cores the scheduler gave each
-    account (one-core jobs) and its backlog, in one cheap request."""
-    rows = _column(cluster, "get", "fluxjobs", "-A", "-o",
-                   'jsonpath={range .items[*]}{.metadata.namespace} {.status.phase}{"\\n"}{end}')
-    running: dict[str, int] = {}
-    waiting: dict[str, int] = {}
-    for row in rows:
-        if len(row) != 2:
-            continue
-        table = running if row[1] == "Running" else waiting if row[1] in ("Pending", "Reserved") else None
-        if table is not None:
-            table[row[0]] = table.get(row[0], 0) + 1
-    return running, waiting
-
-
 def fluxjobs(cluster: Any, ns: str) -> list[dict[str, Any]]:
     return list(cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"])
 
@@ -162,7 +141,7 @@ def test_two_accounts_70_30_share_a_full_cluster(cluster: Any, operator: Operato
     samples: list[tuple[int, int]] = []
     end = time.monotonic() + 45
     while time.monotonic() < end:
-        counts, waiting = phases_per_namespace(cluster)
+        counts, waiting = fluxjobs_per_namespace(cluster)
         if waiting.get("fs-a") and waiting.get("fs-b"):
             if counts.get("fs-a", 0) + counts.get("fs-b", 0) >= 8:
                 samples.append((counts.get("fs-a", 0), counts.get("fs-b", 0)))
