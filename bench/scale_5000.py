@@ -426,25 +426,34 @@ def sample_operator(bench_pid: int, interval: float = 2.0) -> dict[str, Any]:
     return {"bench_pid": bench_pid, "interval_s": interval, "operators": list(seen.values())}
 
 
+def measure_in_child(args: argparse.Namespace, count: int, *extra: str) -> dict[str, Any] | int:
+    """One node count measured in a fresh subprocess (so RSS is per size): its JSON with the
+    wall time and the load around it, or the child's exit status if it failed."""
+    t0 = time.monotonic()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    argv = [sys.executable, __file__, "--one", str(count), "--repeat", str(args.repeat), *extra]
+    if args.compare_baseline:
+        argv.append("--compare-baseline")
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        print(proc.stderr, file=sys.stderr)
+        return proc.returncode
+    out: dict[str, Any] = json.loads(proc.stdout)
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    out["load_avg_before"] = load_before
+    out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def reserve_main(args: argparse.Namespace) -> int:
     """Run the 'reserve' state per node count (a subprocess each) and store it under
     results[i]["states"]["reserve"] of the existing file, keeping everything else."""
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
     results = doc.setdefault("results", [])
     for count in args.nodes:
-        t0 = time.monotonic()
-        load_before = [round(x, 2) for x in os.getloadavg()]
-        argv = [sys.executable, __file__, "--one", str(count), "--repeat", str(args.repeat), "--reserve-only"]
-        if args.compare_baseline:
-            argv.append("--compare-baseline")
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            print(proc.stderr, file=sys.stderr)
-            return proc.returncode
-        st = json.loads(proc.stdout)
-        st["wall_s"] = round(time.monotonic() - t0, 1)
-        st["load_avg_before"] = load_before
-        st["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+        st = measure_in_child(args, count, "--reserve-only")
+        if isinstance(st, int):
+            return st
         st["repeat"] = args.repeat
         st["python"] = platform.python_version()
         st["cpu_count"] = os.cpu_count()
@@ -503,19 +512,9 @@ def main() -> int:
     load_start = os.getloadavg()
     results = []
     for count in args.nodes:
-        t0 = time.monotonic()
-        load_before = [round(x, 2) for x in os.getloadavg()]
-        argv = [sys.executable, __file__, "--one", str(count), "--repeat", str(args.repeat)]
-        if args.compare_baseline:
-            argv.append("--compare-baseline")
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            print(proc.stderr, file=sys.stderr)
-            return proc.returncode
-        r = json.loads(proc.stdout)
-        r["wall_s"] = round(time.monotonic() - t0, 1)
-        r["load_avg_before"] = load_before
-        r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+        r = measure_in_child(args, count)
+        if isinstance(r, int):
+            return r
         results.append(r)
         print(json.dumps(r, indent=1), flush=True)
     # keep what other modes (--cluster-nodes, --sample-operator) recorded in the same file
