@@ -20,7 +20,7 @@ from test_k8s_operator import apply, fluxjob, job, phase, wait
 
 pytestmark = pytest.mark.k8s
 
-RUN = uuid.uuid4().hex[:6]
+RUN = "r" + uuid.uuid4().hex[:6]  # a letter first: bare hex like "123e45" is a number in YAML
 DISK_LABEL = "fluxnetes.io/test-disk"
 DISK = f"ssd-{RUN}"
 SSD_NODE = "kwok-node-2"

@@ -125,7 +125,9 @@ def wait(what: str, cond: Callable[[], Any], timeout: float = 60, interval: floa
 
 def apply(cluster: Any, ns: str, docs: str | list[dict[str, Any]], check: bool = True) -> Any:
     if isinstance(docs, list):
-        docs = yaml.safe_dump_all(docs)
+        # JSON, not YAML: the API server's YAML reads an unquoted "123e45" as a number.
+        return cluster.kubectl("apply", "-n", ns, "-f", "-", check=check,
+                               input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
     docs = docs.replace("namespace: flux-demo", f"namespace: {ns}")
     return cluster.kubectl("apply", "-n", ns, "-f", "-", input=docs, check=check)
 
