@@ -111,10 +111,9 @@ async def run(cluster: Cluster, n: int, conc: int) -> dict[str, Any]:
             ("fluxjobs POST", lambda i: kube.create(FLUXJOBS, {
                 "apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob", "metadata": {"name": f"f{i}"},
                 "spec": group_spec}, ns)),
-            ("fluxjobs/status PATCH", lambda i: kube.patch(FLUXJOBS, f"f{i}", {"status": fluxjob.status(
+            ("fluxjobs PATCH (status)", lambda i: kube.patch(FLUXJOBS, f"f{i}", {"status": fluxjob.status(
                 fluxjob.Phase.RUNNING, reason="allocated", jobid=i, submit_time=1, expected_start=None,
-                start_time=2, end_time=None, nodes=[node], pods_seen=1, now=3, previous=None)}, ns,
-                sub="status")),
+                start_time=2, end_time=None, nodes=[node], pods_seen=1, now=3, previous=None)}, ns)),
             ("jobs POST (suspended)", lambda i: kube.create(JOBS, {
                 "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"j{i}"},
                 "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [

@@ -47,14 +47,13 @@ def fluxjob_namespace(request: pytest.FixtureRequest, prefix: str) -> tuple[Any,
 
 
 def patch_fluxjob_status(cluster: Any, ns: str, name: str, status: dict[str, Any]) -> None:
-    """Set fields of a FluxJob's status (the status subresource, merge patch)."""
+    """Set fields of a FluxJob's status (merge patch; the CRD has no status subresource)."""
     cluster.kubectl(
         "patch",
         "fluxjob",
         name,
         "-n",
         ns,
-        "--subresource=status",
         "--type=merge",
         "-p",
         json.dumps({"status": status}),

@@ -23,22 +23,30 @@ _uids = itertools.count(1)
 
 
 class RecordingKube:
-    """Accepts every write and remembers FluxJob statuses and pod patches."""
+    """Accepts every write and remembers FluxJob statuses (and how many FluxJob writes were
+    sent) and pod patches."""
 
     def __init__(self) -> None:
         self.fluxjob_status: dict[tuple[str, str], dict[str, Any]] = {}
+        self.fluxjob_writes = 0
         self.placed: list[str] = []
         self.resumed: list[str] = []
 
     async def create(self, res: Any, body: Any, namespace: str | None = None, **_: Any) -> dict[str, Any]:
         out = copy.deepcopy(dict(body))
         out.setdefault("metadata", {})["uid"] = f"created-{next(_uids)}"
+        if res.plural == "fluxjobs":
+            self.fluxjob_writes += 1
+            if "status" in body:
+                self.fluxjob_status[(namespace or "", body["metadata"]["name"])] = body["status"]
         return out
 
     async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None, *,
                     sub: str | None = None, **_: Any) -> dict[str, Any]:
-        if sub == "status":
-            self.fluxjob_status[(namespace or "", name)] = body["status"]
+        if res.plural == "fluxjobs":
+            self.fluxjob_writes += 1
+            if "status" in body:
+                self.fluxjob_status[(namespace or "", name)] = body["status"]
         elif res.plural == "pods":
             self.placed.append(name)
         elif res.plural == "jobs":

@@ -117,6 +117,11 @@ class Refusing(Events):
             raise ConnectionRefusedError(111, "Connect call failed")
         return await super().patch(res, name, body, namespace, **kw)
 
+    async def create(self, res: Any, body: Any, namespace: str | None = None, **kw: Any) -> dict[str, Any]:
+        if self.away:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        return await super().create(res, body, namespace, **kw)
+
 
 def test_a_status_write_lost_to_an_api_server_outage_is_written_again() -> None:
     """Issue #11's soak: FluxJob statuses of groups that ended while the API server restarted
@@ -134,5 +139,29 @@ def test_a_status_write_lost_to_an_api_server_outage_is_written_again() -> None:
         b.fluxjobs_due(101.0)
         await b.flush_fluxjobs(now=101.0)
         assert not g.fj_dirty and kube.fluxjob_status[("ns", "g")]["phase"] == str(Phase.COMPLETED)
+
+    asyncio.run(main())
+
+
+def test_a_fluxjob_is_created_with_its_status_in_one_write() -> None:
+    """Issue 17 (API writes per pod): a group that went Pending and Running within the status
+    interval costs one FluxJob write (the create carries the status; the CRD has no status
+    subresource); a later change is one merge patch."""
+    async def main() -> None:
+        b, kube = book(status_interval=1.0)
+        g = b.groups[("ns", "g")] = group()
+        b.set_phase(g, Phase.PENDING, "queued")
+        b.fluxjobs_due(100.0)
+        b.set_phase(g, Phase.RUNNING, "allocated")
+        await b.flush_fluxjobs(now=101.0)
+        assert kube.fluxjob_writes == 1
+        st = kube.fluxjob_status[("ns", "g")]
+        assert st["phase"] == str(Phase.RUNNING)
+        assert {c["type"] for c in st["conditions"]} == {str(Phase.PENDING), str(Phase.RUNNING)}
+        b.set_phase(g, Phase.COMPLETED, "all pods finished")
+        b.fluxjobs_due(102.0)
+        await b.flush_fluxjobs(now=103.0)
+        assert kube.fluxjob_writes == 2
+        assert kube.fluxjob_status[("ns", "g")]["phase"] == str(Phase.COMPLETED)
 
     asyncio.run(main())

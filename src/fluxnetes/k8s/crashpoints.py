@@ -8,8 +8,8 @@ a crash window and check what a restart makes of it. The points:
   the Job not resumed);
 - ``placed``: the pods are placed, the FluxJob status is not written;
 - ``fluxjob-running``: the FluxJob says Running, nothing is placed, the Job is not resumed;
-- ``fluxjob-created``: the FluxJob object exists without any status (created, the status
-  write not sent);
+- ``fluxjob-created``: the FluxJob object was just created (with the group's status of that
+  moment: one write), nothing later written;
 - ``resumed``: the Job was resumed (its pods are being created), the FluxJob not written;
 - ``store-<state>`` (e.g. ``store-completed``, ``store-release``): right before the store is
   told about that transition (or partial release): the store is behind the cluster.

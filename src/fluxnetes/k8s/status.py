@@ -179,12 +179,16 @@ class Status(Context):
         return {"podSets": out}
 
     async def write_fluxjob(self, g: Group) -> None:
+        """One API write: the FluxJob created with its status (the CRD has no status
+        subresource), or its status merge-patched, with the uid as precondition so this group's
+        status never lands on another group's FluxJob of the same name."""
         st = self.fluxjob_status(g)
         ns, name = g.spec.namespace, g.spec.name
         try:
             if not g.fj_exists:
                 body = fluxjob.manifest(g.spec, jobspec=self.jobspec_text(g),
                                         match_policy=self.config.match_policy)
+                body["status"] = st
                 if g.spec.owner is None and g.spec.size == 1 and len(g.members) == 1:
                     # a lone pod owns its FluxJob: deleting the pod cleans it up
                     ref = self.pod_ref(next(iter(g.members.values())))
@@ -193,20 +197,25 @@ class Status(Context):
                 try:
                     created = await self.kube.create(FLUXJOBS, body, ns, background=True)
                     g.fj_uid = str(_meta(created).get("uid", ""))
+                    written = True
                 except ApiError as exc:
                     if exc.status != 409:
                         raise
-                    if not await self.take_over_fluxjob(g, body):
+                    taken = await self.take_over_fluxjob(g, body)
+                    if taken is None:
                         g.fj_dirty = True  # an earlier group's FluxJob is still going away: later
                         return
+                    written = taken
                 g.fj_exists = True
                 if self.debug_point("fluxjob-created", g):
-                    self.debug_exit("fluxjob-created")  # the FluxJob exists without any status
-            # the uid precondition: never write this group's status onto another group's FluxJob
+                    self.debug_exit("fluxjob-created")
+                if written:
+                    g.fj_status = st
+                    return
             body_st: dict[str, Any] = {"status": st}
             if g.fj_uid:
                 body_st["metadata"] = {"uid": g.fj_uid}
-            await self.kube.patch(FLUXJOBS, name, body_st, ns, sub="status", background=True)
+            await self.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
             g.fj_status = st
         except ApiError as exc:
             if exc.status in (404, 409):  # gone, or (uid precondition) another group's
@@ -226,11 +235,12 @@ class Status(Context):
             log.info("FluxJob %s/%s: not written (%s); trying again", ns, name, short(exc))
             g.fj_dirty = True
 
-    async def take_over_fluxjob(self, g: Group, body: Mapping[str, Any]) -> bool:
+    async def take_over_fluxjob(self, g: Group, body: Mapping[str, Any]) -> bool | None:
         """Creating the group's FluxJob found one of that name. Its own (same workload uid, or
-        the same group made again after a restart): take it. An earlier workload's (a Job
-        deleted and created again under its name; the garbage collector has not removed its
-        FluxJob yet): delete that one and create ours. False: try again later."""
+        the same group made again after a restart): take it (False: its status is still to
+        write). An earlier workload's (a Job deleted and created again under its name; the
+        garbage collector has not removed its FluxJob yet): delete that one and create ours
+        (True: created with its status). None: try again later."""
         ns, name = g.spec.namespace, g.spec.name
         cur = await self.kube.get_or_none(FLUXJOBS, name, ns)
         if cur is not None:
@@ -238,7 +248,7 @@ class Status(Context):
             ours = g.spec.owner.uid if g.spec.owner else ""
             if not theirs or not ours or theirs == ours:
                 g.fj_uid = str(_meta(cur).get("uid", ""))
-                return True
+                return False
             with contextlib.suppress(ApiError):
                 await self.kube.request("DELETE", FLUXJOBS.path(ns, name),
                                         {"preconditions": {"uid": _meta(cur).get("uid")}})
@@ -249,7 +259,7 @@ class Status(Context):
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            return False
+            return None
         g.fj_uid = str(_meta(created).get("uid", ""))
         return True
 
