@@ -34,6 +34,7 @@ needs_helm = pytest.mark.skipif(
 # the rendered roles and against the apiserver. (verb, resource[/name][#subresource], where):
 # where = None for all namespaces / cluster-scoped, "OWN" for the release namespace.
 ALLOWED = [
+    ("create", "pods#binding", None),  # placement auto (the default) binds pods that need no kube-scheduler check
     ("get", "pods", None),
     ("list", "pods", None),
     ("watch", "pods", None),
@@ -74,7 +75,6 @@ FORBIDDEN = [
     ("delete", "pods", None),  # fluxnetes never deletes user pods
     ("create", "pods", None),
     ("update", "pods", None),
-    ("create", "pods#binding", None),  # placement is nodeSelector + ungate, not Binding
     ("delete", "nodes", None),
     ("patch", "nodes", None),
     ("get", "secrets", "default"),  # secrets only in its own namespace ...
@@ -315,6 +315,10 @@ def test_rbac_is_least_privilege() -> None:
     requeue = one(docs(helm_template("--set", "scheduler.onNodeLost=requeue")), "ClusterRole")["rules"]
     pods = next(r for r in requeue if r["resources"] == ["pods"])
     assert "delete" in pods["verbs"] and "create" not in pods["verbs"]
+    # Bindings only where the operator binds (placement auto or bind, not affinity)
+    assert any(r["resources"] == ["pods/binding"] for r in cluster_rules)
+    affinity = one(docs(helm_template("--set", "scheduler.placement=affinity")), "ClusterRole")["rules"]
+    assert not any("pods/binding" in r["resources"] for r in affinity)
 
 
 # (apiGroup, resource) -> verbs: what the operator calls on each multi-role kind (informers in
@@ -440,6 +444,8 @@ def test_existing_secret_for_the_store() -> None:
         (("--set", "store.url=postgresql+psycopg://x@y/z"), "store"),
         (("--set", "replicas=0"), "replicas"),
         (("--set", "scheduler.onNodeLost=ignore"), "scheduler.onNodeLost"),
+        (("--set", "scheduler.placement=nearby"), "scheduler.placement"),
+        (("--set", "scheduler.jobMode=pause"), "scheduler.jobMode"),
         (("--set", "webhook.namespaceLabel=a=b"), "webhook.namespaceLabel"),
         (
             ("--set", "postgresql.auth.generateInCluster=true", "--set", "postgresql.auth.password=x"),

@@ -53,7 +53,7 @@ def test_user_suspended_job_is_not_marked() -> None:
 
 
 def test_gate_mode_neither_suspends_nor_marks() -> None:
-    out = admitted(job(), suspend_jobs=False)
+    out = admitted(job(), job_mode="gate")
     assert not out["spec"].get("suspend")
     assert ANN_SUSPENDED_BY not in (out["metadata"].get("annotations") or {})
 
@@ -63,3 +63,50 @@ def test_replicated_kinds_are_never_held() -> None:
         kind = kind_of(name)
         assert kind is not None
         assert not kind.held_by_user({"spec": {"suspend": True}}) and not kind.held_by_fluxnetes({})
+
+
+def test_auto_job_mode_suspends_only_jobs_with_a_deadline() -> None:
+    """--job-mode auto (the default): a Job is only held through its pods (no suspend and
+    resume writes), unless it has activeDeadlineSeconds: Kubernetes counts that from the Job's
+    start and restarts it on resume, so a suspended Job's deadline counts from its allocation."""
+    plain = admitted(job(), job_mode="auto", hold="auto")
+    assert not plain["spec"].get("suspend")
+    assert ANN_SUSPENDED_BY not in (plain["metadata"].get("annotations") or {})
+    assert plain["spec"]["template"]["spec"]["schedulerName"] == "fluxnetes"
+    timed = job()
+    timed["spec"]["activeDeadlineSeconds"] = 600
+    out = admitted(timed, job_mode="auto")
+    assert out["spec"]["suspend"] is True and out["metadata"]["annotations"][ANN_SUSPENDED_BY] == "fluxnetes"
+    # a user's own suspend stays the user's, whatever the mode
+    assert ANN_SUSPENDED_BY not in (admitted(job(True), job_mode="auto")["metadata"].get("annotations") or {})
+
+
+@pytest.mark.parametrize(("extra", "held_by"), [
+    ({}, "scheduler"),
+    ({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]}, "gate"),
+    ({"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]}, "gate"),
+    ({"volumes": [{"name": "tmp", "emptyDir": {}}]}, "scheduler"),
+    ({"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}]}]}, "gate"),
+    ({"containers": [{"name": "c", "ports": [{"containerPort": 80}]}]}, "scheduler"),
+    ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}}, "gate"),
+    ({"affinity": {"nodeAffinity": {}}}, "scheduler"),  # fluxnetes checks node rules itself
+    ({"topologySpreadConstraints": [{"maxSkew": 1}]}, "gate"),
+])
+def test_auto_placement_holds_a_pod_by_what_it_needs(extra: dict[str, Any], held_by: str) -> None:
+    """--placement auto: fluxnetes binds a pod unless it needs a check only kube-scheduler
+    makes; then the pod is gated and kube-scheduler binds it on the chosen node."""
+    spec: dict[str, Any] = {"containers": [{"name": "c"}], **extra}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": spec}
+    out = admitted(pod, hold="auto")["spec"]
+    if held_by == "gate":
+        assert out["schedulingGates"] == [{"name": "fluxnetes.io/gate"}] and "schedulerName" not in out
+    else:
+        assert out["schedulerName"] == "fluxnetes" and not out.get("schedulingGates")
+
+
+def test_auto_placement_gates_a_statefulset_with_claim_templates() -> None:
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s", "namespace": "ns"},
+           "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "c"}]}},
+                    "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {}}]}}
+    tmpl = admitted(sts, hold="auto")["spec"]["template"]["spec"]
+    assert tmpl["schedulingGates"] == [{"name": "fluxnetes.io/gate"}] and "schedulerName" not in tmpl

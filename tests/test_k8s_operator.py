@@ -27,6 +27,13 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "k8s"
 OP_NS = "fluxnetes-test"
 
 
+# The tests written for the affinity placement and suspended Jobs (they check gates, node
+# affinities, suspended Jobs) keep those modes; the default (auto/auto, k8s/hold.py and
+# admission.suspends) is tested end to end by tests/test_k8s_auto_mode.py, the chaos soak and
+# the chart/image tests.
+PINNED_MODES = ("--placement", "affinity", "--job-mode", "suspend")
+
+
 class OperatorProc:
     def __init__(self, cluster: Any, log_dir: Path) -> None:
         self.cluster, self.log_dir = cluster, log_dir
@@ -49,6 +56,7 @@ class OperatorProc:
                 "0",
                 "--namespace",
                 OP_NS,
+                *PINNED_MODES,  # before ``extra``: a test's own --placement/--job-mode wins
                 *extra,
             ],
             stdout=log.open("wb"),

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from k8s_helpers import Operator, cleanup_webhooks, namespace
-from test_k8s_operator import OP_NS, job, pod, pods, wait
+from test_k8s_operator import OP_NS, PINNED_MODES, job, pod, pods, wait
 
 pytestmark = pytest.mark.k8s
 
@@ -54,7 +54,7 @@ class Follower:
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(cluster.kubeconfig),
-             "--webhook-port", str(port), "--namespace", OP_NS],
+             "--webhook-port", str(port), "--namespace", OP_NS, *PINNED_MODES],
             stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         wait("the follower's webhook", lambda: "webhook serving" in log.read_text() or self.proc.poll() is not None)
         assert self.proc.poll() is None, log.read_text()[-3000:]

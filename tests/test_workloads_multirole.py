@@ -123,7 +123,7 @@ def test_mpijob_hold_and_resume() -> None:
     del bare["spec"]["runPolicy"]
     assert apply_patch(bare, admission.mutate(review(bare)))["spec"]["runPolicy"] == {"suspend": True}
     # --job-mode gate: pods held, the workload not suspended
-    out = apply_patch(obj, admission.mutate(review(obj), suspend_jobs=False))
+    out = apply_patch(obj, admission.mutate(review(obj), job_mode="gate"))
     assert "suspend" not in out["spec"]["runPolicy"]
     assert out["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["schedulingGates"]
 

@@ -114,8 +114,11 @@ seccompProfile:
 {{- if not (regexMatch "^[A-Za-z0-9_]+$" .Values.postgresql.auth.username) -}}
 {{- fail (printf "postgresql.auth.username: letters, digits and _ only (it goes into the store URL), got %q" .Values.postgresql.auth.username) -}}
 {{- end -}}
-{{- if not (has .Values.scheduler.placement (list "affinity" "bind")) -}}
-{{- fail (printf "scheduler.placement: must be affinity or bind, got %q" .Values.scheduler.placement) -}}
+{{- if not (has .Values.scheduler.placement (list "auto" "affinity" "bind")) -}}
+{{- fail (printf "scheduler.placement: must be auto, affinity or bind, got %q" .Values.scheduler.placement) -}}
+{{- end -}}
+{{- if not (has .Values.scheduler.jobMode (list "auto" "suspend" "gate")) -}}
+{{- fail (printf "scheduler.jobMode: must be auto, suspend or gate, got %q" .Values.scheduler.jobMode) -}}
 {{- end -}}
 {{- if not (has .Values.scheduler.onNodeLost (list "fail" "requeue")) -}}
 {{- fail (printf "scheduler.onNodeLost: must be fail or requeue, got %q" .Values.scheduler.onNodeLost) -}}

@@ -28,8 +28,8 @@ def register(app: typer.Typer) -> None:
         retry_period: Annotated[float, typer.Option(help="seconds between Lease renewals (a follower looks at the Lease every min(this, 1) seconds)")] = 2.0,
         rack_label: Annotated[str, typer.Option(help="node label naming the rack")] = "fluxnetes.io/rack",
         on_node_lost: Annotated[str, typer.Option(help="groups on a lost node: fail or requeue")] = "fail",
-        placement: Annotated[str, typer.Option(help="affinity: pods are gated, pinned to their node by a node affinity and bound by kube-scheduler; bind: pods get schedulerName fluxnetes and the operator binds them (fewer API writes per pod, no kube-scheduler checks)")] = "affinity",
-        job_mode: Annotated[str, typer.Option(help="Jobs: suspend (created suspended, resumed when allocated) or gate (only their pods are gated)")] = "suspend",
+        placement: Annotated[str, typer.Option(help="auto: per pod, bind unless the pod needs kube-scheduler's own checks (volume claims, host ports, inter-pod affinity, topology spread), then affinity; affinity: pods are gated, pinned to their node by a node affinity and bound by kube-scheduler; bind: pods get schedulerName fluxnetes and the operator binds them (fewer API writes per pod, no kube-scheduler checks)")] = "auto",
+        job_mode: Annotated[str, typer.Option(help="Jobs: auto (suspended only when they have activeDeadlineSeconds, so the deadline counts from the allocation; otherwise only their pods are held), suspend (created suspended, resumed when allocated) or gate (only their pods are held)")] = "auto",
         admit_template_pods: Annotated[bool, typer.Option(help="also send pods born gated (from a template fluxnetes already gated) through the pod webhook: one admission call more per pod, for clusters where a controller may strip template labels")] = False,
         coalesce: Annotated[float, typer.Option(help="seconds a burst of arrivals waits for the rest before its scheduling cycle (0 = a cycle per batch of events)")] = 0.05,
         event_rate: Annotated[float, typer.Option(help="Normal Events per second at most (Warnings are never dropped; every decision is also in the FluxJob's conditions)")] = 20.0,
@@ -77,10 +77,10 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--retry-period")
         if on_node_lost not in ("fail", "requeue"):
             raise typer.BadParameter("must be fail or requeue", param_hint="--on-node-lost")
-        if job_mode not in ("suspend", "gate"):
-            raise typer.BadParameter("must be suspend or gate", param_hint="--job-mode")
-        if placement not in ("affinity", "bind"):
-            raise typer.BadParameter("must be affinity or bind", param_hint="--placement")
+        if job_mode not in ("auto", "suspend", "gate"):
+            raise typer.BadParameter("must be auto, suspend or gate", param_hint="--job-mode")
+        if placement not in ("auto", "affinity", "bind"):
+            raise typer.BadParameter("must be auto, affinity or bind", param_hint="--placement")
         if store is not None and store.strip().lower() == "default":
             from fluxnetes.config import default_store_url
 

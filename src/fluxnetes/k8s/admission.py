@@ -103,13 +103,29 @@ def mutate_pod(pod: Mapping[str, Any], hold: str = GATE) -> JsonPatch:
     return [*managed_label_ops(meta.get("labels") or {}, ""), *hold_ops(spec, "", hold)]
 
 
-def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = GATE) -> JsonPatch:
+JOB_MODES = ("auto", "suspend", "gate")  # --job-mode
+
+
+def suspends(job_mode: str, deadline: object) -> bool:
+    """Is a Job (of ``activeDeadlineSeconds`` ``deadline``) held by suspending it? ``suspend``:
+    always (no pod exists before the group is allocated; the suspend and the resume are two
+    API writes more per Job). ``gate``: never, its pods are held. ``auto``: only a Job with a
+    deadline, which counts from the Job's start and restarts when it is resumed: suspended, it
+    counts from the allocation, as its user means; only gated, it would count while queued."""
+    if job_mode == "auto":
+        return deadline is not None
+    return job_mode == "suspend"
+
+
+def mutate_workload(obj: Mapping[str, Any], *, job_mode: str = "suspend", hold: str = GATE) -> JsonPatch:
     if made_for(obj) is not None:
         return []  # part of a multi-role workload's group, held through it
     kind = kind_of(str(obj.get("kind", "")))
     if kind is None:
         addon = any_kind_of(str(obj.get("kind", "")))
-        return [] if addon is None else mutate_multi_role(obj, addon, suspend=suspend_jobs, hold=hold)
+        # a multi-role workload is suspended unless --job-mode gate (its controller would
+        # otherwise make every child object at once)
+        return [] if addon is None else mutate_multi_role(obj, addon, suspend=job_mode != "gate", hold=hold)
     meta = obj.get("metadata") or {}
     if (meta.get("labels") or {}).get(names.LABEL_ENABLED) == "false":
         return []
@@ -121,7 +137,7 @@ def mutate_workload(obj: Mapping[str, Any], *, suspend_jobs: bool = True, hold: 
     check_pod_template(tmeta, tspec)
     # the workload's own annotations may carry the duration too
     duration_of(meta, tspec, kind.deadline(obj))
-    return kind.mutate(obj, suspend=suspend_jobs, hold=hold)
+    return kind.mutate(obj, suspend=suspends(job_mode, kind.deadline(obj)), hold=hold)
 
 
 def _field(path: str) -> str:
@@ -152,10 +168,10 @@ def mutate_multi_role(obj: Mapping[str, Any], kind: WorkloadKind, *, suspend: bo
     return kind.mutate(obj, suspend=suspend, hold=hold)
 
 
-def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = GATE) -> dict[str, Any]:
-    """The mutating webhook: AdmissionReview in, AdmissionReview out. ``suspend_jobs=False``
-    (``--job-mode gate``): Jobs are not suspended, only their pods are held. ``hold``: how
-    pods are held (k8s/hold.py: the gate, or fluxnetes' scheduler name)."""
+def mutate(review: Mapping[str, Any], *, job_mode: str = "suspend", hold: str = GATE) -> dict[str, Any]:
+    """The mutating webhook: AdmissionReview in, AdmissionReview out. ``job_mode``: which Jobs
+    are suspended (:func:`suspends`). ``hold``: how pods are held (k8s/hold.py: the gate,
+    fluxnetes' scheduler name, or auto: per pod)."""
     req = review.get("request") or {}
     uid = str(req.get("uid", ""))
     obj = req.get("object") or {}
@@ -165,7 +181,7 @@ def mutate(review: Mapping[str, Any], *, suspend_jobs: bool = True, hold: str = 
         if (req.get("kind") or {}).get("kind", obj.get("kind")) == "Pod":
             ops = mutate_pod(obj, hold)
         else:
-            ops = mutate_workload(obj, suspend_jobs=suspend_jobs, hold=hold)
+            ops = mutate_workload(obj, job_mode=job_mode, hold=hold)
     except (GroupError, Refused) as exc:
         return _response(uid, allowed=False, message=f"fluxnetes: {exc}")
     return _response(uid, patch=ops)

@@ -151,8 +151,9 @@ class Allocation(Context):
                 log.info("placing %s/%s on %s: %s", m.get("namespace"), m.get("name"), node, exc)
             return
         METRICS.allocated_pods.inc()
-        self.event(self.pod_ref(pod), "Normal", "Scheduled",
-                   f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
+        if not hold.gated(pod):  # a pinned pod gets its Scheduled Event from kube-scheduler
+            self.event(self.pod_ref(pod), "Normal", "Scheduled",
+                       f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
 
     async def resume(self, g: Group) -> None:
         if g.kind is None or g.spec.owner is None:

@@ -41,11 +41,13 @@ class OperatorConfig:
     # behaviour
     on_node_lost: str = "fail"  # fail | requeue
     # suspend: Jobs are created suspended and resumed when allocated (no pod exists before);
-    # gate: Jobs run at once but their pods are gated (fewer API round trips per Job)
-    job_mode: str = "suspend"
+    # gate: Jobs run at once but their pods are held (two API writes fewer per Job); auto:
+    # suspend only Jobs with activeDeadlineSeconds (admission.suspends), gate the others
+    job_mode: str = "auto"
     # affinity: pods gated, pinned by node affinity, bound by kube-scheduler; bind: pods carry
-    # schedulerName fluxnetes and the operator binds them (k8s/hold.py)
-    placement: str = "affinity"
+    # schedulerName fluxnetes and the operator binds them; auto: bind unless the pod needs a
+    # check only kube-scheduler makes (k8s/hold.py needs_kube_scheduler), then affinity
+    placement: str = "auto"
     cycle_interval: float = 2.0
     # a burst of arrivals waits this long for the rest before its cycle (0: a cycle per event batch)
     coalesce_seconds: float = 0.05

@@ -15,6 +15,12 @@ Two holds, one per placement mode (``fluxnetes run --placement``):
   price of kube-scheduler's own checks (host ports, volume topology): the matcher and the
   kubelet's admission are the only ones left.
 
+Placement ``auto`` (the default) chooses per pod (or pod template) at admission: the
+scheduler-name hold, unless the pod needs a check only kube-scheduler makes (:func:`needs_kube_scheduler`:
+a volume claim to bind, a host port, inter-pod affinity, topology spread, resource claims),
+then the gate. The operator places each pod by the hold it carries (k8s/allocation.py), so
+one cluster, even one group, may have both.
+
 The webhook writes a hold at admission (pods and pod templates); the operator asks
 :func:`is_held` which pods are waiting for it.
 """
@@ -28,14 +34,45 @@ from fluxnetes.k8s import names
 
 GATE = "gate"
 SCHEDULER = "scheduler"
-PLACEMENTS = {"affinity": GATE, "bind": SCHEDULER}  # --placement -> hold
+AUTO = "auto"  # per pod: SCHEDULER unless it needs kube-scheduler's checks, then GATE
+PLACEMENTS = {"auto": AUTO, "affinity": GATE, "bind": SCHEDULER}  # --placement -> hold
 
 JsonPatch = list[dict[str, Any]]
+
+
+def needs_kube_scheduler(spec: Mapping[str, Any]) -> str | None:
+    """What in this pod spec only kube-scheduler checks (the matcher and nodefit.py do not),
+    or None. Such a pod is held with the gate and bound by kube-scheduler (placement
+    ``affinity``) even when the operator could bind it: a claim of a WaitForFirstConsumer
+    volume is bound only once kube-scheduler picked the node, and host ports, inter-pod
+    affinity and topology spread depend on other pods."""
+    for vol in spec.get("volumes") or []:
+        if vol.get("persistentVolumeClaim") or vol.get("ephemeral"):
+            return f"volume {vol.get('name')!r} is a claim (kube-scheduler binds it)"
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if any(p.get("hostPort") for p in c.get("ports") or []):
+            return f"container {c.get('name')!r} asks for a host port"
+    affinity = spec.get("affinity") or {}
+    if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
+        return "inter-pod affinity"
+    if spec.get("topologySpreadConstraints"):
+        return "topology spread constraints"
+    if spec.get("resourceClaims"):
+        return "resource claims"
+    return None
+
+
+def resolve(spec: Mapping[str, Any], hold: str) -> str:
+    """The hold for this pod spec: ``hold`` itself, or for AUTO the one it needs."""
+    if hold != AUTO:
+        return hold
+    return GATE if needs_kube_scheduler(spec) else SCHEDULER
 
 
 def hold_ops(spec: Mapping[str, Any], base: str, hold: str) -> JsonPatch:
     """JSON patch ops holding the pod (or pod template) whose spec is ``spec`` at ``base``
     (``""`` for a pod, ``/spec/template`` for a template)."""
+    hold = resolve(spec, hold)
     if hold == SCHEDULER:
         return [{"op": "add", "path": f"{base}/spec/schedulerName", "value": names.SCHEDULER_NAME}]
     if hold != GATE:

@@ -252,7 +252,7 @@ class Operator:
                 hosts = [f"{cfg.service_name}.{cfg.namespace}.svc", f"{cfg.service_name}.{cfg.namespace}.svc.cluster.local", *hosts]
             bundle = await ensure_cert(kube, cfg.namespace, hosts, owner)
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, bundle, lambda: self.operators,
-                                         suspend_jobs=cfg.job_mode == "suspend",
+                                         job_mode=cfg.job_mode,
                                          hold=PLACEMENTS[cfg.placement])
             port = await self.webhook.start_in_process()
             if cfg.service_name:

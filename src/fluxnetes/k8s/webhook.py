@@ -42,7 +42,7 @@ def ssl_context(bundle: CertBundle) -> ssl.SSLContext:
     return ctx
 
 
-def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True,
+def make_app(operators: Callable[[], Collection[str]], job_mode: str = "suspend",
              observe: Observe = _observe_here, hold: str = "gate") -> web.Application:
     def handler(path: str, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
         webhook = "validate" if path == "validate" else "mutate"
@@ -72,7 +72,7 @@ def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True
     app.router.add_post(webhook_config.MUTATE_PODS_PATH,
                         handler("pods", lambda r: admission.mutate(r, hold=hold)))
     app.router.add_post(webhook_config.MUTATE_WORKLOADS_PATH,
-                        handler("workloads", lambda r: admission.mutate(r, suspend_jobs=suspend_jobs, hold=hold)))
+                        handler("workloads", lambda r: admission.mutate(r, job_mode=job_mode, hold=hold)))
     app.router.add_post(webhook_config.VALIDATE_PODS_PATH,
                         handler("validate", lambda r: admission.validate(r, operators())))
 
@@ -85,11 +85,11 @@ def make_app(operators: Callable[[], Collection[str]], suspend_jobs: bool = True
 
 class WebhookServer:
     def __init__(self, host: str, port: int, bundle: CertBundle,
-                 operators: Callable[[], Collection[str]], *, suspend_jobs: bool = True, hold: str = "gate",
+                 operators: Callable[[], Collection[str]], *, job_mode: str = "suspend", hold: str = "gate",
                  observe: Observe = _observe_here) -> None:
         self.host, self.port, self.bundle = host, port, bundle
-        self.suspend_jobs, self.hold = suspend_jobs, hold
-        self._app = make_app(operators, suspend_jobs, observe, hold)
+        self.job_mode, self.hold = job_mode, hold
+        self._app = make_app(operators, job_mode, observe, hold)
         self._runner = web.AppRunner(self._app, access_log=None)
         self._thread: threading.Thread | None = None
         self._proc: Any = None
@@ -135,7 +135,7 @@ class WebhookServer:
         self._proc = ctx.Process(
             target=_serve_child,
             args=(self.host, self.port, self.bundle.as_secret_data(), sorted(self._operators()), child,
-                  self.suspend_jobs, self.hold),
+                  self.job_mode, self.hold),
             name="fluxnetes-webhook", daemon=True,
         )
         self._proc.start()
@@ -176,7 +176,7 @@ class WebhookServer:
 
 
 def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[str], conn: Any,
-                 suspend_jobs: bool = True, hold: str = "gate") -> None:
+                 job_mode: str = "suspend", hold: str = "gate") -> None:
     """Entry point of the webhook process (see ``WebhookServer.start_in_process``)."""
     import os
     import signal
@@ -185,7 +185,7 @@ def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[s
 
     async def main() -> None:
         server = WebhookServer(host, port, CertBundle.from_secret_data(data), lambda: frozenset(operators),
-                               suspend_jobs=suspend_jobs, hold=hold,
+                               job_mode=job_mode, hold=hold,
                                observe=lambda k, w, s: pending.append((k, w, s)))
         try:
             conn.send(await server.start())

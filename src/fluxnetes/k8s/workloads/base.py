@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fluxnetes.k8s import names
-from fluxnetes.k8s.hold import hold_ops
+from fluxnetes.k8s.hold import AUTO, GATE, hold_ops
 
 JsonPatch = list[dict[str, Any]]
 
@@ -146,6 +146,8 @@ def gate_template_patch(obj: Mapping[str, Any], base: str, hold: str = "gate") -
     ops.extend(managed_label_ops(meta.get("labels") or {}, base))
     if not tmpl.get("spec"):
         ops.append({"op": "add", "path": f"{base}/spec", "value": {}})
+    if hold == AUTO and (obj.get("spec") or {}).get("volumeClaimTemplates"):
+        hold = GATE  # a StatefulSet's pods get claims its template does not show: kube-scheduler binds them
     ops.extend(hold_ops(tmpl.get("spec") or {}, base, hold))
     return ops
 
