@@ -26,8 +26,10 @@ Renewing from a thread must not keep a wedged process in charge: the operator's 
 renewing, so the lease runs out and a follower takes over.
 
 Failover after a crash takes at most ``lease_seconds + retry_seconds`` (+ the new leader's
-start); a clean shutdown releases the lease and a follower takes it at its next look, within
-a second.
+start): the lease runs out ``lease_seconds`` after the last renewal, and a follower due to see
+it run out looks just after that moment (``next_look``) instead of at its next one-second
+look. A clean shutdown releases the lease and a follower takes it at its next look, within a
+second.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ RETRY_SECONDS = 2.0
 STALL_SECONDS = 120.0
 # after a failed renewal, ask again this soon (not at once: a refused connection fails at once)
 RENEW_RETRY_SECONDS = 0.25
+# a follower due to see the lease run out looks this long after the moment (clock granularity)
+EXPIRY_SLACK_SECONDS = 0.05
 
 
 def _now() -> datetime:
@@ -100,6 +104,8 @@ class LeaderElector:
         self._stopped = threading.Event()
         # the record as last seen: (resourceVersion, monotonic time it was first seen so)
         self._observed: tuple[str, float] | None = None
+        # seconds until the holder's lease runs out, as of the last look (None: not known)
+        self.expires_in: float | None = None
         self.renewals = 0
         # monotonic time the operator's event loop last ran (None: not watched)
         self.heartbeat: float | None = None
@@ -118,10 +124,23 @@ class LeaderElector:
         now = time.monotonic()
         if self._observed is None or self._observed[0] != version:
             self._observed = (version, now)
-        if now - self._observed[1] > duration:
-            return True  # unchanged for a whole lease by our own clock
+        unchanged = now - self._observed[1]
         renew = _parse(spec.get("renewTime"))
-        return renew is None or _now() - renew > timedelta(seconds=duration)
+        age = None if renew is None else (_now() - renew).total_seconds()
+        # when the first of the two rules below will say expired (``next_look``)
+        self.expires_in = duration - max(unchanged, age if age is not None else unchanged)
+        if unchanged > duration:
+            return True  # unchanged for a whole lease by our own clock
+        return age is None or age > duration
+
+    def next_look(self) -> float:
+        """Seconds until a follower looks at the Lease again: every ``min(retry, 1 s)``, and
+        just after the moment the holder's lease runs out when that comes sooner (a crashed
+        leader is replaced then, not up to a second later at the next regular look)."""
+        pause = min(self.retry_seconds, 1.0)
+        if self.expires_in is not None and self.expires_in < pause:
+            pause = max(0.0, self.expires_in) + EXPIRY_SLACK_SECONDS
+        return pause
 
     async def try_acquire(self, kube: Kube, timeout: float = 10) -> bool:
         """Take or renew the lease; True when this process holds it now."""
@@ -207,6 +226,7 @@ class LeaderElector:
     async def _acquire(self, kube: Kube) -> None:
         while True:
             start = time.monotonic()
+            self.expires_in = None
             try:
                 if await self.try_acquire(kube, timeout=self.retry_seconds * 2):
                     self.fence.extend(start + self.renew_deadline)
@@ -219,8 +239,9 @@ class LeaderElector:
                 log.warning("leader election: %r", exc)
             except Exception as exc:
                 log.warning("leader election: %r", exc)
-            # a follower looks at least every second (one GET): a released lease is taken at once
-            await asyncio.sleep(min(self.retry_seconds, 1.0))
+            # a follower looks at least every second (one GET): a released lease is taken at once,
+            # an expiring one just after it runs out
+            await asyncio.sleep(self.next_look())
 
     async def _renew(self, kube: Kube) -> None:
         """Renew every ``retry_seconds``; once the fence has closed unrenewed the lease is lost."""
