@@ -147,6 +147,7 @@ class Recovery(Context):
         Running FluxJob (its group ended while its status could not be written) never takes
         the room of a group whose pods hold it."""
         to_record: list[Group] = []
+        derived = _DerivedTexts(self.make_jobspec)
         for fj in fluxjobs:
             meta, spec, st = _meta(fj), fj.get("spec") or {}, fj.get("status") or {}
             try:
@@ -169,7 +170,15 @@ class Recovery(Context):
             try:
                 from fluxnetes.jobspec import parse_jobspec
 
-                g.jobspec = parse_jobspec(spec.get("jobspec") or "") if spec.get("jobspec") else self.make_jobspec(g)
+                text = spec.get("jobspec") or ""
+                if not text:
+                    g.jobspec = self.make_jobspec(g)
+                elif text == derived.text(g):
+                    # the jobspec fluxnetes derives for this group, as it wrote it: derived
+                    # again (parsing thousands of FluxJobs' texts took seconds at a restart)
+                    g.jobspec, g.jobspec_yaml = self.make_jobspec(g), text
+                else:
+                    g.jobspec = parse_jobspec(text)
             except Exception:
                 g.jobspec = self.make_jobspec(g)
             # a FluxJob without status (the operator died between its create and its status
@@ -413,6 +422,38 @@ class Recovery(Context):
                 log.info("%s: allocation recorded once the groups that ended were given back", g.qid)
         self.unrecorded.clear()
         self.spawn(self.accounting_check())  # logged: the graph's use against the bound pods
+
+
+class _DerivedTexts:
+    """The text of the jobspec fluxnetes derives for a group (``make_jobspec``, dumped as a
+    FluxJob holds it), made once per shape (size, request, duration, exclusive, locality)
+    with a placeholder for the group's name, which is the only part that differs between
+    groups of one shape; a group whose name the dumper would write differently (quoted)
+    simply does not match, and its text is parsed."""
+
+    PLACEHOLDER = "fluxnetesrecoveryplaceholder"
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+        self.templates: dict[Any, str | None] = {}
+
+    def text(self, g: Group) -> str | None:
+        from fluxnetes.k8s.objects import _dump_jobspec
+
+        s = g.spec
+        if s.jobspec:
+            return None  # a jobspec of the user's: parsed
+        r = s.request
+        key = (s.size, r.cpu_millis, r.memory_bytes, r.gpus, tuple(sorted(r.extended.items())),
+               s.duration, s.exclusive, s.locality)
+        if key not in self.templates:
+            try:
+                probe = Group(spec=replace(s, name=self.PLACEHOLDER), kind=None)
+                self.templates[key] = _dump_jobspec(self.make(probe))
+            except Exception:
+                self.templates[key] = None
+        template = self.templates[key]
+        return None if template is None else template.replace(self.PLACEHOLDER, s.name[:60])
 
 
 def _slot_of(pod: Mapping[str, Any]) -> int | None:
