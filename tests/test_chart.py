@@ -49,7 +49,6 @@ ALLOWED = [
     ("watch", "statefulsets.apps", None),
     ("create", "fluxjobs.fluxnetes.io", None),
     ("list", "fluxjobs.fluxnetes.io", None),
-    ("patch", "fluxjobs.fluxnetes.io#status", None),
     ("list", "fluxaccounts.fluxnetes.io", None),
     ("watch", "fluxaccounts.fluxnetes.io", None),
     ("patch", "fluxaccounts.fluxnetes.io#status", None),
