@@ -141,6 +141,7 @@ class Metrics:
             buckets=_SYNC_BUCKETS,
             registry=r,
         )
+        self._sync_lag_by_source: dict[str, Histogram] = {}  # source -> its child (one per watch event)
         self.webhook_seconds = Histogram(
             "fluxnetes_webhook_duration_seconds",
             "Time to answer one admission review, by object kind and webhook (mutate|validate).",
@@ -202,7 +203,10 @@ class Metrics:
     def observe_sync_lag(self, source: str, event_time: float, now: float | None = None) -> None:
         """Record the lag of a change that happened at ``event_time`` (epoch seconds)."""
         current = time.time() if now is None else now
-        self.sync_lag_seconds.labels(source=source).observe(max(0.0, current - event_time))
+        child = self._sync_lag_by_source.get(source)
+        if child is None:
+            child = self._sync_lag_by_source[source] = self.sync_lag_seconds.labels(source=source)
+        child.observe(max(0.0, current - event_time))
 
     def reconcile_error(self, controller: str) -> None:
         self.reconcile_errors.labels(controller=controller).inc()

@@ -324,7 +324,11 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             if chores_skipped:  # events came in since the chores last ran: run them soon
                 timeout = min(timeout, coalesce)
             try:
-                ev = await asyncio.wait_for(self.queue.get(), timeout=timeout)
+                if timeout <= 0:  # as wait_for did: one turn of the loop, nothing taken
+                    await asyncio.sleep(0)
+                    raise TimeoutError
+                async with asyncio.timeout(timeout):  # (no task per wake-up, unlike wait_for)
+                    ev = await self.queue.get()
                 self.handle(ev)
                 replay -= 1
                 while not self.queue.empty() and len(self._tasks) < 4096:

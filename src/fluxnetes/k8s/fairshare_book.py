@@ -317,7 +317,7 @@ class FairShareBook:
         was given (default: from its jobspec; required with an id). False if it was already
         recorded (a restart recording it again)."""
         job_id = job if isinstance(job, str) else job.id
-        if job_id in self.fs.usage.running():
+        if self.fs.usage.resources_of(job_id) is not None:  # (no copy of every running job per start)
             return False
         try:
             if resources is not None:

@@ -185,6 +185,11 @@ class Usage:
         """Job id -> leaf of every job counted as running."""
         return {job_id: entry[0] for job_id, entry in self._running.items()}
 
+    def resources_of(self, job_id: str) -> Resources | None:
+        """What a running job is charged for (None: not counted as running)."""
+        entry = self._running.get(job_id)
+        return None if entry is None else entry[2]
+
     def running_resources(self) -> dict[str, tuple[str, Resources]]:
         """Job id -> (leaf, resources) of every job counted as running."""
         return {job_id: (entry[0], entry[2]) for job_id, entry in self._running.items()}
