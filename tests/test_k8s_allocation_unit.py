@@ -5,6 +5,7 @@ pod that ends gives back its part of the node's share; the last one ends the gro
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 from fluxnetes.k8s import names
@@ -92,6 +93,59 @@ def test_a_cancelled_job_gives_everything_back() -> None:
         c.handle(("Job", "DELETED", j))
         assert g.phase == Phase.CANCELLED and g.jobid not in c.matcher.jobs
         assert not g.held and g.released == set(range(len(g.slots)))
+
+    asyncio.run(main())
+
+
+def deleting(p: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(p)
+    out["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return out
+
+
+def test_a_deleted_jobs_room_goes_back_only_as_its_pods_go() -> None:
+    """Deleting a Job whose pods run (or a pod being deleted) gives no room back until that
+    pod is gone or has ended: the kubelet and kube-scheduler still count it on its node."""
+    async def main() -> None:
+        c, _ = make_controller()
+        j = job("j", 2)
+        c.handle(("Job", "ADDED", j))
+        await settle(c)
+        g = c.groups[("ns", "job-j")]
+        pods = [pod(f"j-{i}", owner=j) for i in range(2)]
+        for p in pods:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        assert g.phase == Phase.RUNNING and all(g.slot_pod)
+        placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
+        for p in placed:
+            c.handle(("Pod", "MODIFIED", p))
+        cores = sum(s.cores for s in g.held.values())
+        c.handle(("Job", "DELETED", j))
+        assert g.phase == Phase.CANCELLED
+        assert sum(s.cores for s in g.held.values()) == cores and g.jobid in c.matcher.jobs  # both still run
+        c.handle(("Pod", "MODIFIED", deleting(placed[0])))  # being deleted: still on its node
+        assert sum(s.cores for s in g.held.values()) == cores
+        c.handle(("Pod", "DELETED", deleting(placed[0])))
+        assert sum(s.cores for s in g.held.values()) == cores - 2
+        assert sum(n.cores for n in c.matcher.jobs[g.jobid].nodes) == cores - 2
+        c.handle(("Pod", "MODIFIED", finished(deleting(placed[1]))))  # ended: its room is free
+        assert not g.held and g.jobid not in c.matcher.jobs
+
+    asyncio.run(main())
+
+
+def test_a_foreign_pod_being_deleted_keeps_its_room_until_it_is_gone() -> None:
+    async def main() -> None:
+        c, _ = make_controller()
+        await settle(c)
+        other = bound(pod("other"), "n0")
+        other["metadata"]["labels"] = {}
+        c.handle(("Pod", "ADDED", other))
+        c.handle(("Pod", "MODIFIED", deleting(other)))
+        assert "pod-other" in c.foreign["n0"]
+        c.handle(("Pod", "DELETED", deleting(other)))
+        assert "pod-other" not in c.foreign.get("n0", {})
 
     asyncio.run(main())
 

@@ -12,7 +12,8 @@ Parts, each usable alone:
   up and down), their lifecycle, and the judgement of each at the end (finished, explicitly
   failed with a reason, or lost).
 - `Soak`: puts them together, injects the faults (leader SIGKILL, node replaced, PostgreSQL
-  restart, API server restart with etcd kept) and writes the result.
+  restart, API server restart with etcd kept, a running Job deleted while its pods take their
+  time to terminate) and writes the result.
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ from fluxnetes.devcluster.errors import ClusterError
 from fluxnetes.devcluster.invariants import Checker, Poller, Violation
 from fluxnetes.devcluster.nodes import DEV_NODE_LABEL, RACK_LABEL, ZONE_LABEL, NodeShape
 
-FAULT_KINDS = ("leader-kill", "node-replace", "postgres-restart", "apiserver-restart")
+FAULT_KINDS = ("leader-kill", "node-replace", "postgres-restart", "apiserver-restart", "job-delete")
+# job-delete: a running Job is deleted while a finalizer keeps its pods Terminating this long
+# (a kubelet stopping slow containers): their room must stay taken until they are gone
+HOLD_FINALIZER = "chaos.fluxnetes.io/hold"
+HOLD_SECONDS = 12.0
 WORKLOAD_KINDS = ("pod", "job", "gang", "group", "deploy")
 WORKLOAD_LABEL = "chaos.fluxnetes.io/workload"
 OPERATOR_NAMESPACE = "fluxnetes-chaos"
@@ -610,6 +615,7 @@ class Soak:
         self._lost_evidence: list[dict[str, Any]] | None = None
         self._faults_done = threading.Event()
         self._release = threading.Event()
+        self._lifts: list[threading.Timer] = []  # job-delete: finalizers still to be lifted
         self._injector: threading.Thread | None = None
 
     # -- setup and teardown ---------------------------------------------------------------------
@@ -694,6 +700,8 @@ class Soak:
                 else:
                     self.pg.restart()
                     f.detail = "pg_ctl restart -m fast"
+            elif f.kind == "job-delete":
+                f.detail = self._delete_running_job()
             elif f.kind == "apiserver-restart":
                 self.cluster.restart_component("kube-apiserver")
                 f.detail = "kube-apiserver stopped (SIGTERM) and started again, etcd kept"
@@ -704,6 +712,49 @@ class Soak:
         f.done = time.time()
         self.opts.log(f"fault {f.kind}: {f.detail or ''}{' ERROR ' + f.error if f.error else ''}"
                       f" ({f.done - f.at:.1f} s)")
+
+    def _delete_running_job(self) -> str:
+        """Delete a Job whose pods all run, a finalizer holding them Terminating for
+        HOLD_SECONDS (then lifted, from a timer): the room they use is not free until they
+        are gone, and the checker counts them meanwhile."""
+        assert self.stream is not None
+        snap = self.poller.latest if self.poller else None
+        pods_of: dict[str, list[Mapping[str, Any]]] = {}
+        for p in snap.pods if snap else ():
+            wid = ((p.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
+            if wid:
+                pods_of.setdefault(wid, []).append(p)
+        running = [w for w in self.stream.workloads
+                   if w.kind in ("job", "gang") and not w.done and w.deleted is None
+                   and len(pods_of.get(w.id, [])) == w.size
+                   and all((p.get("status") or {}).get("phase") == "Running" and (p.get("spec") or {}).get("nodeName")
+                           and not (p.get("metadata") or {}).get("deletionTimestamp") for p in pods_of[w.id])]
+        if not running:
+            return "skipped: no Job had all its pods running"
+        w = self.fault_rng.choice(sorted(running, key=lambda x: x.id))
+        held = [str(p["metadata"]["name"]) for p in pods_of[w.id]]
+        base = f"/api/v1/namespaces/{w.namespace}/pods"
+        for name in held:
+            self.stream.call("PATCH", f"{base}/{name}", {"metadata": {"finalizers": [HOLD_FINALIZER]}},
+                             patch=True, patience=30)
+        self.stream.call("DELETE", f"/apis/batch/v1/namespaces/{w.namespace}/jobs/{w.name}",
+                         {"propagationPolicy": "Background"}, patience=30)
+        now = time.time()
+        w.deleted = w.finished = now  # its user ended it: done, not lost
+
+        def lift() -> None:
+            for name in held:
+                with contextlib.suppress(urllib.error.HTTPError):  # (404: gone already)
+                    self.stream.call("PATCH", f"{base}/{name}", {"metadata": {"finalizers": None}},  # type: ignore[union-attr]
+                                     patch=True, patience=120)
+
+        timer = threading.Timer(HOLD_SECONDS, lift)
+        timer.daemon = True
+        timer.start()
+        self._lifts.append(timer)
+        nodes = sorted({str(p["spec"]["nodeName"]) for p in pods_of[w.id]})
+        return (f"deleted Job {w.namespace}/{w.name} with {len(held)} running pod(s) on {', '.join(nodes)}, "
+                f"held Terminating {HOLD_SECONDS:.0f} s")
 
     def _replace_node(self) -> str:
         assert self.cluster is not None
@@ -817,6 +868,8 @@ class Soak:
         assert self.stream is not None
         o.log(f"draining (up to {o.drain_seconds:.0f} s)")
         deadline = time.time() + o.drain_seconds
+        for timer in self._lifts:  # every pod a job-delete held Terminating is let go
+            timer.join(timeout=max(1.0, deadline - time.time()))
         while time.time() < deadline:
             self._follow(draining=True)
             if all(w.done and (w.kind in ("job", "gang") or w.deleted is not None or w.failed)

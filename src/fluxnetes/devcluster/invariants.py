@@ -292,7 +292,9 @@ class Checker:
         # until they end (or, after a restart, counts them as foreign pods), while its FluxJob
         # says Failed without shares: its pods are not judged here (overbooked and
         # refused-placement still judge every pod on every node)
-        failed = {_key(fj) for fj in snap.fluxjobs if (fj.get("status") or {}).get("phase") == "Failed"}
+        # (so does a group cancelled while its pods run: its Job deleted, its pods still
+        # terminating)
+        failed = {_key(fj) for fj in snap.fluxjobs if (fj.get("status") or {}).get("phase") in ("Failed", "Cancelled")}
         for fj in snap.fluxjobs:
             st = fj.get("status") or {}
             if st.get("phase") != "Running" or not isinstance(st.get("shares"), list):

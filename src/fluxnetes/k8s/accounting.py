@@ -16,7 +16,7 @@ from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, request_of
 from fluxnetes.k8s.kube import PODS, ApiError, short, transient
-from fluxnetes.k8s.objects import _meta, _terminal
+from fluxnetes.k8s.objects import _ended, _meta
 from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.resources import PodResources
 
@@ -88,14 +88,14 @@ class Accounting(Context):
         bound_uids: set[str] = set()
         slot_of: dict[str, tuple[Group, int]] = {}
         for g in self.groups.values():
-            if g.phase == Phase.RUNNING:
+            if g.phase == Phase.RUNNING or (g.phase.final and g.held):  # (ended: slots kept for pods that run on)
                 for i, u in enumerate(g.slot_pod):
                     if u and i not in g.released:
                         slot_of[u] = (g, i)
         bound = 0
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
-            if not node or _terminal(pod) or node not in self.nodes:
+            if not node or _ended(pod) or node not in self.nodes:  # (being deleted: still there)
                 continue
             bound += 1
             uid = str(_meta(pod).get("uid", ""))
@@ -116,7 +116,7 @@ class Accounting(Context):
             add(expected, shares.of_pods(node, reqs))
         unbound = 0
         for g in self.groups.values():
-            if g.phase != Phase.RUNNING:
+            if g.phase != Phase.RUNNING and not (g.phase.final and g.held):
                 continue
             for i, node in enumerate(g.slots):
                 u = g.slot_pod[i] if i < len(g.slot_pod) else None

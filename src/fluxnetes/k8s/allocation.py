@@ -20,7 +20,7 @@ from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import OwnerRef
 from fluxnetes.k8s.kube import JSON_PATCH, PODS, ApiError
-from fluxnetes.k8s.objects import _gated, _meta, _terminal, workload_resource
+from fluxnetes.k8s.objects import _ended, _gated, _meta, _terminal, workload_resource
 from fluxnetes.k8s.placement import binding, place_patch
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
@@ -239,6 +239,20 @@ class Allocation(Context):
         g.released = set(range(len(g.slots)))
         self.dirty = True
 
+    def release_idle_slots(self, g: Group) -> None:
+        """A running group is cancelled (its workload deleted, scaled down, ...): the slots
+        with no pod are given back now; a slot whose pod is still there (running, being
+        deleted, or its bind in flight) only once that pod is gone or has ended
+        (``member_gone``), as its kubelet and kube-scheduler still count it on its node."""
+        for slot, uid in enumerate(g.slot_pod):
+            pod = g.members.get(uid) if uid is not None else None
+            if pod is None or _ended(pod):
+                self.release_slot(g, slot)
+        for slot in range(len(g.slot_pod), len(g.slots)):
+            self.release_slot(g, slot)
+        if not g.held:
+            self.release_all(g)
+
     def finish_group(self, g: Group) -> None:
         self.release_all(g)
         g.end = self.now()
@@ -269,7 +283,7 @@ class Allocation(Context):
 
     def cancel_group(self, g: Group, reason: str) -> None:
         if g.phase == Phase.RUNNING:
-            self.release_all(g)
+            self.release_idle_slots(g)
         elif g.phase in QUEUED:
             self.scheduler.withdraw(g.qid)
         g.end = self.now()

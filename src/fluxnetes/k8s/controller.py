@@ -69,7 +69,7 @@ from fluxnetes.k8s.groups import GroupError, controller_of, object_name
 from fluxnetes.k8s.informer import Event, Informer
 from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube
 from fluxnetes.k8s.mirror import ClusterMirror, TimedMatcher
-from fluxnetes.k8s.objects import OWNER_RESOURCES, _event_time, _gated, _meta, _terminal
+from fluxnetes.k8s.objects import OWNER_RESOURCES, _ended, _event_time, _gated, _meta, _terminal
 from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.podset_groups import PodSetGroups
 from fluxnetes.k8s.preemption import Preemption
@@ -182,7 +182,10 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         uid = str(meta.get("uid", ""))
         spec = pod.get("spec") or {}
         node = spec.get("nodeName")
-        gone = etype == "DELETED" or _terminal(pod)
+        # a bound pod being deleted still holds its room until it is gone or has ended (its
+        # kubelet stops it first; kube-scheduler counts it meanwhile): giving that room to
+        # the next group would overbook the node. An unbound one holds nothing.
+        gone = etype == "DELETED" or _ended(pod) or (not node and _terminal(pod))
         gkey = self.member_of.get(uid)
         managed = (meta.get("labels") or {}).get(names.LABEL_MANAGED) == "true"
         if gkey is None and managed and not _gated(pod) and self.adopt(uid, pod):
@@ -294,7 +297,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         pods = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod")
         live = {(str(_meta(p).get("namespace") or "default"), str((_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB)))
                 for p in pods if (_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB)
-                and assigned_node(p) and not _terminal(p)}
+                and assigned_node(p) and not _ended(p)}
         self.recover(fjs, live)
         if self.journal is not None:
             self.recover_store()

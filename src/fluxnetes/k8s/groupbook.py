@@ -34,7 +34,7 @@ from fluxnetes.k8s.groups import (
     object_name,
     request_of,
 )
-from fluxnetes.k8s.objects import _gated, _meta, _terminal
+from fluxnetes.k8s.objects import _ended, _gated, _meta, _terminal
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -124,7 +124,9 @@ class GroupBook(Context):
         def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
         def index_scale_group(self, g: Group) -> None: ...
         def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
+        def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
+        def survivors_to_foreign(self, g: Group) -> list[dict[str, Any]]: ...
         def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
         def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
                               obj: Mapping[str, Any]) -> Group | None: ...
@@ -240,7 +242,7 @@ class GroupBook(Context):
             # run on until the MPI Operator deletes them (minutes, under load); the next gang
             # placed on their nodes would start its launcher and leave its workers pending
             running = {i for i, uid in enumerate(g.slot_pod)
-                       if uid is not None and uid in g.members and not _terminal(g.members[uid])
+                       if uid is not None and uid in g.members and not _ended(g.members[uid])
                        and not _gated(g.members[uid])}
             if not running:
                 self.finish_group(g)
@@ -299,6 +301,12 @@ class GroupBook(Context):
     def drop_group(self, g: Group) -> None:
         key = g.key
         self.finished.discard(key)
+        if g.held:
+            # it ended with pods still running on (cancelled, node lost) and goes now (a new
+            # workload took its name): those pods are followed as foreign pods until they are
+            # gone, so what they use stays taken, and the group's allocation goes with it
+            self.release_all(g)
+            self.survivors_to_foreign(g)
         if self.groups.get(key) is g:
             del self.groups[key]
         for uid in [*g.members, *(u for u in g.slot_pod if u)]:

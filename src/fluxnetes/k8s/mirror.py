@@ -20,7 +20,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, controller_of, request_of
-from fluxnetes.k8s.objects import _gated, _meta, _node_down, _terminal
+from fluxnetes.k8s.objects import _ended, _gated, _meta, _node_down
 from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.resources import PodResources
 from fluxnetes.metrics import METRICS
@@ -296,7 +296,7 @@ class ClusterMirror(Context):
         moved = []
         for uid, pod in list(g.members.items()):
             node = (pod.get("spec") or {}).get("nodeName") or (None if _gated(pod) else assigned_node(pod))
-            if not node or _terminal(pod):
+            if not node or _ended(pod):  # (one being deleted holds its room until it is gone)
                 continue
             del g.members[uid]
             self.member_of.pop(uid, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from fluxnetes.k8s.hold import is_held
@@ -29,14 +30,26 @@ def _gated(pod: Mapping[str, Any]) -> bool:
     return is_held(pod)
 
 
+def _ended(pod: Mapping[str, Any]) -> bool:
+    """Has the pod ended (Succeeded or Failed)? Only then is its room on its node free: a pod
+    being deleted still runs until its kubelet stops it, and kube-scheduler counts it."""
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def _terminal(pod: Mapping[str, Any]) -> bool:
-    return bool(_meta(pod).get("deletionTimestamp")) or (pod.get("status") or {}).get("phase") in (
-        "Succeeded", "Failed")
+    """Will the pod not run on (ended, or being deleted)? What a workload has left; not what
+    its node holds (``_ended``)."""
+    return bool(_meta(pod).get("deletionTimestamp")) or _ended(pod)
 
 
 def _parse_time(s: object) -> int | None:
     if not isinstance(s, str) or not s:
         return None
+    return _parse_text_time(s)
+
+
+@lru_cache(maxsize=4096)  # every watch event of a pod carries the same few times again
+def _parse_text_time(s: str) -> int | None:
     try:
         return int(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp())
     except ValueError:
