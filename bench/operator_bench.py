@@ -76,6 +76,12 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     _, rv = await kube.list(PODS, ns)
     done = asyncio.Event()
     t_bound: list[float] = []
+    # per Job: when its last pod was first seen and when its last pod was bound (a group's
+    # latency, last pod created -> all its pods bound, as scheduler_perf reports it per pod)
+    seen: dict[str, set[str]] = {}
+    last_seen: dict[str, float] = {}
+    bound_of: dict[str, int] = {}
+    group_latency: list[float] = []
 
     async def watch() -> None:
         nonlocal rv
@@ -89,14 +95,21 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
                 ):
                     obj = ev.get("object") or {}
                     rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                    if obj.get("spec", {}).get("nodeName"):
-                        uid = obj["metadata"]["uid"]
-                        if uid not in bound:
-                            bound.add(uid)
-                            t_bound.append(time.monotonic())
-                            if len(bound) >= total:
-                                done.set()
-                                return
+                    uid = obj.get("metadata", {}).get("uid", "")
+                    job = (obj.get("metadata", {}).get("labels") or {}).get("batch.kubernetes.io/job-name", "")
+                    if uid not in seen.setdefault(job, set()):
+                        seen[job].add(uid)
+                        last_seen[job] = time.monotonic()
+                    if obj.get("spec", {}).get("nodeName") and uid not in bound:
+                        bound.add(uid)
+                        now = time.monotonic()
+                        t_bound.append(now)
+                        bound_of[job] = bound_of.get(job, 0) + 1
+                        if bound_of[job] == size:
+                            group_latency.append(now - last_seen[job])
+                        if len(bound) >= total:
+                            done.set()
+                            return
             except Exception as exc:  # re-watch
                 print("watch:", exc, file=sys.stderr)
                 await asyncio.sleep(0.2)
@@ -123,7 +136,17 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         "create_seconds": round(t_created, 3),
         "seconds_to_all_bound": None if elapsed is None else round(elapsed, 3),
         "pods_per_second": None if elapsed is None else round(total / elapsed, 1),
+        "group_latency_s": _percentiles(group_latency),
     }
+
+
+def _percentiles(xs: list[float]) -> dict[str, float] | None:
+    """p50/p99/max of a group's last pod seen (watch) -> all its pods bound, in seconds."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return {"groups": len(xs), "p50": round(statistics.median(xs), 3),
+            "p99": round(xs[max(0, int(len(xs) * 0.99) - 1)], 3), "max": round(xs[-1], 3)}
 
 
 async def api_requests(kube: Kube) -> dict[str, float]:
@@ -309,6 +332,17 @@ def _cpu_seconds(op: subprocess.Popen[bytes] | None) -> float:
         return 0.0
 
 
+def _rss_mb(op: subprocess.Popen[bytes]) -> float | None:
+    """The operator's resident memory now (MB), its webhook process included."""
+    import psutil
+
+    try:
+        proc = psutil.Process(op.pid)
+        return round(sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20, 1)
+    except psutil.Error:
+        return None
+
+
 async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     kube = await Kube.from_config(str(cluster.kubeconfig))
     results: dict[str, Any] = {}
@@ -377,6 +411,8 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 r["load_average_1m_before"] = round(load, 2)
                 if op is not None:
                     r["operator_cpu_seconds"] = round(_cpu_seconds(op) - cpu0, 2)  # incl. webhook process
+                    r["operator_cpu_ms_per_pod"] = round(1000 * r["operator_cpu_seconds"] / pods, 2)
+                    r["operator_rss_mb"] = _rss_mb(op)
                 print(label, name, r, flush=True)
                 per_round.setdefault(name, {}).setdefault(label, []).append(r)
                 await kube.delete(NAMESPACES, ns)
@@ -386,7 +422,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 await asyncio.sleep(2)
         for name, labels in per_round.items():
             for label, rs in labels.items():
-                ordered = sorted(rs, key=lambda x: x["pods_per_second"])
+                ordered = sorted(rs, key=lambda x: x["pods_per_second"] or 0.0)  # (None: timed out)
                 median = dict(ordered[len(ordered) // 2])  # the upper median with an even count
                 if len(rs) > 1:
                     median["pods_per_second_rounds"] = [x["pods_per_second"] for x in rs]
