@@ -217,8 +217,12 @@ def free_slots(snap: Snapshot, cpu: int) -> int:
 
 # -- the operator --------------------------------------------------------------------------------
 class Operator:
-    def __init__(self, cluster: Cluster, store_url: str, workdir: Path, extra: list[str]) -> None:
+    def __init__(self, cluster: Cluster, store_url: str, workdir: Path, extra: list[str],
+                 identity: str | None = None) -> None:
         self.cluster, self.store_url, self.workdir, self.extra = cluster, store_url, workdir, extra
+        # one --leader-identity for every process: a restart as kubelet does it (the same pod,
+        # the operator PID 1 again), which takes its own Lease back at once
+        self.identity = identity
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
         self.count = 0
@@ -230,6 +234,8 @@ class Operator:
         argv = [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(self.cluster.kubeconfig),
                 "--store", self.store_url, "--webhook-port", "0", "--log-format", "text",
                 "--log-level", "INFO", *self.extra, *(extra or [])]
+        if self.identity is not None:
+            argv += ["--leader-identity", self.identity]
         with self.log.open("wb") as out:
             t = time.time()
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -517,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra `fluxnetes run` argument for the first operator only (it fills the cluster; "
                          "e.g. --fill-operator-arg=--lease-duration=60 when the machine is too busy for it "
                          "to keep a 10 s lease); the restarted one runs with the defaults")
+    ap.add_argument("--restart-as", choices=("new-pod", "container"), default="new-pod",
+                    help="new-pod: the new process has an identity of its own and waits for the killed "
+                         "one's Lease to run out (a replacement pod); container: the same --leader-identity "
+                         "(a container restarted in its pod, as kubelet does after a crash: the chart's "
+                         "operator is PID 1 of its pod, so its default identity is the same again)")
     ap.add_argument("--profile", help="py-spy the new operator's first 60 s in round 1 into DIR/round1/")
     ap.add_argument("--keep-dir", type=Path, help="work directory (cluster, logs) to keep")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -546,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                                             log=lambda m: say(f"cluster: {m}")))
         result["cluster_up_s"] = round(time.monotonic() - t, 1)
         view = View(cluster, pg.url)
-        op = Operator(cluster, pg.url, workdir, args.operator_arg)
+        op = Operator(cluster, pg.url, workdir, args.operator_arg,
+                      identity="restart-bench-operator" if args.restart_as == "container" else None)
         op.start(extra=args.fill_operator_arg)
         if op.wait_line("operator ready", 180) is None:
             raise SystemExit(f"the first operator is not ready; see {op.log}")

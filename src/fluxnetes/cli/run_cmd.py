@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         leader_elect: Annotated[bool, typer.Option(help="Lease-based leader election")] = True,
         lease_duration: Annotated[int, typer.Option(help="seconds a leader's Lease lasts without renewal: a crashed leader is replaced after this (+ --retry-period)")] = 10,
         renew_deadline: Annotated[float, typer.Option(help="a leader that could not renew its Lease for this many seconds stops writing and steps down (must be below --lease-duration: the difference is the safety margin before another replica may take over)")] = 7.0,
+        leader_identity: Annotated[str | None, typer.Option(help="this replica's name in the Lease (default HOSTNAME-PID: in the chart's container the operator is PID 1 of its pod, so a container restarted in place, e.g. after a crash, takes its own Lease back at once instead of waiting for it to run out). Must differ between replicas: two with one identity would both lead")] = None,
         retry_period: Annotated[float, typer.Option(help="seconds between Lease renewals (a follower looks at the Lease every min(this, 1) seconds)")] = 2.0,
         rack_label: Annotated[str, typer.Option(help="node label naming the rack")] = "fluxnetes.io/rack",
         on_node_lost: Annotated[str, typer.Option(help="groups on a lost node: fail or requeue")] = "fail",
@@ -154,7 +155,11 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be requeue or fail", param_hint="--preemption-on-preempt")
         if preemption_grace_seconds <= 0:
             raise typer.BadParameter("must be > 0", param_hint="--preemption-grace-seconds")
+        if leader_identity is not None and not leader_identity.strip():
+            raise typer.BadParameter("must not be empty", param_hint="--leader-identity")
+        named = {"identity": leader_identity.strip()} if leader_identity is not None else {}
         main(OperatorConfig(
+            **named,  # type: ignore[arg-type]
             **fs_flags,  # type: ignore[arg-type]
             fairshare_save_seconds=fairshare_save_seconds, preemption=preemption,
             preemption_min_priority=preemption_min_priority,

@@ -109,6 +109,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             self.informers += [Informer(kube, FLUXACCOUNTS, "FluxAccount", self.queue),
                                Informer(kube, NAMESPACES, "Namespace", self.queue)]
         self._informer_runs: list[asyncio.Task[Any]] = []
+        self.standby = False  # informers muted: a replica waiting to lead (watch, end_standby)
         self.init_mirror()
         self.init_groupbook()
         self.init_scaling()
@@ -260,9 +261,14 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                 # deleted by hand while its group lives: it is the user's window, put it back
                 g.fj_exists, g.fj_dirty = False, True
 
-    async def start(self) -> None:
-        """Start watching; returns once the cluster view is complete and state recovered."""
+    async def watch(self, *, standby: bool = False) -> None:
+        """Start the informers; returns once each has listed its objects. On ``standby`` (a
+        replica that does not lead yet) they only keep their caches, so that when it leads
+        ``start`` finds the cluster listed already instead of listing it then."""
+        self.standby = standby
         await self.start_addons()  # the multi-role kinds served: their informers too
+        for inf in self.informers:
+            inf.muted = standby
         runs = [asyncio.ensure_future(inf.run()) for inf in self.informers]
         for task in runs:
             self._tasks.add(task)
@@ -278,6 +284,25 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                 raise task.exception()  # type: ignore[misc]
         await synced
         self._informer_runs = runs
+
+    def end_standby(self) -> None:
+        """The replica leads: every cached object is handed over as if just listed (ADDED), in
+        one step with unmuting the informers, so that no change is missed or seen twice."""
+        while not self.queue.empty():  # (what the informers of a standby made on their own)
+            self.queue.get_nowait()
+        for inf in self.informers:
+            inf.muted = False
+            for obj in inf.cache.values():
+                self.queue.put_nowait((inf.kind, "ADDED", obj))
+        self.standby = False
+
+    async def start(self) -> None:
+        """Start watching (unless ``watch`` did); returns once the cluster view is complete and
+        state recovered."""
+        if not self._informer_runs:
+            await self.watch()
+        elif self.standby:
+            self.end_standby()
         # initial view straight from the caches; the queued ADDED events replay harmlessly
         for inf in self.informers:
             if inf.kind == "Node":

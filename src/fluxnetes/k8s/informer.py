@@ -2,7 +2,8 @@
 
 The informer keeps a cache (uid -> object) so that after a watch expires (410 Gone) or the
 connection drops, a re-list can be turned into exactly the ADDED / MODIFIED / DELETED events
-that were missed. ``synced`` is set once the first list has been delivered.
+that were missed. ``synced`` is set once the first list has been delivered. A ``muted``
+informer keeps its cache and sends nothing (a standby replica's: ``Controller.watch``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class Informer:
         self.label_selector, self.field_selector = label_selector, field_selector
         self.cache: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
+        self.muted = False
+
+    async def _send(self, ev: Event) -> None:
+        if not self.muted:
+            await self.out.put(ev)
 
     async def _relist(self) -> str:
         items, rv = await self.kube.list(self.resource, label_selector=self.label_selector,
@@ -39,12 +45,12 @@ class Informer:
             seen.add(uid)
             old = self.cache.get(uid)
             if old is None:
-                await self.out.put((self.kind, "ADDED", obj))
+                await self._send((self.kind, "ADDED", obj))
             elif (old.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get("resourceVersion"):
-                await self.out.put((self.kind, "MODIFIED", obj))
+                await self._send((self.kind, "MODIFIED", obj))
             self.cache[uid] = obj
         for uid in [u for u in self.cache if u not in seen]:
-            await self.out.put((self.kind, "DELETED", self.cache.pop(uid)))
+            await self._send((self.kind, "DELETED", self.cache.pop(uid)))
         self.synced.set()
         return rv
 
@@ -72,7 +78,7 @@ class Informer:
                         self.cache.pop(uid, None)
                     else:
                         self.cache[uid] = obj
-                    await self.out.put((self.kind, str(etype), obj))
+                    await self._send((self.kind, str(etype), obj))
                 backoff = 0.5
             except asyncio.CancelledError:
                 raise

@@ -211,6 +211,7 @@ class Operator:
         self.kube: Kube | None = None
         self.webhook: WebhookServer | None = None
         self.controller: Controller | None = None
+        self._standby: asyncio.Future[Controller | None] | None = None  # a follower's (_stand_by)
         self.elector: LeaderElector | None = None
         self.operators: set[str] = set()
         self.webhook_url = ""
@@ -340,6 +341,9 @@ class Operator:
             self._side_tasks.append(asyncio.ensure_future(self._beat(elector)))
             await elector.run()
             while not stop.is_set():
+                # while another replica leads, this one lists and watches the cluster (its
+                # informers muted): taking over then starts from a listed cluster
+                self._standby = asyncio.ensure_future(self._stand_by())
                 await _first(stop.wait(), elector.leading.wait(), elector.lost.wait())
                 if elector.error is not None:
                     raise elector.error
@@ -352,7 +356,57 @@ class Operator:
                 log.warning("stepped down (the lease could not be renewed in time); competing for it again")
                 elector.rejoin()
         finally:
+            await self._drop_standby()
             await self._shutdown(tracker)
+
+    async def _stand_by(self) -> Controller | None:
+        """The controller of a replica that does not lead yet: made (its store opened) and its
+        informers listed and watching, muted (``Controller.watch``). None if the store does
+        not answer or the watch fails: the replica then starts cold when it leads."""
+        from fluxnetes.store import StoreUnavailable
+
+        assert self.kube is not None
+        try:
+            controller = Controller(self.kube, self.config)
+        except StoreUnavailable as exc:
+            log.info("standby: the store is not reachable (%s); the cluster is listed when leading", short(exc))
+            return None
+        try:
+            await controller.watch(standby=True)
+        except BaseException as exc:
+            await controller.stop()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("standby: watching the cluster failed (%s); it is listed again when leading", short(exc))
+            return None
+        log.info("standby: the cluster is listed and watched; waiting to lead")
+        return controller
+
+    async def _take_standby(self, stop: asyncio.Event) -> Controller | None:
+        """The standby controller once it is ready (None: there is none, it failed, or the
+        stop came first)."""
+        task, self._standby = self._standby, None
+        if task is None:
+            return None
+        waits: list[Any] = [task, stop.wait()]
+        if self.elector is not None:
+            waits.append(self.elector.lost.wait())
+        await _first(*waits)
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+        return None if task.cancelled() or task.exception() is not None else task.result()
+
+    async def _drop_standby(self) -> None:
+        task, self._standby = self._standby, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        made = None if task.cancelled() or task.exception() is not None else task.result()
+        if made is not None:
+            await made.stop()
 
     async def _setup_when_reachable(self, stop: asyncio.Event) -> None:
         """``setup``, tried again while the API server is unreachable or answers 5xx/429 (a
@@ -394,7 +448,9 @@ class Operator:
 
         assert self.kube is not None
         METRICS.leader.set(1)
-        made = await self._controller_when_store_answers(stop)
+        made = await self._take_standby(stop)
+        if made is None and not stop.is_set():
+            made = await self._controller_when_store_answers(stop)
         if made is None:
             METRICS.leader.set(0)
             return self.elector is not None and self.elector.lost.is_set() and not stop.is_set()

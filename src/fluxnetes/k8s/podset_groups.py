@@ -150,6 +150,7 @@ class PodSetGroups(Context):
         parked: dict[str, dict[str, Any]]
         informers: list[Informer]
         queue: asyncio.Queue[Any]
+        standby: bool
         _tasks: set[asyncio.Task[Any]]
 
         def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
@@ -195,6 +196,7 @@ class PodSetGroups(Context):
         for name in new:
             kind = on[name]
             inf = Informer(self.kube, Resource(kind.api_version, kind.plural), name, self.queue)
+            inf.muted = self.standby  # (a replica waiting to lead: cache only)
             self.informers.append(inf)
             self.addon_on[name] = kind
             if started:
