@@ -470,9 +470,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--job-modes",
-        default="suspend,gate",
+        default="auto",
         type=lambda t: t.split(","),
-        help="operator --job-mode values to run, comma separated",
+        help="operator --job-mode values to run, comma separated (placement: the default, auto)",
     )
     ap.add_argument(
         "--variant",

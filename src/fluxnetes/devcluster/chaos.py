@@ -718,19 +718,26 @@ class Soak:
         HOLD_SECONDS (then lifted, from a timer): the room they use is not free until they
         are gone, and the checker counts them meanwhile."""
         assert self.stream is not None
-        snap = self.poller.latest if self.poller else None
         pods_of: dict[str, list[Mapping[str, Any]]] = {}
-        for p in snap.pods if snap else ():
-            wid = ((p.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
-            if wid:
-                pods_of.setdefault(wid, []).append(p)
-        running = [w for w in self.stream.workloads
-                   if w.kind in ("job", "gang") and not w.done and w.deleted is None
-                   and len(pods_of.get(w.id, [])) == w.size
-                   and all((p.get("status") or {}).get("phase") == "Running" and (p.get("spec") or {}).get("nodeName")
-                           and not (p.get("metadata") or {}).get("deletionTimestamp") for p in pods_of[w.id])]
-        if not running:
-            return "skipped: no Job had all its pods running"
+        running: list[Workload] = []
+        deadline = time.time() + 20.0  # (none running now: one soon)
+        while not running:
+            snap = self.poller.latest if self.poller else None
+            pods_of = {}
+            for p in snap.pods if snap else ():
+                wid = ((p.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
+                if wid:
+                    pods_of.setdefault(wid, []).append(p)
+            running = [w for w in self.stream.workloads
+                       if w.kind in ("job", "gang") and not w.done and w.deleted is None
+                       and len(pods_of.get(w.id, [])) == w.size
+                       and all((p.get("status") or {}).get("phase") == "Running"
+                               and (p.get("spec") or {}).get("nodeName")
+                               and not (p.get("metadata") or {}).get("deletionTimestamp") for p in pods_of[w.id])]
+            if not running and time.time() > deadline:
+                raise RuntimeError("no Job had all its pods running for 20 s")
+            if not running:
+                time.sleep(1.0)
         w = self.fault_rng.choice(sorted(running, key=lambda x: x.id))
         held = [str(p["metadata"]["name"]) for p in pods_of[w.id]]
         base = f"/api/v1/namespaces/{w.namespace}/pods"
