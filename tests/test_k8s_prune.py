@@ -17,6 +17,7 @@ from typing import Any
 from fluxnetes.k8s import names
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
 
 _uids = itertools.count(1)
@@ -207,5 +208,23 @@ def test_unfinished_owner_keeps_its_group() -> None:
         await settle(c)
         await settle(c)
         assert ("ns", "job-huge") not in c.groups
+
+    asyncio.run(main())
+
+
+def test_a_deleted_workloads_fluxjob_is_left_to_the_garbage_collector() -> None:
+    """Its FluxJob is owned by the workload and goes with it: no last status is written to it
+    (after a mass delete those writes held up the live groups' statuses for minutes)."""
+    async def main() -> None:
+        c, kube = make_controller()
+        j = job("j", 2)
+        c.handle(("Job", "ADDED", j))
+        await settle(c)
+        g = c.groups[("ns", "job-j")]
+        assert g.phase == Phase.RUNNING and kube.fluxjob_status[("ns", "job-j")]["phase"] == "Running"
+        writes = kube.fluxjob_writes
+        c.handle(("Job", "DELETED", j))
+        await settle(c)
+        assert g.phase == Phase.CANCELLED and kube.fluxjob_writes == writes
 
     asyncio.run(main())

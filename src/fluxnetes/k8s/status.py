@@ -19,6 +19,7 @@ from fluxnetes.k8s import fluxjob
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
+from fluxnetes.k8s.groups import OwnerRef
 from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
 from fluxnetes.logging import log_context
@@ -36,6 +37,7 @@ class Status(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         def spend_name(self, g: Group) -> None: ...
+        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         finished: set[tuple[str, str]]
         groups: dict[tuple[str, str], Group]
         pruned: dict[str, int]
@@ -182,8 +184,15 @@ class Status(Context):
         """One API write: the FluxJob created with its status (the CRD has no status
         subresource), or its status merge-patched, with the uid as precondition so this group's
         status never lands on another group's FluxJob of the same name."""
-        st = self.fluxjob_status(g)
         ns, name = g.spec.namespace, g.spec.name
+        owner = g.spec.owner
+        if g.phase.final and g.kind is not None and owner is not None and owner.uid \
+                and self.owner_obj(owner, ns) is None:
+            # its workload was deleted: the garbage collector deletes its FluxJob too (owner
+            # reference), so a last status is a write for nothing (thousands after a mass delete)
+            g.fj_exists = False
+            return
+        st = self.fluxjob_status(g)
         try:
             if not g.fj_exists:
                 body = fluxjob.manifest(g.spec, jobspec=self.jobspec_text(g),
@@ -291,6 +300,8 @@ class Status(Context):
         dirty = [g for g in self.groups.values() if g.fj_dirty and (g.fj_since or 0.0) <= cutoff]
         for g in dirty:
             g.fj_dirty, g.fj_since = False, None
+        # (the writes share a few connections: the queue's live groups first, then the ended)
+        dirty.sort(key=lambda g: g.phase.final)
         if dirty:
             await asyncio.gather(*(self.write_fluxjob(g) for g in dirty))
 
