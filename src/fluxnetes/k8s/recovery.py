@@ -28,6 +28,8 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
+ACCOUNTING_CHECK_DELAY = 5.0  # seconds after the post-restart reconcile
+
 
 class Recovery(Context):
     """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
@@ -421,7 +423,9 @@ class Recovery(Context):
                     and self.record_group(g):
                 log.info("%s: allocation recorded once the groups that ended were given back", g.qid)
         self.unrecorded.clear()
-        self.spawn(self.accounting_check())  # logged: the graph's use against the bound pods
+        # logged: the graph's use against the bound pods; a few seconds on, so that its list of
+        # every pod (and its decoding) does not hold up the first cycles and binds of a restart
+        self.spawn(self.accounting_check(delay=ACCOUNTING_CHECK_DELAY))
 
 
 class _DerivedTexts:

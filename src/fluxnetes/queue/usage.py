@@ -185,6 +185,10 @@ class Usage:
         """Job id -> leaf of every job counted as running."""
         return {job_id: entry[0] for job_id, entry in self._running.items()}
 
+    def running_count(self) -> int:
+        """How many jobs are counted as running."""
+        return len(self._running)
+
     def resources_of(self, job_id: str) -> Resources | None:
         """What a running job is charged for (None: not counted as running)."""
         entry = self._running.get(job_id)
