@@ -115,3 +115,11 @@ def unfreeze_gc() -> Iterator[None]:
     the test session a normal collector back (`pytestmark = pytest.mark.usefixtures(...)`)."""
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def _no_accounting_check_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process controllers run their post-restart accounting check at once: the tests await
+    every task the controller spawned, and the production delay (recovery.py) would only make
+    them wait (operators started as processes keep it)."""
+    monkeypatch.setattr("fluxnetes.k8s.recovery.ACCOUNTING_CHECK_DELAY", 0.0)
