@@ -300,8 +300,9 @@ class Status(Context):
         dirty = [g for g in self.groups.values() if g.fj_dirty and (g.fj_since or 0.0) <= cutoff]
         for g in dirty:
             g.fj_dirty, g.fj_since = False, None
-        # (the writes share a few connections: the queue's live groups first, then the ended)
-        dirty.sort(key=lambda g: g.phase.final)
+        # (the writes share a few connections: phase changes of live groups first, then other
+        # changes of live groups, then the ended)
+        dirty.sort(key=lambda g: (g.phase.final, g.fj_status.get("phase") == str(g.phase)))
         if dirty:
             await asyncio.gather(*(self.write_fluxjob(g) for g in dirty))
 
