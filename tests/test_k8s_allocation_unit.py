@@ -11,7 +11,7 @@ from typing import Any
 from fluxnetes.k8s import names
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.placement import ANN_SLOT
-from test_k8s_prune import RecordingKube, bound, finished, job, make_controller, pod, settle
+from test_k8s_prune import RecordingKube, bound, finished, make_controller, pod, settle, started_job
 
 
 class Recording(RecordingKube):
@@ -85,10 +85,7 @@ def test_pods_fluxnetes_schedules_are_bound_to_their_slots_node() -> None:
 def test_a_cancelled_job_gives_everything_back() -> None:
     async def main() -> None:
         c, _ = make_controller()
-        j = job("j", 3)
-        c.handle(("Job", "ADDED", j))
-        await settle(c)
-        g = c.groups[("ns", "job-j")]
+        j, g = await started_job(c, "j", 3)
         assert g.phase == Phase.RUNNING and g.jobid in c.matcher.jobs and g.resumed
         c.handle(("Job", "DELETED", j))
         assert g.phase == Phase.CANCELLED and g.jobid not in c.matcher.jobs
@@ -108,10 +105,7 @@ def test_a_deleted_jobs_room_goes_back_only_as_its_pods_go() -> None:
     pod is gone or has ended: the kubelet and kube-scheduler still count it on its node."""
     async def main() -> None:
         c, _ = make_controller()
-        j = job("j", 2)
-        c.handle(("Job", "ADDED", j))
-        await settle(c)
-        g = c.groups[("ns", "job-j")]
+        j, g = await started_job(c, "j", 2)
         pods = [pod(f"j-{i}", owner=j) for i in range(2)]
         for p in pods:
             c.handle(("Pod", "ADDED", p))

@@ -100,6 +100,14 @@ def finished(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+async def started_job(c: Controller, name: str, size: int) -> tuple[dict[str, Any], Any]:
+    """A Job of ``size`` pods admitted and allocated: (the Job, its group)."""
+    j = job(name, size)
+    c.handle(("Job", "ADDED", j))
+    await settle(c)
+    return j, c.groups[("ns", f"job-{name}")]
+
+
 async def settle(c: Controller) -> None:
     """One turn of the operator's loop: cycle, then FluxJob writes and API calls done."""
     c.run_cycle()
@@ -217,10 +225,7 @@ def test_a_deleted_workloads_fluxjob_is_left_to_the_garbage_collector() -> None:
     (after a mass delete those writes held up the live groups' statuses for minutes)."""
     async def main() -> None:
         c, kube = make_controller()
-        j = job("j", 2)
-        c.handle(("Job", "ADDED", j))
-        await settle(c)
-        g = c.groups[("ns", "job-j")]
+        j, g = await started_job(c, "j", 2)
         assert g.phase == Phase.RUNNING and kube.fluxjob_status[("ns", "job-j")]["phase"] == "Running"
         writes = kube.fluxjob_writes
         c.handle(("Job", "DELETED", j))
