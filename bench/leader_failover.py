@@ -50,9 +50,9 @@ from typing import Any
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
 from fluxnetes.devcluster.apicalls import urlopen
-from fluxnetes.devcluster.chaos import LEASE, OPERATOR_NAMESPACE, Postgres, Replicas
 from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
 from fluxnetes.devcluster.invariants import JOB_INDEX_ANN, JOB_UID_LABEL, Checker, Poller
+from fluxnetes.devcluster.soak_processes import LEASE, OPERATOR_NAMESPACE, Postgres, Replicas
 
 RESULTS = Path(__file__).resolve().parent / "results" / "leader_failover.json"
 OP_NS = "fluxnetes-bench"

@@ -58,9 +58,9 @@ from typing import Any
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
 from fluxnetes.devcluster.apicalls import Request, create_jobs, send_all
-from fluxnetes.devcluster.chaos import Postgres
 from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
 from fluxnetes.devcluster.invariants import Checker, Snapshot
+from fluxnetes.devcluster.soak_processes import Postgres
 
 OUT = Path(__file__).resolve().parent / "results" / "restart_bench.json"
 OPERATOR_NAMESPACE = "fluxnetes-system"

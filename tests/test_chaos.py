@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.devcluster.chaos import FAULT_KINDS, WebhookProxy, plan_faults
+from fluxnetes.devcluster.chaos import FAULT_KINDS, plan_faults
 from fluxnetes.devcluster.invariants import (
     ANN_FLUXJOB,
     JOB_INDEX_ANN,
@@ -23,6 +23,7 @@ from fluxnetes.devcluster.invariants import (
     Checker,
     Snapshot,
 )
+from fluxnetes.devcluster.soak_processes import WebhookProxy
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "chaos.py"
 
@@ -224,7 +225,7 @@ def short_soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     kwok nodes with one fault of each kind (leader SIGKILL, node replaced, PostgreSQL restart,
     API server restart)."""
     from conftest import k8s_missing_reason
-    from fluxnetes.devcluster.chaos import pg_bindir
+    from fluxnetes.devcluster.soak_processes import pg_bindir
 
     reason = k8s_missing_reason()
     if reason:
