@@ -250,7 +250,7 @@ class Allocation(Context):
                 self.release_slot(g, slot)
         for slot in range(len(g.slot_pod), len(g.slots)):
             self.release_slot(g, slot)
-        if not g.held:
+        if not g.held:  # (also when release_slot did: a group with no slot has none to empty)
             self.release_all(g)
 
     def finish_group(self, g: Group) -> None:

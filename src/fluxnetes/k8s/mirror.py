@@ -71,6 +71,7 @@ class ClusterMirror(Context):
         def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
         def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
+        def release_idle_slots(self, g: Group) -> None: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
 
     def init_mirror(self) -> None:
@@ -268,10 +269,7 @@ class ClusterMirror(Context):
                 self.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
             else:
                 self.lose_share(g, name)
-                # slots whose pod was never placed hold a share no pod will ever use
-                for slot, uid in enumerate(g.slot_pod):
-                    if uid is None and slot not in g.released:
-                        self.release_slot(g, slot)
+                self.release_idle_slots(g)  # a slot with no pod holds a share no pod will ever use
                 g.end = self.now()
                 self.set_phase(g, Phase.FAILED, what)
                 self.group_event(g, "Warning", "NodeLost", g.reason)
