@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
+from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape, procs
 from fluxnetes.devcluster.apicalls import Request, create_jobs, send_all
 from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
 from fluxnetes.devcluster.invariants import Checker, Snapshot
@@ -294,13 +294,7 @@ class Operator:
         return round(total, 2)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        procs.signal_and_wait(self.proc, sig, timeout=60)
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)

@@ -129,6 +129,18 @@ def stop(records: Iterable[ProcessRecord], timeout: float = 15.0) -> list[str]:
     return [r.name for r in alive]
 
 
+def signal_and_wait(proc: subprocess.Popen[bytes] | None, sig: int, timeout: float = 30.0) -> None:
+    """Send ``sig`` to a child still running and wait for it; SIGKILL it after ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def log_tail(path: str | Path, lines: int = 15) -> str:
     try:
         text = Path(path).read_text(errors="replace")

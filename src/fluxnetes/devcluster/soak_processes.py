@@ -257,13 +257,7 @@ class Replicas:
         return ended
 
     def kill(self, r: Replica, sig: int = signal.SIGKILL) -> None:
-        if r.proc is not None and r.proc.poll() is None:
-            r.proc.send_signal(sig)
-            try:
-                r.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                r.proc.kill()
-                r.proc.wait(timeout=10)
+        procs.signal_and_wait(r.proc, sig, timeout=30)
 
     def stop_all(self) -> None:
         for r in self.replicas:
