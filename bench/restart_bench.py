@@ -228,7 +228,9 @@ class Operator:
         self.count = 0
         self.spies: list[subprocess.Popen[bytes]] = []
 
-    def start(self, profile: Path | None = None, extra: list[str] | None = None) -> float:
+    def start(self, profile: Path | None = None, extra: list[str] | None = None, src: Path | None = None) -> float:
+        """Start an operator process (``src``: run the fluxnetes package found there instead,
+        e.g. a worktree of an earlier commit, for a before/after in one run)."""
         self.count += 1
         self.log = self.workdir / f"operator-{self.count}.log"
         argv = [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(self.cluster.kubeconfig),
@@ -238,7 +240,9 @@ class Operator:
             argv += ["--leader-identity", self.identity]
         with self.log.open("wb") as out:
             t = time.time()
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env)
         if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)
             spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -403,7 +407,9 @@ def run_round(args: argparse.Namespace, r: int, cluster: Cluster, view: View, op
     # 4. the new process
     out["load_at_restart"] = load()
     # profiled in round 1 only: py-spy's own CPU would slow the other rounds' start-up
-    t0 = op.start(Path(args.profile) / f"round{r}" if args.profile and r == 1 else None)
+    src = args.compare_src / "src" if args.compare_src is not None and r % 2 == 1 else None
+    out["restarted_code"] = str(src) if src is not None else "this tree"
+    t0 = op.start(Path(args.profile) / f"round{r}" if args.profile and r == 1 else None, src=src)
     say(f"round {r}: new operator started (room for {out['room_at_start_slots']} queued pods, "
         f"lease left {out['lease_left_at_start_s']} s)")
     marks: dict[str, float] = {}
@@ -523,12 +529,16 @@ def main(argv: list[str] | None = None) -> int:
                          "(a container restarted in its pod, as kubelet does after a crash: the chart's "
                          "operator is PID 1 of its pod, so its default identity is the same again)")
     ap.add_argument("--profile", help="py-spy the new operator's first 60 s in round 1 into DIR/round1/")
+    ap.add_argument("--compare-src", type=Path, metavar="DIR",
+                    help="a checkout of earlier code (e.g. `git worktree add DIR COMMIT`): the odd rounds' "
+                         "restarted operator runs DIR/src, the even rounds' this tree (before/after in one run)")
     ap.add_argument("--keep-dir", type=Path, help="work directory (cluster, logs) to keep")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     result: dict[str, Any] = {
         "benchmark": "restart_bench",
-        "parameters": {k: v for k, v in vars(args).items() if k not in ("out", "keep_dir")},
+        "parameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                       if k not in ("out", "keep_dir")},
         "workload": f"{args.running} single-pod Jobs of {args.running_cpu} cpu running, {args.queued} single-pod "
                     f"Jobs of {args.queued_cpu} cpu queued; nodes of 32 cpu, 256Gi; Job pods run 24 h",
         "target": {"first_bind_s": 10},
@@ -569,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down()
         pg.stop()
     firsts = [x["first_bind_s"] for x in result["rounds"]]
-    result["summary"] = {"first_bind_s": firsts,
+    result["summary"] = {"first_bind_s": firsts, "restarted_code": [x["restarted_code"] for x in result["rounds"]],
                          "within_target": [f is not None and f <= 10 for f in firsts],
                          "overbooked": sum(x["invariant"]["overbooked_count"] for x in result["rounds"]),
                          "overbooked_live": sum(x["invariant"]["overbooked_live_count"] for x in result["rounds"])}

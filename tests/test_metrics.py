@@ -206,3 +206,19 @@ def test_serve_and_log_configuration_from_the_environment() -> None:
         logging.getLogger().removeHandler(handler)
     with pytest.raises(ValueError, match="log format"):
         configure_from_env("INFO", environ={"FLUXNETES_LOG_FORMAT": "xml"})
+
+
+def test_gc_pauses_are_counted_by_generation(metrics: Metrics) -> None:
+    import gc
+
+    metrics.track_gc()
+    metrics.track_gc()  # once only, however often asked
+    try:
+        assert gc.callbacks.count(metrics._on_gc) == 1
+        assert metrics.gc_total() == 0.0
+        gc.collect(2)
+        got = samples(metrics)
+        assert got[("fluxnetes_gc_seconds_total", (("generation", "2"),))] > 0
+        assert metrics.gc_total() == pytest.approx(got[("fluxnetes_gc_seconds_total", (("generation", "2"),))])
+    finally:
+        gc.callbacks.remove(metrics._on_gc)

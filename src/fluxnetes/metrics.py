@@ -166,6 +166,14 @@ class Metrics:
             ["status"],
             registry=r,
         )
+        self.gc_seconds = Counter(
+            "fluxnetes_gc_seconds_total",
+            "Time the process spent in Python's cyclic garbage collector, by generation "
+            "(counted once track_gc() was called).",
+            ["generation"],
+            registry=r,
+        )
+        self._gc_started: float | None = None
 
     # -- convenience ---------------------------------------------------------------------------
 
@@ -173,6 +181,27 @@ class Metrics:
         """Set the queue gauge from a {state: count} map; states absent from it become 0."""
         for state in set(QUEUE_STATES) | set(counts):
             self.queue_jobs.labels(state=state).set(counts.get(state, 0))
+
+    def track_gc(self) -> None:
+        """Count the collector's pauses into ``gc_seconds`` (a full collection walks every
+        live container object: with a large cluster cached it is the process's longest
+        pause, which is why the operator freezes what it listed at start)."""
+        import gc
+
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def gc_total(self) -> float:
+        """Seconds spent collecting so far, all generations."""
+        return sum(s.value for m in self.gc_seconds.collect() for s in m.samples if s.name.endswith("_total"))
+
+    def _on_gc(self, phase: str, info: Mapping[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            self.gc_seconds.labels(generation=str(info.get("generation", ""))).inc(
+                time.perf_counter() - self._gc_started)
+            self._gc_started = None
 
     @contextmanager
     def time_cycle(self) -> Iterator[None]:

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fluxnetes.graph.model import gc_paused
 from fluxnetes.k8s import names
 from fluxnetes.k8s.accounting import CHECK_EVERY, Accounting
 from fluxnetes.k8s.allocation import Allocation
@@ -266,9 +267,15 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         replica that does not lead yet) they only keep their caches, so that when it leads
         ``start`` finds the cluster listed already instead of listing it then."""
         self.standby = standby
+        # the first lists build the whole cluster's objects at once: collections meanwhile
+        # would each walk all that was listed so far (seconds at thousands of nodes)
+        with gc_paused():
+            await self._watch()
+
+    async def _watch(self) -> None:
         await self.start_addons()  # the multi-role kinds served: their informers too
         for inf in self.informers:
-            inf.muted = standby
+            inf.muted = self.standby
         runs = [asyncio.ensure_future(inf.run()) for inf in self.informers]
         for task in runs:
             self._tasks.add(task)
@@ -335,7 +342,9 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
 
     async def run(self) -> None:
-        await self.start()
+        # the start rebuilds the groups and the graph from the caches at once (see watch)
+        with gc_paused():
+            await self.start()
         replay = self.queue.qsize()  # the initial lists, queued before ready
         last_cycle = last_chores = 0.0
         coalesce = self.config.coalesce_seconds

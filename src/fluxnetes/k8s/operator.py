@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -156,6 +157,7 @@ class Operator:
 
         stop = stop or asyncio.Event()
         METRICS.leader.set(0)
+        METRICS.track_gc()
         if self.config.metrics_port:
             self.metrics_server = serve(self.config.metrics_port, self.config.metrics_host, health=self.health)
             log.info("metrics on http://%s:%d/metrics (/healthz, /readyz)", self.config.metrics_host,
@@ -303,6 +305,7 @@ class Operator:
             controller.on_kinds_changed = self._install_multi_role
         _slow_cycles_for_tests(controller)
         run = asyncio.ensure_future(controller.run())
+        frozen = asyncio.ensure_future(_freeze_when_ready(controller))
         try:
             waits = [stop.wait(), run] + ([self.elector.lost.wait()] if self.elector is not None else [])
             await _first(*waits)
@@ -312,10 +315,12 @@ class Operator:
         finally:
             METRICS.leader.set(0)
             self.health.ready = False
+            frozen.cancel()
             run.cancel()
             await controller.stop()
             await asyncio.gather(run, return_exceptions=True)
             self.controller = None
+            gc.unfreeze()  # the stepped-down controller's objects become collectable again
 
     async def _controller_when_store_answers(self, stop: asyncio.Event) -> Controller | None:
         """The controller, once its store (``--store``) answers: a leader started while the
@@ -377,6 +382,20 @@ class Operator:
         if self.kube is not None:
             await self.kube.close()
         await asyncio.gather(tracker, return_exceptions=True)
+
+
+async def _freeze_when_ready(controller: Controller) -> None:
+    """Once the controller has listed and recovered the cluster, what it holds (informer
+    caches, graph, groups) lives about as long as the process: it is moved out of the
+    garbage collector's view, so that full collections walk only what came after (a full
+    walk of a 5,000-node cluster's objects is a pause of seconds). Objects frozen are still
+    freed when their last reference goes."""
+    from fluxnetes.metrics import METRICS
+
+    await controller.ready.wait()
+    gc.freeze()
+    log.info("start-up: %d objects out of the collector's view; %.2f s spent collecting so far",
+             gc.get_freeze_count(), METRICS.gc_total())
 
 
 async def _first(*aws: Any) -> None:
