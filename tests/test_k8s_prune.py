@@ -32,6 +32,12 @@ class RecordingKube:
         self.fluxjob_writes = 0
         self.placed: list[str] = []
         self.resumed: list[str] = []
+        self.deleted: list[tuple[str, Any]] = []  # (path, body) of each DELETE
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        assert method == "DELETE", f"unexpected {method} {path}"
+        self.deleted.append((path, body))
+        return {}
 
     async def create(self, res: Any, body: Any, namespace: str | None = None, **_: Any) -> dict[str, Any]:
         out = copy.deepcopy(dict(body))
@@ -220,16 +226,23 @@ def test_unfinished_owner_keeps_its_group() -> None:
     asyncio.run(main())
 
 
-def test_a_deleted_workloads_fluxjob_is_left_to_the_garbage_collector() -> None:
-    """Its FluxJob is owned by the workload and goes with it: no last status is written to it
-    (after a mass delete those writes held up the live groups' statuses for minutes)."""
+def test_a_deleted_workloads_fluxjob_is_deleted_with_it() -> None:
+    """Its FluxJob is owned by the workload and goes with it: the operator deletes it (its own,
+    by uid) instead of writing a last status or waiting for the garbage collector (after a mass
+    delete, minutes of FluxJobs shown Running for workloads long gone)."""
     async def main() -> None:
         c, kube = make_controller()
         j, g = await started_job(c, "j", 2)
         assert g.phase == Phase.RUNNING and kube.fluxjob_status[("ns", "job-j")]["phase"] == "Running"
-        writes = kube.fluxjob_writes
+        writes, uid = kube.fluxjob_writes, g.fj_uid
+        assert uid
         c.handle(("Job", "DELETED", j))
         await settle(c)
         assert g.phase == Phase.CANCELLED and kube.fluxjob_writes == writes
+        assert kube.deleted == [("/apis/fluxnetes.io/v1alpha1/namespaces/ns/fluxjobs/job-j",
+                                 {"preconditions": {"uid": uid}})]
+        assert not g.fj_exists
+        await settle(c)
+        assert len(kube.deleted) == 1  # once
 
     asyncio.run(main())

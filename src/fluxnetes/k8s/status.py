@@ -30,6 +30,8 @@ log = logging.getLogger("fluxnetes.k8s.controller")
 
 # Normal Events per second, burst (Warnings are never dropped); --event-rate overrides the rate
 EVENT_RATE, EVENT_BURST = 20.0, 200.0
+# FluxJob writes per flush: a few round trips of the background connections (kube.py)
+FLUSH_BATCH = 64
 
 
 class Status(Context):
@@ -188,8 +190,12 @@ class Status(Context):
         owner = g.spec.owner
         if g.phase.final and g.kind is not None and owner is not None and owner.uid \
                 and self.owner_obj(owner, ns) is None:
-            # its workload was deleted: the garbage collector deletes its FluxJob too (owner
-            # reference), so a last status is a write for nothing (thousands after a mass delete)
+            # its workload was deleted: its FluxJob goes too. Deleted here rather than left to
+            # the garbage collector (owner reference), which after a mass delete takes minutes
+            # while `kubectl get fluxjobs` shows the group Running; the collector then finds
+            # it gone, so this is its write, not one more (a last status would be one more)
+            if g.fj_exists and g.fj_uid:
+                await self.delete_fluxjob(g)
             g.fj_exists = False
             return
         st = self.fluxjob_status(g)
@@ -244,6 +250,20 @@ class Status(Context):
             log.info("FluxJob %s/%s: not written (%s); trying again", ns, name, short(exc))
             g.fj_dirty = True
 
+    async def delete_fluxjob(self, g: Group) -> None:
+        """Delete the group's own FluxJob (uid precondition: never a newer group's of that name)."""
+        try:
+            await self.kube.request("DELETE", FLUXJOBS.path(g.spec.namespace, g.spec.name),
+                                    {"preconditions": {"uid": g.fj_uid}}, background=True)
+        except ApiError as exc:
+            if exc.status not in (404, 409):  # gone already, or another group's now
+                log.info("FluxJob %s/%s: not deleted (%s)", g.spec.namespace, g.spec.name, exc)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            log.info("FluxJob %s/%s: not deleted (%s); the garbage collector will", g.spec.namespace,
+                     g.spec.name, short(exc))
+
     async def take_over_fluxjob(self, g: Group, body: Mapping[str, Any]) -> bool | None:
         """Creating the group's FluxJob found one of that name. Its own (same workload uid, or
         the same group made again after a restart): take it (False: its status is still to
@@ -296,15 +316,20 @@ class Status(Context):
         return wait
 
     async def flush_fluxjobs(self, now: float | None = None) -> None:
+        """Write the most urgent due FluxJobs, at most ``FLUSH_BATCH`` (the rest stay due: the
+        loop flushes again once this one is done). The writes share a few connections: phase
+        changes of live groups first, then other changes of live groups, then the ended; a
+        bounded flush keeps a change made meanwhile from waiting behind thousands of writes
+        (a mass delete: FluxJobs lagged minutes behind the queue after a restart)."""
         cutoff = (time.monotonic() if now is None else now) - self.config.status_interval
-        dirty = [g for g in self.groups.values() if g.fj_dirty and (g.fj_since or 0.0) <= cutoff]
-        for g in dirty:
+        due = [g for g in self.groups.values() if g.fj_dirty and (g.fj_since or 0.0) <= cutoff]
+        if len(due) > FLUSH_BATCH:
+            due.sort(key=lambda g: (g.phase.final, g.fj_status.get("phase") == str(g.phase)))
+            due = due[:FLUSH_BATCH]
+        for g in due:
             g.fj_dirty, g.fj_since = False, None
-        # (the writes share a few connections: phase changes of live groups first, then other
-        # changes of live groups, then the ended)
-        dirty.sort(key=lambda g: (g.phase.final, g.fj_status.get("phase") == str(g.phase)))
-        if dirty:
-            await asyncio.gather(*(self.write_fluxjob(g) for g in dirty))
+        if due:
+            await asyncio.gather(*(self.write_fluxjob(g) for g in due))
 
     def update_queue_gauge(self) -> None:
         counts: dict[str, int] = dict(self.pruned)  # groups over and forgotten still count
