@@ -91,6 +91,11 @@ class Operator:
         me = await whoami(kube)
         self.operators = {me} if me else set()
         log.info("operator identity: %s", me or "(unknown)")
+        if cfg.leader_elect and self._standby is None:
+            # the cluster is listed while the webhook starts (its own process) and the lease
+            # is sought: a restarted leader takes its lease back at once, then waits only for
+            # what is left of the list
+            self._standby = asyncio.ensure_future(self._stand_by())
         if cfg.webhook:
             owner = await find_owner(kube, cfg.owner_cluster_role)
             hosts = ["127.0.0.1", "localhost"]
@@ -163,10 +168,13 @@ class Operator:
             log.info("metrics on http://%s:%d/metrics (/healthz, /readyz)", self.config.metrics_host,
                      self.metrics_server.port)
         tracker = asyncio.ensure_future(self._track_readiness())
+        if self.config.store:
+            threading.Thread(target=_import_store, name="fluxnetes-import-store", daemon=True).start()
         try:
             await self._setup_when_reachable(stop)
         except BaseException:
             tracker.cancel()
+            await self._drop_standby()
             if self.metrics_server is not None:
                 self.metrics_server.close()
             if self.kube is not None:
@@ -189,7 +197,8 @@ class Operator:
             while not stop.is_set():
                 # while another replica leads, this one lists and watches the cluster (its
                 # informers muted): taking over then starts from a listed cluster
-                self._standby = asyncio.ensure_future(self._stand_by())
+                if self._standby is None:  # (the first one started during setup)
+                    self._standby = asyncio.ensure_future(self._stand_by())
                 await _first(stop.wait(), elector.leading.wait(), elector.lost.wait())
                 if elector.error is not None:
                     raise elector.error
@@ -269,6 +278,7 @@ class Operator:
                 log.warning("start-up: the API server is not reachable (%s); trying again in %.0f s",
                             short(exc), backoff)
             # what the failed attempt had opened is made again by the next one
+            await self._drop_standby()
             if self.webhook is not None:
                 await self.webhook.stop()
                 self.webhook = None
@@ -382,6 +392,20 @@ class Operator:
         if self.kube is not None:
             await self.kube.close()
         await asyncio.gather(tracker, return_exceptions=True)
+
+
+def _import_store() -> None:
+    """Import the store's modules (SQLAlchemy, Alembic, psycopg: over a second of a loaded
+    core) while the start-up waits for the API server and the webhook process, instead of
+    once the lease is won, where each second delays the first bind after a restart. A
+    failure here is left to the import that needs the module (it then says why)."""
+    with contextlib.suppress(Exception):
+        import alembic.command
+        import alembic.runtime.migration
+        import alembic.script  # noqa: F401
+        import psycopg  # noqa: F401
+
+        import fluxnetes.k8s.journal  # noqa: F401
 
 
 async def _freeze_when_ready(controller: Controller) -> None:
