@@ -475,6 +475,7 @@ def run_round(args: argparse.Namespace, r: int, cluster: Cluster, view: View, op
     deleter.join(timeout=60)
     out["drain_s"] = None if drained is None else round(drained - t0, 2)
     out["fluxjobs_first_match_store_s"] = match_s
+    out["fluxjobs_lag"] = fluxjob_lag(samples, deleted)
     final_store, final_fj = view.store_counts(), view.fluxjob_counts()
     out["fluxjobs_match_store_at_end"] = counts_match(final_store, final_fj, namespaces)
     out["at_end"] = {"store": final_store, "fluxjobs": final_fj}
@@ -493,6 +494,27 @@ def run_round(args: argparse.Namespace, r: int, cluster: Cluster, view: View, op
         f"leads {out['lead_s']} s, drain {out['drain_s']} s, FluxJobs = store after {match_s} s, "
         f"overbooked {len(violations)} ({out['invariant']['overbooked_live_count']} without terminating pods)")
     return out
+
+
+def fluxjob_lag(samples: list[dict[str, Any]], deleted: Mapping[str, Any]) -> dict[str, Any]:
+    """How far `kubectl get fluxjobs` was behind the store during the drain: per sample, the
+    groups a user sees in another state than the store's (Running vs waiting; FluxJobs of
+    deleted Jobs not yet gone count as seen Running), for the queued namespace (whose groups
+    start) and the running one (whose Jobs are deleted); and how long after the last deletion
+    the two agreed (the deletions themselves take minutes: the first full match cannot come
+    earlier)."""
+    def off(a: Mapping[str, int] | None, b: Mapping[str, int] | None) -> int:
+        a, b = a or {}, b or {}
+        return max(abs(int(a.get(k, 0)) - int(b.get(k, 0))) for k in ("Running", "waiting"))
+
+    q = [off(x["store_q"], x["fluxjobs_q"]) for x in samples]
+    run = [off(x["store_run"], x["fluxjobs_run"]) for x in samples]
+    done = deleted.get("at_s", 0.0) + deleted.get("took_s", 0.0) if "took_s" in deleted else None
+    after = next((x["t"] - done for x, a, b in zip(samples, q, run, strict=True)
+                  if done is not None and x["t"] >= done and a == 0 and b == 0), None)
+    return {"queued_ns_groups_off": {"max": max(q, default=0), "median": sorted(q)[len(q) // 2] if q else 0},
+            "running_ns_groups_off": {"max": max(run, default=0), "median": sorted(run)[len(run) // 2] if run else 0},
+            "match_after_last_deletion_s": None if after is None else round(after, 1)}
 
 
 def clean_round(cluster: Cluster, view: View, r: int) -> None:

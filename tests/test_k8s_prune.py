@@ -33,8 +33,12 @@ class RecordingKube:
         self.placed: list[str] = []
         self.resumed: list[str] = []
         self.deleted: list[tuple[str, Any]] = []  # (path, body) of each DELETE
+        self.events: list[tuple[str, str]] = []  # (involved object's kind, reason) of each Event
 
     async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        if method == "POST" and path.endswith("/binding"):  # a pod held by the scheduler name
+            self.placed.append(path.split("/")[-2])
+            return {}
         assert method == "DELETE", f"unexpected {method} {path}"
         self.deleted.append((path, body))
         return {}
@@ -42,6 +46,8 @@ class RecordingKube:
     async def create(self, res: Any, body: Any, namespace: str | None = None, **_: Any) -> dict[str, Any]:
         out = copy.deepcopy(dict(body))
         out.setdefault("metadata", {})["uid"] = f"created-{next(_uids)}"
+        if res.plural == "events":
+            self.events.append((body["involvedObject"]["kind"], body["reason"]))
         if res.plural == "fluxjobs":
             self.fluxjob_writes += 1
             if "status" in body:
@@ -244,5 +250,27 @@ def test_a_deleted_workloads_fluxjob_is_deleted_with_it() -> None:
         assert not g.fj_exists
         await settle(c)
         assert len(kube.deleted) == 1  # once
+
+    asyncio.run(main())
+
+
+def test_a_single_pod_group_costs_one_event_a_gang_one_per_step() -> None:
+    """kube-scheduler posts one Event per pod (Scheduled). A group of one pod costs the same:
+    no group Events (Queued, Allocated) beside its pod's; a gang gets them once per group."""
+    async def main() -> None:
+        c, kube = make_controller()
+        lone = pod("lone", labels={names.LABEL_GROUP: "lone", names.LABEL_GROUP_SIZE: "1"})
+        lone["spec"]["schedulerName"] = "fluxnetes"
+        lone["spec"].pop("schedulingGates", None)
+        c.handle(("Pod", "ADDED", lone))
+        await settle(c)
+        assert str(c.groups[("ns", "lone")].phase) == "Running"
+        assert kube.events == [("Pod", "Scheduled")]
+        kube.events.clear()
+        gang = [pod(f"gang-{i}", labels={names.LABEL_GROUP: "gang", names.LABEL_GROUP_SIZE: "3"}) for i in range(3)]
+        for p in gang:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        assert sorted(kube.events) == [("FluxJob", "Allocated"), ("FluxJob", "Queued")]
 
     asyncio.run(main())

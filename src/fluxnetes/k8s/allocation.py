@@ -79,7 +79,8 @@ class Allocation(Context):
         nodes = ",".join(sorted(set(g.slots)))
         self.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
         g.note = ""
-        self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
+        if g.spec.size > 1:  # (a group of one pod: its pod's Scheduled Event says it; see enqueue)
+            self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
         if self.debug_point("allocated", g):
             self.debug_exit("allocated")  # the store has the allocation; nothing else does
         if self.debug_point("placed", g):

@@ -199,9 +199,12 @@ class GroupBook(Context):
                 return  # allocated before the restart (the store knew): running again
         g.submit = g.submit or self.now()
         self.set_phase(g, Phase.PENDING, "queued")
-        # one Event for the group (on its FluxJob), not one per pod as well: the
-        # API server's writes per pod (issue 17); the pods' own Events come with placement
-        self.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued", pods=False)
+        # one Event for the group (on its FluxJob), not one per pod as well: the API server's
+        # writes per pod (issue 17); the pods' own Events come with placement. None for a
+        # group of one pod: its FluxJob's conditions say it, and its pod's Scheduled Event
+        # is then all the Events it costs, as on kube-scheduler's path
+        if g.spec.size > 1:
+            self.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued", pods=False)
         self.dirty = True
 
     def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec:
