@@ -33,7 +33,7 @@ class RecordingKube:
         self.placed: list[str] = []
         self.resumed: list[str] = []
         self.deleted: list[tuple[str, Any]] = []  # (path, body) of each DELETE
-        self.events: list[tuple[str, str]] = []  # (involved object's kind, reason) of each Event
+        self.event_reasons: list[tuple[str, str]] = []  # (involved object's kind, reason) of each Event
 
     async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
         if method == "POST" and path.endswith("/binding"):  # a pod held by the scheduler name
@@ -47,7 +47,7 @@ class RecordingKube:
         out = copy.deepcopy(dict(body))
         out.setdefault("metadata", {})["uid"] = f"created-{next(_uids)}"
         if res.plural == "events":
-            self.events.append((body["involvedObject"]["kind"], body["reason"]))
+            self.event_reasons.append((body["involvedObject"]["kind"], body["reason"]))
         if res.plural == "fluxjobs":
             self.fluxjob_writes += 1
             if "status" in body:
@@ -265,12 +265,12 @@ def test_a_single_pod_group_costs_one_event_a_gang_one_per_step() -> None:
         c.handle(("Pod", "ADDED", lone))
         await settle(c)
         assert str(c.groups[("ns", "lone")].phase) == "Running"
-        assert kube.events == [("Pod", "Scheduled")]
-        kube.events.clear()
+        assert kube.event_reasons == [("Pod", "Scheduled")]
+        kube.event_reasons.clear()
         gang = [pod(f"gang-{i}", labels={names.LABEL_GROUP: "gang", names.LABEL_GROUP_SIZE: "3"}) for i in range(3)]
         for p in gang:
             c.handle(("Pod", "ADDED", p))
         await settle(c)
-        assert sorted(kube.events) == [("FluxJob", "Allocated"), ("FluxJob", "Queued")]
+        assert sorted(kube.event_reasons) == [("FluxJob", "Allocated"), ("FluxJob", "Queued")]
 
     asyncio.run(main())
