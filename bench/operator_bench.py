@@ -485,6 +485,7 @@ def main() -> None:
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
                     "(needs FLUXNETES_DEV_PROFILING=1; read with `go tool pprof -top FILE`)")
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy the operators' logs here at the end")
     ap.add_argument("--pprof-seconds", type=int, default=10)
     ap.add_argument("--profile-operator", metavar="DIR", help="record each operator process with "
                     "py-spy (pip install py-spy; not a dependency) (GIL-holding samples: CPU) as collapsed stacks in "
@@ -532,6 +533,10 @@ def main() -> None:
             cluster.down()
             for spy in args.spies:  # each writes its file when its operator has exited
                 spy.wait(timeout=60)
+            if args.keep_logs:
+                Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("operator-*.log"):
+                    shutil.copy(log, Path(args.keep_logs) / log.name)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

@@ -69,8 +69,10 @@ WAITING = ("Pending", "Reserved")
 T0 = time.monotonic()
 # the operator's start-up, step by step, as its log lines show it
 MARKS = {
-    "setup_begins": "operator identity:",  # imports done, API server reached, CRDs ensured
+    "imported": "operator starting:",  # the interpreter started, the operator's modules imported
+    "setup_begins": "operator identity:",  # API server reached, CRDs ensured
     "webhook_serving": "webhook serving on",
+    "listed": "standby: the cluster is listed",  # (when the listing ends before leading)
     "leads": " leads (lease",
     "store_read": "live jobs read back",
     "ready": "operator ready",

@@ -217,6 +217,8 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
     # ---------------------------------------------------------------- main loop
     def handle(self, ev: Event) -> None:
         kind = ev[0]
+        replayed = self.replay_left > 0  # (the initial lists: history, not changes seen live)
+        self.replay_left -= replayed
         try:
             self._handle(ev)
         except Exception:
@@ -225,7 +227,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             m = _meta(ev[2])
             log.exception("handling %s %s %s/%s failed", ev[1], kind, m.get("namespace", ""), m.get("name", ""))
             return
-        if kind in ("Pod", "Node") and self.reconciled:
+        if kind in ("Pod", "Node") and self.reconciled and not replayed:
             at = _event_time(ev[2], ev[1])
             now = self.clock()
             if at is not None and now - at < 300:  # changes seen live, not replayed history
@@ -338,14 +340,32 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         every = os.environ.get(CHECK_EVERY, "")
         if every:  # tests and soaks: the accounting check, logged periodically
             self.spawn(self._check_every(float(every)))
+        self.replay_first = self.order_replay()
         self.ready.set()
         log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
+
+    def order_replay(self) -> int:
+        """The initial lists wait in the queue, to be handled as ADDED events; placing waits
+        until they are (``reconciled``: every placed pod has claimed its slot again). Nodes and
+        FluxJobs go last: ``start`` read them from the caches already (the graph, the node view,
+        recovered groups and spent names), so handling them again changes nothing and need not
+        hold up the first bind (a third of the events at 1,000 nodes). Returns how many events
+        come before them."""
+        first: list[Event] = []
+        last: list[Event] = []
+        while not self.queue.empty():
+            ev = self.queue.get_nowait()
+            (last if ev[0] in ("Node", "FluxJob") else first).append(ev)
+        for ev in first + last:
+            self.queue.put_nowait(ev)
+        return len(first)
 
     async def run(self) -> None:
         # the start rebuilds the groups and the graph from the caches at once (see watch)
         with gc_paused():
             await self.start()
-        replay = self.queue.qsize()  # the initial lists, queued before ready
+        # the initial lists, queued before ready: placing waits for the first part (order_replay)
+        replay, self.replay_left = self.replay_first, self.queue.qsize()
         last_cycle = last_chores = 0.0
         coalesce = self.config.coalesce_seconds
         status_wait: float | None = None  # until the next FluxJob write is due
@@ -368,7 +388,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                     ev = await self.queue.get()
                 self.handle(ev)
                 replay -= 1
-                while not self.queue.empty() and len(self._tasks) < 4096:
+                while not self.queue.empty() and len(self._tasks) < 4096 and (self.reconciled or replay > 0):
                     self.handle(self.queue.get_nowait())
                     replay -= 1
             except TimeoutError:

@@ -84,11 +84,12 @@ class Operator:
     async def setup(self) -> None:
         cfg = self.config
         self.kube = kube = await Kube.from_config(cfg.kubeconfig, cfg.context, cfg.api_concurrency)
-        await ensure_namespace(kube, cfg.namespace)
-        await ensure_crd(kube)
+        # independent round trips, sent together: under load each one waits its turn at the
+        # API server, and this is the start of every restart's path to the first bind
+        checks = [ensure_namespace(kube, cfg.namespace), ensure_crd(kube)]
         if cfg.fairshare != "off":
-            await ensure_accounts_crd(kube, cfg)
-        me = await whoami(kube)
+            checks.append(ensure_accounts_crd(kube, cfg))
+        me, *_ = await asyncio.gather(whoami(kube), *checks)
         self.operators = {me} if me else set()
         log.info("operator identity: %s", me or "(unknown)")
         if cfg.leader_elect and self._standby is None:
@@ -161,6 +162,8 @@ class Operator:
         from fluxnetes.metrics import METRICS, serve
 
         stop = stop or asyncio.Event()
+        # the first line: what came before it is the interpreter's start and the imports
+        log.info("operator starting: pid %d", os.getpid())
         METRICS.leader.set(0)
         METRICS.track_gc()
         if self.config.metrics_port:
