@@ -408,3 +408,19 @@ def test_a_stale_running_fluxjob_never_takes_the_room_of_live_pods() -> None:
 
     asyncio.run(main(live_first=True))
     asyncio.run(main(live_first=False))
+
+
+def test_the_replay_puts_nodes_and_fluxjobs_last() -> None:
+    """Placing waits until the replayed initial lists were handled; nodes and FluxJobs, which
+    ``start`` read from the caches already, go last and do not hold up the first bind."""
+    c = controller(Kube())
+    j = job("j", 1)
+    events = [("Node", "ADDED", node("n9")), ("FluxJob", "ADDED", {"metadata": {"name": "f"}}),
+              ("Pod", "ADDED", pod("p0")), ("Job", "ADDED", j), ("Node", "ADDED", node("n8")),
+              ("Pod", "ADDED", pod("p1")), ("Namespace", "ADDED", {"metadata": {"name": "ns"}})]
+    for ev in events:
+        c.queue.put_nowait(ev)  # type: ignore[arg-type]
+    assert c.order_replay() == 4
+    out = [c.queue.get_nowait() for _ in range(len(events))]
+    assert [e[0] for e in out] == ["Pod", "Job", "Pod", "Namespace", "Node", "FluxJob", "Node"]
+    assert out[4][2]["metadata"]["name"] == "n9" and out[6][2]["metadata"]["name"] == "n8"
