@@ -39,7 +39,7 @@ from importlib.resources import files
 from typing import Any
 
 from fluxnetes.agent.discovery import NodeHardware, format_cpulist
-from fluxnetes.k8s.kube import CRDS, NODES, ApiError, Kube, Resource
+from fluxnetes.k8s.kube import CRDS, NODES, ApiError, Kube, Resource, crd_established
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +160,7 @@ async def ensure_crd(kube: Kube, timeout: float = 30) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        crd = await kube.get_or_none(CRDS, CRD_NAME)
-        conds = ((crd or {}).get("status") or {}).get("conditions") or []
-        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
+        if crd_established(await kube.get_or_none(CRDS, CRD_NAME)):
             _crd_ready = True
             return created
         if loop.time() > deadline:

@@ -50,7 +50,7 @@ class Context:
         self._wake = asyncio.Event()
         self.store_ok = True  # False while a configured store cannot be reached (/readyz)
         self.reconciled = False
-        self.replay_first = self.replay_left = 0  # initial-list events to handle (Controller.run)
+        self.replay_left = 0  # initial-list events still to handle (Controller.run)
         self.journal: Any = None
         if config.store:
             from fluxnetes.k8s.journal import Journal

@@ -340,7 +340,6 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         every = os.environ.get(CHECK_EVERY, "")
         if every:  # tests and soaks: the accounting check, logged periodically
             self.spawn(self._check_every(float(every)))
-        self.replay_first = self.order_replay()
         self.ready.set()
         log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
 
@@ -364,8 +363,11 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         # the start rebuilds the groups and the graph from the caches at once (see watch)
         with gc_paused():
             await self.start()
-        # the initial lists, queued before ready: placing waits for the first part (order_replay)
-        replay, self.replay_left = self.replay_first, self.queue.qsize()
+        # the initial lists, queued before ready (handle counts them down): placing waits for
+        # all but the `later` part (order_replay)
+        first = self.order_replay()
+        self.replay_left = self.queue.qsize()
+        later = self.replay_left - first
         last_cycle = last_chores = 0.0
         coalesce = self.config.coalesce_seconds
         status_wait: float | None = None  # until the next FluxJob write is due
@@ -387,16 +389,15 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                 async with asyncio.timeout(timeout):  # (no task per wake-up, unlike wait_for)
                     ev = await self.queue.get()
                 self.handle(ev)
-                replay -= 1
-                while not self.queue.empty() and len(self._tasks) < 4096 and (self.reconciled or replay > 0):
+                while not self.queue.empty() and len(self._tasks) < 4096 and (
+                        self.reconciled or self.replay_left > later):
                     self.handle(self.queue.get_nowait())
-                    replay -= 1
             except TimeoutError:
                 pass
             for task in self._informer_runs:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]  # e.g. a permission was revoked
-            if replay <= 0 and not self.reconciled:
+            if self.replay_left <= later and not self.reconciled:
                 self.reconciled = True
                 self.reconcile()
                 self.reconcile_store()

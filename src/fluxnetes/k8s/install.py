@@ -8,7 +8,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from fluxnetes.k8s import certs, fluxjob, webhook_config
@@ -25,6 +24,7 @@ from fluxnetes.k8s.kube import (
     ApiError,
     Kube,
     Resource,
+    crd_established,
     short,
     transient,
 )
@@ -67,11 +67,6 @@ async def ensure_namespace(kube: Kube, name: str) -> None:
             await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
 
-def _established(crd: Mapping[str, Any]) -> bool:
-    conds = (crd.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
-
-
 async def ensure_crd(kube: Kube) -> None:
     crd = fluxjob.crd_manifest()
     name = crd["metadata"]["name"]
@@ -82,10 +77,10 @@ async def ensure_crd(kube: Kube) -> None:
         crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         with contextlib.suppress(ApiError):
             await kube.replace(CRDS, name, crd)
-    elif _established(current):
+    elif crd_established(current):
         return  # (every restart: one round trip, not two)
     for _ in range(100):
-        if _established(await kube.get(CRDS, name)):
+        if crd_established(await kube.get(CRDS, name)):
             return
         await asyncio.sleep(0.1)
     raise RuntimeError(f"CRD {name} did not become Established")
@@ -104,7 +99,7 @@ async def ensure_accounts_crd(kube: Kube, cfg: OperatorConfig) -> None:
             with contextlib.suppress(ApiError):
                 await kube.create(CRDS, crd)  # 409: another replica made it
             for _ in range(100):
-                if _established(await kube.get_or_none(CRDS, name) or {}):
+                if crd_established(await kube.get_or_none(CRDS, name)):
                     return
                 await asyncio.sleep(0.1)
             log.warning("fair share off: the FluxAccount CRD %s did not become Established", name)

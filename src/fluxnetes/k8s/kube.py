@@ -144,6 +144,12 @@ POLICIES = Resource("admissionregistration.k8s.io/v1", "validatingadmissionpolic
 POLICY_BINDINGS = Resource("admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", namespaced=False)
 
 
+def crd_established(crd: Mapping[str, Any] | None) -> bool:
+    """Does this CustomResourceDefinition say it is Established (its resources are served)?"""
+    conds = ((crd or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+
 class Kube:
     """Minimal async client; ``qps`` bounds concurrent requests (not a rate)."""
 
