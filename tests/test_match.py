@@ -92,6 +92,27 @@ def test_orelse_reserve_earliest_time_and_horizon_jobs() -> None:
     m.check_invariants()
 
 
+def test_reservation_count_and_earliest_end_follow_the_records() -> None:
+    m = demo("low")
+    assert m.reservation_count() == 0 and m.earliest_end() is None
+    forever = m.allocate(js([slot(1, core=1)], duration=0))
+    assert m.reservation_count() == 0 and m.earliest_end() == forever.at + forever.duration
+    node = js([{"type": "node", "count": 8, "exclusive": True, "with": [slot(1, core=1)]}], duration=100)
+    later = m.allocate_orelse_reserve(node)  # one core is taken until released: never free
+    assert later.status is MatchStatus.BUSY and m.reservation_count() == 0
+    m.cancel(forever.jobid)
+    assert m.earliest_end() is None
+    first = m.allocate_orelse_reserve(node)
+    second = m.allocate_orelse_reserve(node)
+    assert first.status is MatchStatus.ALLOCATED and second.status is MatchStatus.RESERVED
+    assert m.reservation_count() == 1 and m.earliest_end() == 100
+    m.check_invariants()
+    m.cancel(second.jobid)
+    m.cancel(first.jobid)
+    assert m.reservation_count() == 0 and m.earliest_end() is None
+    m.check_invariants()
+
+
 def test_cancel_restores_exactly() -> None:
     for policy in ("first", "low", "hinodex"):
         m = demo(policy)

@@ -15,6 +15,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, request_of
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.kube import PODS, ApiError, short, transient
 from fluxnetes.k8s.objects import _ended, _meta
 from fluxnetes.k8s.placement import assigned_node
@@ -32,7 +33,7 @@ class Accounting(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         foreign_dirty: set[str]
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         matcher: Any
         nodes: dict[str, dict[str, Any]]
 

@@ -207,6 +207,7 @@ class Allocation(Context):
         left_on_node = [i for i, n in enumerate(g.slots) if n == node and i not in g.released]
         held = g.held.get(node)
         g.released.add(slot)
+        g.holdings_changed()
         if held is None:
             return
         part = held if len(left_on_node) <= 1 else (
@@ -237,7 +238,7 @@ class Allocation(Context):
         self.scheduler.running.pop(g.qid, None)
         self.scheduler.freed(set(g.slots) or None)  # wakes the jobs that could use these nodes
         g.held.clear()
-        g.released = set(range(len(g.slots)))
+        g.released = set(range(len(g.slots)))  # (told to the table: fair share sees the end)
         self.dirty = True
 
     def release_idle_slots(self, g: Group) -> None:

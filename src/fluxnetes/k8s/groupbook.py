@@ -34,6 +34,7 @@ from fluxnetes.k8s.groups import (
     object_name,
     request_of,
 )
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.objects import _ended, _gated, _meta, _terminal
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
@@ -41,6 +42,8 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 QUEUED = (Phase.PENDING, Phase.RESERVED)
+# the Group fields its table indexes (grouptable.py)
+_INDEXED = frozenset({"phase", "fj_dirty", "held", "released"})
 
 
 @dataclass
@@ -80,6 +83,20 @@ class Group:
     # and, once started, the pod set of each slot (k8s/podset_groups.py)
     sets: list[Any] = field(default_factory=list)
     slot_set: list[str] = field(default_factory=list)
+    # the GroupTable holding it (k8s/grouptable.py): told when an indexed field is set
+    table: Any = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _INDEXED:
+            table = self.__dict__.get("table")
+            if table is not None:
+                table.field_set(self, name, self.__dict__.get(name), value)
+        object.__setattr__(self, name, value)
+
+    def holdings_changed(self) -> None:
+        """Its ``held`` or ``released`` changed in place (fair share charges it again)."""
+        if self.table is not None:
+            self.table.touched.add(self.key)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -137,7 +154,7 @@ class GroupBook(Context):
     def init_groupbook(self) -> None:
         self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.priority_classes: dict[str, int] = {}
-        self.groups: dict[tuple[str, str], Group] = {}
+        self.groups = GroupTable()
         self.member_of: dict[str, tuple[str, str]] = {}
         self.parked: dict[str, dict[str, Any]] = {}  # pods waiting for their owner to be seen
         # groups that reached a final phase (candidates for pruning) and counts of pruned ones

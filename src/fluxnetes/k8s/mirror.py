@@ -20,6 +20,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, controller_of, request_of
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.objects import _ended, _gated, _meta, _node_down
 from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.resources import PodResources
@@ -63,7 +64,7 @@ class ClusterMirror(Context):
     """Nodes and foreign pods -> graph; node loss."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         member_of: dict[str, tuple[str, str]]
 
         def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
@@ -278,6 +279,7 @@ class ClusterMirror(Context):
         """The group's share on lost node ``name`` is gone with the node (and its slots)."""
         g.held.pop(name, None)
         g.released.update(i for i, n in enumerate(g.slots) if n == name)
+        g.holdings_changed()
         if not g.held:
             self.release_all(g)
         elif g.jobid is None and all(n in self.nodes for n in g.held):

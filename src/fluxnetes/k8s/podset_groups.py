@@ -44,6 +44,7 @@ from fluxnetes.k8s.groups import (
     object_name,
     request_of,
 )
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.informer import Informer
 from fluxnetes.k8s.kube import ApiError, Kube, Resource
 from fluxnetes.k8s.objects import _meta
@@ -146,7 +147,7 @@ class PodSetGroups(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         owners: dict[tuple[str, str, str], dict[str, Any]]
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         parked: dict[str, dict[str, Any]]
         informers: list[Informer]
         queue: asyncio.Queue[Any]

@@ -45,6 +45,7 @@ from fluxnetes.k8s.accounts import SYSTEM_PRIORITY
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
+from fluxnetes.k8s.grouptable import GroupTable
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.fairshare_book import FairShareBook
@@ -66,7 +67,7 @@ class Preemption(Context):
     """Plan and carry out preemptions for the head of the queue."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         matcher: Any
         scheduler: Any
         fairshare: FairShareBook

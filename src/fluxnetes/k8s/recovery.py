@@ -19,6 +19,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of, object_name
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
 from fluxnetes.k8s.placement import ANN_SLOT, assigned_node, placed_jobid
 from fluxnetes.k8s.resources import GPU, PodResources
@@ -37,7 +38,7 @@ class Recovery(Context):
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
         _counts_dirty: bool
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         matcher: Any
         member_of: dict[str, tuple[str, str]]
         node_down: dict[str, bool]

@@ -22,6 +22,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import GroupSpec, controller_of, object_name
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.objects import _dump_jobspec, _gated, _meta, _terminal
 from fluxnetes.k8s.placement import assigned_node
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
@@ -37,7 +38,7 @@ class Scaling(Context):
     """A workload's family of groups (base + "-scale-N"): rescale, resize, route new pods."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         foreign_per_owner: Counter[str]
         member_of: dict[str, tuple[str, str]]
         owners: dict[tuple[str, str, str], dict[str, Any]]

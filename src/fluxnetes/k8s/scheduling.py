@@ -19,7 +19,7 @@ cycle (k8s/preemption.py). Owned state: ``fitted``, ``judge``, ``cycles``, ``fai
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s import fluxjob, nodefit
@@ -28,6 +28,7 @@ from fluxnetes.k8s.fairshare_book import FairShareBook
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import OwnerRef
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.objects import _gated, _meta, _terminal
 from fluxnetes.k8s.satisfiable import Judge
 from fluxnetes.metrics import METRICS
@@ -54,7 +55,7 @@ class Scheduling(Context):
     """The cycle: fit, judge, queue cycle, record its outcome."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         matcher: Any
         node_view: nodefit.NodeView
         nodes: dict[str, dict[str, Any]]
@@ -153,42 +154,50 @@ class Scheduling(Context):
 
     def sync_fairshare_usage(self, now: int) -> None:
         """Charge what runs: every running group (also recovered ones) is recorded as started,
-        resized when part of it was given back, ended once it holds nothing. Runs every cycle,
-        O(groups) like the cycle itself; an end is dated at the group's end time."""
+        resized when part of it was given back, ended once it holds nothing. Only the groups
+        whose phase or holdings changed since the last call are looked at (the table's
+        ``touched``; all of them for a new ledger); an end is dated at the group's end time."""
         book = self.fairshare
         usage = book.fs.usage
+        table = self.groups
+        keys: Iterable[tuple[str, str]] = table.take_touched()
         if usage is not self._fs_usage:  # a new ledger (the account tree changed): charge anew
             self._fs_usage, self._fs_charged = usage, {}
+            keys = list(table)
         charged = self._fs_charged
-        live: set[str] = set()
-        counted = 0  # live groups the ledger counts as running
-        for g in self.groups.values():
-            if g.phase != Phase.RUNNING or not g.held:
-                continue
-            qid = g.qid
-            live.add(qid)
-            # what it holds changes only with its held shares and released slots: a group
-            # charged for the same ones is not summed again (5,000 running groups: most of a
-            # cycle's time went here)
-            mark = (id(g.held), len(g.held), len(g.released))
-            known = usage.resources_of(qid)
-            if known is not None and charged.get(qid) == mark:
-                counted += 1
-                continue
-            res = book.resources_of(g.held.values())
-            if known is None:
-                book.record_start(qid, now, res)
-            elif known != res:
-                book.record_resize(qid, res, now)
-            if usage.resources_of(qid) is not None:
-                charged[qid] = mark
-                counted += 1
-        if counted != usage.running_count():  # some counted as running no longer are
-            for qid in [q for q in usage.running() if q not in live]:
-                ended = self.groups.get(_key(qid))
-                end = ended.end if ended is not None and ended.end is not None else now
-                book.record_end(qid, min(int(end), now))
-                charged.pop(qid, None)
+        for key in keys:
+            g = table.get(key)
+            qid = f"{key[0]}/{key[1]}"
+            if g is not None and g.phase == Phase.RUNNING and g.held:
+                # what it holds changes only with its held shares and released slots: a group
+                # charged for the same ones is not summed again
+                mark = (id(g.held), len(g.held), len(g.released))
+                known = usage.resources_of(qid)
+                if known is not None and charged.get(qid) == mark:
+                    continue
+                res = book.resources_of(g.held.values())
+                if known is None:
+                    book.record_start(qid, now, res)
+                elif known != res:
+                    book.record_resize(qid, res, now)
+                if usage.resources_of(qid) is not None:
+                    charged[qid] = mark
+                else:
+                    table.touched.add(key)  # not recorded (yet): asked again next time
+            elif usage.resources_of(qid) is not None:
+                self._fs_end(qid, g, now)
+        if len(charged) != usage.running_count():  # the ledger and the charges disagree
+            running = set(usage.running())
+            for qid in [q for q in charged if q not in running]:  # ended by the ledger itself
+                del charged[qid]
+                table.touched.add(_key(qid))  # (still running: charged again next time)
+            for qid in [q for q in running if q not in charged]:  # running for the ledger alone
+                self._fs_end(qid, table.get(_key(qid)), now)
+
+    def _fs_end(self, qid: str, g: Group | None, now: int) -> None:
+        end = g.end if g is not None and g.end is not None else now
+        self.fairshare.record_end(qid, min(int(end), now))
+        self._fs_charged.pop(qid, None)
 
     def fairshare_chores(self, now: int) -> None:
         """Status, metrics, saving (background tasks; each at most one at a time)."""
@@ -259,8 +268,8 @@ class Scheduling(Context):
         if not view.synced:
             view.reset(self.nodes.values())
         changed = False
-        for g in list(self.groups.values()):
-            if g.jobspec is None or not (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
+        for g in self.groups.in_phase(Phase.PROVISIONAL, *QUEUED):
+            if g.jobspec is None:
                 continue
             done = self.fitted.get(g.key)
             current = done is not None and done[2] is g.jobspec
@@ -307,8 +316,9 @@ class Scheduling(Context):
         self.sync_fairshare_usage(now)
         only = self.preemption_step(now)  # a preemption in flight: only its preemptor may start
         pending = []
-        for g in list(self.groups.values()):
-            if g.phase not in QUEUED or g.jobspec is None:
+        by_id: dict[str, Group] = {}
+        for g in self.groups.in_phase(*QUEUED):
+            if g.jobspec is None:
                 continue
             # every queued group, not only the one the matcher is asked to reserve for:
             # the count questions (queue/satisfy.py), answered once per graph version
@@ -318,6 +328,7 @@ class Scheduling(Context):
                 continue
             pending.append(QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or now,
                                      priority=g.spec.priority))
+            by_id[g.qid] = g
         self.judge.keep_only(self.groups.keys())
         self.dirty = False
         self.fairshare_chores(now)
@@ -325,7 +336,6 @@ class Scheduling(Context):
             book.arrange([], now)  # the per-account queued/held counts go back to 0
             return
         self.cycles += 1
-        by_id = {g.qid: g for g in self.groups.values() if g.phase in QUEUED}
         with METRICS.time_cycle():
             if book.enabled:
                 order, held = book.arrange(pending, now)
@@ -393,8 +403,8 @@ class Scheduling(Context):
         if self.matcher is None or not self.judge.changed(self.matcher, self.node_view.version):
             return
         view = self.node_view
-        for g in list(self.groups.values()):
-            if g.phase != Phase.UNSATISFIABLE or g.jobspec is None or g.reason.startswith("invalid jobspec"):
+        for g in self.groups.in_phase(Phase.UNSATISFIABLE):
+            if g.jobspec is None or g.reason.startswith("invalid jobspec"):
                 continue
             if not self.still_waits(g):
                 continue

@@ -20,6 +20,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import OwnerRef
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
 from fluxnetes.logging import log_context
@@ -41,7 +42,7 @@ class Status(Context):
         def spend_name(self, g: Group) -> None: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         finished: set[tuple[str, str]]
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         pruned: dict[str, int]
 
     def init_status(self) -> None:
@@ -304,16 +305,18 @@ class Status(Context):
         ``status_interval``: in a burst a group goes Pending, Running and placed within a
         second, and one status write instead of three or four halves the API server's work
         per job (each CRD status write costs it about 2 ms of CPU)."""
-        interval = self.config.status_interval
-        wait: float | None = None
-        for g in self.groups.values():
-            if not g.fj_dirty:
-                continue
-            if g.fj_since is None:
-                g.fj_since = now
-            left = max(0.0, g.fj_since + interval - now)
-            wait = left if wait is None else min(wait, left)
-        return wait
+        dirty = self.groups.fj_dirty
+        # in the order they came to need a write: those noted already come first, the new
+        # ones at the end (the scan stops at the first one noted before)
+        for g in reversed(dirty.values()):
+            if g.fj_since is not None:
+                break
+            g.fj_since = now
+        first = next(iter(dirty.values()), None)
+        if first is None:
+            return None
+        since = now if first.fj_since is None else first.fj_since
+        return max(0.0, since + self.config.status_interval - now)
 
     async def flush_fluxjobs(self, now: float | None = None) -> None:
         """Write the most urgent due FluxJobs, at most ``FLUSH_BATCH`` (the rest stay due: the
@@ -322,7 +325,7 @@ class Status(Context):
         bounded flush keeps a change made meanwhile from waiting behind thousands of writes
         (a mass delete: FluxJobs lagged minutes behind the queue after a restart)."""
         cutoff = (time.monotonic() if now is None else now) - self.config.status_interval
-        due = [g for g in self.groups.values() if g.fj_dirty and (g.fj_since or 0.0) <= cutoff]
+        due = [g for g in self.groups.fj_dirty.values() if (g.fj_since or 0.0) <= cutoff]
         if len(due) > FLUSH_BATCH:
             due.sort(key=lambda g: (g.phase.final, g.fj_status.get("phase") == str(g.phase)))
             due = due[:FLUSH_BATCH]
@@ -333,7 +336,7 @@ class Status(Context):
 
     def update_queue_gauge(self) -> None:
         counts: dict[str, int] = dict(self.pruned)  # groups over and forgotten still count
-        for g in self.groups.values():
-            counts[str(g.phase)] = counts.get(str(g.phase), 0) + 1
+        for phase, n in self.groups.phase_counts().items():
+            counts[phase] = counts.get(phase, 0) + n
         METRICS.set_queue_lengths(counts)
         self._counts_dirty = False

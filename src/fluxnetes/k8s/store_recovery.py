@@ -16,6 +16,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of
+from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.objects import _meta
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
@@ -28,7 +29,7 @@ class StoreRecovery(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         def spend_name(self, g: Group) -> None: ...
-        groups: dict[tuple[str, str], Group]
+        groups: GroupTable
         matcher: Any
         scheduler: Any
         finished: set[tuple[str, str]]

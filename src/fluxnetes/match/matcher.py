@@ -174,6 +174,7 @@ class Matcher:
         self._sat_cache: dict[Hashable, bool] = {}
         self._pristine: dict[frozenset[str], PristineSlots] = {}
         self._late: set[int] = set()  # jobs with spans reaching the satisfiability window
+        self._reserved: set[int] = set()  # jobs recorded as reservations
         # slot hosts per set of slot element types, for the reservation search's bound
         self._resv_hosts: dict[frozenset[str], ReserveHosts] = {}
 
@@ -181,6 +182,14 @@ class Matcher:
     @property
     def jobs(self) -> Mapping[int, JobRecord]:
         return types.MappingProxyType(self._jobs)
+
+    def reservation_count(self) -> int:
+        """How many recorded jobs are reservations."""
+        return len(self._reserved)
+
+    def earliest_end(self) -> int | None:
+        """The earliest end of a recorded job's window (None: no job is recorded)."""
+        return self._ends[0] if self._ends else None
 
     @property
     def next_jobid(self) -> int:
@@ -464,7 +473,7 @@ class Matcher:
         self._jobs[jid] = rec
         self._touched([e.vs for e in entries])
         self._note_span(at, at + d)
-        self._track(jid, at, at + d)
+        self._track(jid, at, at + d, reserved)
         if self.engine.first:
             self._sat_cache.clear()  # the update pass reordered children (by_outedges)
         self.stats["succeeded"] += 1
@@ -492,8 +501,12 @@ class Matcher:
         if end < self._min_end:
             self._min_end = end
 
-    def _track(self, jid: int, at: int, end: int) -> None:
+    def _track(self, jid: int, at: int, end: int, reserved: bool) -> None:
         """Job ``jid`` holds [at, end) from now on (replacing what it held)."""
+        if reserved:
+            self._reserved.add(jid)
+        else:
+            self._reserved.discard(jid)
         old = self._spans.get(jid)
         if old == (at, end):
             return
@@ -506,6 +519,7 @@ class Matcher:
             self._late.add(jid)
 
     def _untrack(self, jid: int) -> None:
+        self._reserved.discard(jid)
         old = self._spans.pop(jid, None)
         if old is None:
             return
@@ -742,7 +756,7 @@ class Matcher:
         rec.entries = entries
         self._touched(entries_vs := [e.vs for e in entries])
         self._note_span(rec.at, rec.at + rec.duration)
-        self._track(jid, rec.at, rec.at + rec.duration)
+        self._track(jid, rec.at, rec.at + rec.duration, rec.reserved)
         verts = _postorder(self.engine, entries_vs, holdings)
         rec.vertices = verts
         rec.nodes = node_shares(verts)
@@ -1020,6 +1034,12 @@ class Matcher:
                             d = expect_f.setdefault(p, {}).setdefault(jid, {})
                             d[t] = d.get(t, 0) + cnt
                             p = p.parent
+        reserved = {jid for jid, rec in self._jobs.items() if rec.reserved}
+        if reserved != self._reserved:
+            problems.append(f"reservations indexed {sorted(self._reserved)} != recorded {sorted(reserved)}")
+        ends = sorted(rec.at + rec.duration for rec in self._jobs.values())
+        if ends != list(self._ends):
+            problems.append(f"job window ends indexed {list(self._ends)[:5]}... != recorded {ends[:5]}...")
         for u in eng.vs.values():
             v = u.v
             ps = u.ps or {}

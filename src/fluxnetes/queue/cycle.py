@@ -780,6 +780,11 @@ class Scheduler:
         (e.g. groups the operator re-recorded with ``update_allocate`` after a restart)."""
         if self._finite or self.reservations:
             return False
+        earliest = getattr(self.matcher, "earliest_end", None)
+        count = getattr(self.matcher, "reservation_count", None)
+        if callable(earliest) and callable(count):  # answered from its indexes, not a walk
+            end = earliest()
+            return bool(count() == 0 and (end is None or end >= UNTIL_RELEASED))
         jobs = getattr(self.matcher, "jobs", None)
         if jobs is None:
             return True
