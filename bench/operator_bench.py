@@ -268,7 +268,7 @@ async def apiserver_webhook_view(kube: Kube) -> dict[str, Any]:
 
 async def start_operator(
     args: argparse.Namespace, cluster: Cluster, mode: str, extra: list[str] | None = None,
-    label: str | None = None,
+    label: str | None = None, src: str | None = None,
 ) -> subprocess.Popen[bytes]:
     label = label or mode
     log = open(Path(args.workdir) / f"operator-{label}.log", "wb")  # noqa: SIM115
@@ -287,7 +287,8 @@ async def start_operator(
         mode,
         *(extra or []),
     ]
-    op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "PYTHONPATH": src} if src else None  # another checkout's code
+    op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     if args.profile_operator:  # py-spy attaches by pid: its own CPU is not counted as the operator's
         out = Path(args.profile_operator) / f"operator-{label}.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -348,27 +349,30 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     results: dict[str, Any] = {}
     per_round: dict[str, dict[str, list[dict[str, Any]]]] = {}
     workloads = [("single_pod_jobs", args.jobs, 1), ("gang_jobs_of_10", args.gang_jobs, 10)]
-    runs: list[tuple[str, str, list[str]]] = [("default_scheduler", "", [])]
-    if args.variant:  # label=operator args (e.g. before/after a change, in the same run)
-        for v in args.variant:
+    runs: list[tuple[str, str, list[str], str | None]] = [("default_scheduler", "", [], None)]
+    if args.variant or args.variant_src:  # e.g. before/after a change, in the same run
+        for v in args.variant:  # label=operator args
             label, _, extra = v.partition("=")
-            runs.append((f"fluxnetes_{label}", "suspend", extra.split()))
+            runs.append((f"fluxnetes_{label}", "suspend", extra.split(), None))
+        for v in args.variant_src:  # label=a checkout's src/
+            label, _, src = v.partition("=")
+            runs.append((f"fluxnetes_{label}", args.job_modes[0], [], str(Path(src).resolve())))
     else:
         runs += [
-            (f"fluxnetes_{mode}" if len(args.job_modes) > 1 else "fluxnetes", mode, [])
+            (f"fluxnetes_{mode}" if len(args.job_modes) > 1 else "fluxnetes", mode, [], None)
             for mode in args.job_modes
         ]
     op = None
     try:
         # rounds alternate the runs so that a change of the machine's load (shared cores)
         # hits every label alike; each label reports its median round
-        for label, mode, extra in runs * args.rounds:
+        for label, mode, extra, src in runs * args.rounds:
             if op is not None:  # each mode gets a fresh operator
                 op.send_signal(signal.SIGTERM)
                 op.wait(timeout=30)
                 op = None
             if mode:
-                op = await start_operator(args, cluster, mode, extra, label)
+                op = await start_operator(args, cluster, mode, extra, label, src)
             for name, jobs, size in workloads:
                 if jobs <= 0:
                     continue
@@ -481,6 +485,14 @@ def main() -> None:
         help="LABEL=ARGS: run the operator with these extra `fluxnetes run` arguments as "
         "fluxnetes_LABEL (repeatable; replaces --job-modes), e.g. before/after in one run",
     )
+    ap.add_argument(
+        "--variant-src",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="run the operator from the checkout whose src/ is DIR as fluxnetes_LABEL (repeatable; "
+        "with the first --job-modes value), e.g. --variant-src before=/tmp/wt/src --variant-src after=src",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
@@ -505,6 +517,7 @@ def main() -> None:
             "rounds": args.rounds,
             "job_modes": args.job_modes if not args.variant else None,
             "variants": dict(v.partition("=")[::2] for v in args.variant) or None,
+            "variant_src": dict(v.partition("=")[::2] for v in args.variant_src) or None,
         },
         "machine": {
             "cpu_count": os.cpu_count(),

@@ -268,7 +268,9 @@ class Scheduling(Context):
         if not view.synced:
             view.reset(self.nodes.values())
         changed = False
-        for g in self.groups.in_phase(Phase.PROVISIONAL, *QUEUED):
+        table = self.groups
+        waiting = (Phase.PROVISIONAL, *QUEUED)
+        for g in table.in_phase(*waiting):
             if g.jobspec is None:
                 continue
             done = self.fitted.get(g.key)
@@ -297,8 +299,11 @@ class Scheduling(Context):
                 if g.fj_exists:  # the FluxJob's spec says what the matcher is asked
                     self.spawn(self._patch_fluxjob_spec(g, {"jobspec": self.jobspec_text(g)}))
             self.fitted[g.key] = (view.version, base, js)
-        for key in [k for k in self.fitted if k not in self.groups]:
-            del self.fitted[key]
+        # forget the answers of groups gone or no longer waiting, once they outnumber the rest
+        # (a sweep per cycle over every group ever fitted cost as much as the fitting)
+        if len(self.fitted) > 2 * sum(len(table.by_phase[p]) for p in waiting) + 1024:
+            self.fitted = {k: v for k, v in self.fitted.items()
+                           if (w := table.get(k)) is not None and w.phase in waiting}
         if changed:
             self.scheduler.invalidate()
 
