@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.k8s import names
 from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import Group
@@ -23,6 +22,7 @@ from fluxnetes.k8s.groups import GroupSpec
 from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.resources import PodResources
 from test_fairshare_operator import account, namespace
+from test_k8s_node_loss import cpu_pod
 from test_k8s_prune import bound, finished, job, make_controller, node, settle
 
 
@@ -59,16 +59,6 @@ def test_the_table_indexes_follow_phases_and_writes_due() -> None:
         t.update({b.key: b})
     with pytest.raises(TypeError, match="GroupTable"):
         t.setdefault(b.key, b)
-
-
-def gang_pod(name: str, grp: str, size: int, cpu: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ns", "uid": f"pod-{name}",
-                         "labels": {names.LABEL_MANAGED: "true", names.LABEL_GROUP: grp,
-                                    names.LABEL_GROUP_SIZE: str(size)}},
-            "spec": {"schedulingGates": [{"name": names.GATE}],
-                     "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
-            "status": {"phase": "Pending"}}
 
 
 def check(c: Controller) -> None:
@@ -112,7 +102,7 @@ def test_fair_share_charges_follow_touched_groups_exactly() -> None:
             if r < 0.3:  # a gang of 1-4 pods
                 size, cpu = rnd.randint(1, 4), rnd.choice(["2", "4", "8"])
                 for i in range(size):
-                    p = gang_pod(f"s{step}-{i}", f"s{step}", size, cpu)
+                    p = cpu_pod(f"s{step}-{i}", cpu, f"s{step}", size)
                     pods[p["metadata"]["name"]] = p
                     c.handle(("Pod", "ADDED", p))
             elif r < 0.45:  # a Job

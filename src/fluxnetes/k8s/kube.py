@@ -51,6 +51,15 @@ class ApiError(Exception):
         return str(self.body.get("reason", "")) if isinstance(self.body, Mapping) else ""
 
     @property
+    def namespace_terminating(self) -> bool:
+        """Refused because the namespace is being deleted (no new object may be made there)."""
+        if self.status != 403 or not isinstance(self.body, Mapping):
+            return False
+        causes = (self.body.get("details") or {}).get("causes") or []
+        return any(isinstance(c, Mapping) and c.get("reason") == "NamespaceTerminating" for c in causes) \
+            or "because it is being terminated" in str(self.body.get("message", ""))
+
+    @property
     def forbidden(self) -> bool:
         """The identity lacks a permission (403) or is not recognised (401): retrying won't help."""
         return self.status in (401, 403)

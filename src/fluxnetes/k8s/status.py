@@ -234,6 +234,14 @@ class Status(Context):
             await self.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
             g.fj_status = st
         except ApiError as exc:
+            if exc.namespace_terminating:
+                # no write can land there, and the namespace's deletion takes the workload and
+                # its group along: retrying every second (10,000 groups of a deleted namespace:
+                # thousands of refused creates) only loads the API server. Written again if
+                # the group changes and its namespace is still there.
+                with log_context(job=g.qid, group=g.spec.name, namespace=ns):
+                    log.info("FluxJob %s/%s not written: the namespace is being deleted", ns, name)
+                return
             if exc.status in (404, 409):  # gone, or (uid precondition) another group's
                 g.fj_exists, g.fj_uid = False, ""
                 if g.phase.final and exc.status == 404:
