@@ -32,8 +32,8 @@ class Book(Status, Scaling, GroupBook):
     """Status with the group book it writes for (no matcher, no queue)."""
 
 
-def book(**config: Any) -> tuple[Book, Events]:
-    kube = Events()
+def book(kube: Events | None = None, **config: Any) -> tuple[Book, Events]:
+    kube = kube if kube is not None else Events()
     b = Book(kube, OperatorConfig(**config), clock=lambda: 1_000)  # type: ignore[arg-type]
     b.init_status()
     b.init_groupbook()
@@ -128,9 +128,8 @@ def test_a_status_write_lost_to_an_api_server_outage_is_written_again() -> None:
     """Issue #11's soak: FluxJob statuses of groups that ended while the API server restarted
     stayed Running (the write failed with a connection error, the group was no longer due)."""
     async def main() -> None:
-        b, _ = book(status_interval=0.0)
         kube = Refusing()
-        b.kube = kube  # type: ignore[assignment]
+        b, _ = book(kube, status_interval=0.0)
         g = b.groups[("ns", "g")] = group()
         b.set_phase(g, Phase.COMPLETED, "all pods finished")
         b.fluxjobs_due(100.0)
@@ -191,9 +190,8 @@ def test_a_fluxjob_refused_by_a_namespace_being_deleted_is_not_retried() -> None
     second until the Jobs were gone (operator_bench at 5,000 nodes, thousands of refused writes);
     it is tried again only when the group changes."""
     async def main() -> None:
-        b, _ = book(status_interval=0.0)
         kube = Terminating()
-        b.kube = kube  # type: ignore[assignment]
+        b, _ = book(kube, status_interval=0.0)
         g = b.groups[("ns", "g")] = group()
         b.set_phase(g, Phase.PENDING, "queued")
         for t in (100.0, 101.0, 102.0):
