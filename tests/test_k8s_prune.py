@@ -14,11 +14,14 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fluxnetes.k8s import names
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
+from fluxnetes.k8s.groupbook import PRUNE_SWEEP_SECONDS
+from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY, JobKind
 
 _uids = itertools.count(1)
 
@@ -228,6 +231,63 @@ def test_unfinished_owner_keeps_its_group() -> None:
         await settle(c)
         await settle(c)
         assert ("ns", "job-huge") not in c.groups
+
+    asyncio.run(main())
+
+
+def test_groups_kept_by_unfinished_jobs_are_looked_at_again_only_when_something_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods done, their Jobs not marked finished yet (a lagging Job controller, a mass delete):
+    the groups stay, and a cycle does not look at them again until their Job changes (a sweep
+    of them each cycle was a sixth of the operator's CPU); a Job's update lets its group go at
+    once; a change no event reports is found by the sweep every PRUNE_SWEEP_SECONDS."""
+    async def main() -> None:
+        c, _ = make_controller()
+        t = [1000.0]
+        c.clock = lambda: t[0]
+        jobs = [job(f"k{r}", 1) for r in range(12)]
+        for j in jobs:
+            c.handle(("Job", "ADDED", j))
+        await settle(c)
+        for j in jobs:
+            p = pod(f"{j['metadata']['name']}-0", owner=j)
+            c.handle(("Pod", "ADDED", p))
+            await settle(c)
+            c.handle(("Pod", "MODIFIED", finished(bound(p, "n0"))))
+        await settle(c)
+        await settle(c)
+        keys = [("ns", f"job-k{r}") for r in range(12)]
+        assert all(str(c.groups[k].phase) == "Completed" for k in keys)
+        assert set(keys) <= c.finished  # kept: their Jobs are not finished
+
+        looked: list[str] = []
+        real = JobKind.finished
+
+        def counted(self: JobKind, obj: Any) -> bool:
+            looked.append(obj["metadata"]["name"])
+            return real(self, obj)
+
+        monkeypatch.setattr(JobKind, "finished", counted)
+        for _ in range(5):
+            c.run_cycle()
+        assert looked == []  # nothing changed: nothing looked at
+        done = copy.deepcopy(jobs[3])
+        done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+        c.handle(("Job", "MODIFIED", done))
+        looked.clear()
+        c.run_cycle()
+        assert ("ns", "job-k3") not in c.groups  # its Job finished: forgotten at once
+        assert looked.count("k3") >= 1 and set(looked) <= {"k3"}
+        # a change no event reported (here: the cached Job edited in place) waits for the sweep
+        c.owners[("Job", "ns", "k5")]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+        c.run_cycle()
+        assert ("ns", "job-k5") in c.groups
+        t[0] += PRUNE_SWEEP_SECONDS
+        looked.clear()
+        c.run_cycle()
+        assert ("ns", "job-k5") not in c.groups
+        assert sorted(set(looked)) == sorted(f"k{r}" for r in range(12) if r not in (3,))
+        assert len(c.finished) == 10
 
     asyncio.run(main())
 

@@ -249,10 +249,13 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                 self.priority_classes[name] = int(obj.get("value") or 0)
                 if obj.get("globalDefault"):
                     self.priority_classes[""] = int(obj.get("value") or 0)
-        elif kind in OWNER_RESOURCES:
-            self.on_owner(kind, etype, obj)
-        elif kind in self.addon_on:
-            self.on_workload(kind, etype, obj)
+        elif kind in OWNER_RESOURCES or kind in self.addon_on:
+            if kind in OWNER_RESOURCES:
+                self.on_owner(kind, etype, obj)
+            else:
+                self.on_workload(kind, etype, obj)
+            m = _meta(obj)
+            self.owner_changed(kind, m.get("namespace") or "default", m.get("name", ""))
         elif kind in ("FluxAccount", "Namespace"):
             self.on_account_object(kind, etype, obj)
         elif kind == "FluxJob" and etype != "DELETED":

@@ -30,7 +30,10 @@ class Phase(enum.StrEnum):
 
     @property
     def final(self) -> bool:
-        return self in (Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED, Phase.UNSATISFIABLE)
+        return self in _FINAL  # (a set: asked for every group in the hot paths)
+
+
+_FINAL = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED, Phase.UNSATISFIABLE})
 
 
 def crd_manifest() -> dict[str, Any]:

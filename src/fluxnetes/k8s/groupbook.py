@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,8 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 QUEUED = (Phase.PENDING, Phase.RESERVED)
+# every group over but kept is looked at again at least this often (see prune_finished)
+PRUNE_SWEEP_SECONDS = 10
 # the Group fields its table indexes (grouptable.py)
 _INDEXED = frozenset({"phase", "fj_dirty", "held", "released"})
 
@@ -160,6 +162,12 @@ class GroupBook(Context):
         # groups that reached a final phase (candidates for pruning) and counts of pruned ones
         self.finished: set[tuple[str, str]] = set()
         self.pruned: dict[str, int] = {}
+        # which of them to look at on the next prune (see prune_finished): those that became
+        # final or had something change that kept them, and, per owner, those kept because
+        # that owner had not finished (looked at again when it changes)
+        self.prune_check: set[tuple[str, str]] = set()
+        self.prune_waits: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+        self._prune_swept = float("-inf")
 
     def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
         if ref is None:
@@ -302,21 +310,49 @@ class GroupBook(Context):
     def prune_finished(self) -> None:
         """Forget groups that are over: final phase, no pod left, FluxJob status written (it
         keeps what ``kubectl get fluxjobs`` shows), and no live owner that would bring the
-        group back (an unfinished Job stays, e.g. Unsatisfiable, so it is not queued again)."""
+        group back (an unfinished Job stays, e.g. Unsatisfiable, so it is not queued again).
+
+        Runs every cycle, so it looks only at the groups something happened to
+        (``recheck_prune``, ``owner_changed``): a mass deletion or a lagging Job controller
+        leaves thousands over but kept, and a sweep of them each cycle was a sixth of the
+        operator's CPU. Every one is looked at again each ``PRUNE_SWEEP_SECONDS`` all the
+        same, so a change no trigger reports only delays its pruning."""
         if not self.finished or not self.reconciled:
             return
-        for key in list(self.finished):
+        now = self.now()
+        if now - self._prune_swept >= PRUNE_SWEEP_SECONDS:
+            keys: Iterable[tuple[str, str]] = list(self.finished)
+            self._prune_swept = now
+            self.prune_waits.clear()
+        else:
+            keys = [k for k in self.prune_check if k in self.finished]
+        self.prune_check.clear()
+        for key in keys:
             g = self.groups.get(key)
             if g is None or not g.phase.final:
                 self.finished.discard(key)
                 continue
             if g.members or g.fj_dirty or (g.fj_exists and g.fj_status.get("phase") != str(g.phase)):
-                continue
+                continue  # looked at again when a pod leaves or its FluxJob is written
             if g.kind is not None and g.spec.owner is not None and g.kind.resume_patch({}) is not None:
                 owner = self.owner_obj(g.spec.owner, g.spec.namespace)
                 if owner is not None and not g.kind.finished(owner):
+                    ref = g.spec.owner
+                    self.prune_waits.setdefault((ref.kind, g.spec.namespace, ref.name), set()).add(key)
                     continue
             self.drop_group(g)
+
+    def recheck_prune(self, g: Group) -> None:
+        """Something that kept a group over from being forgotten may have changed (a pod
+        left, its FluxJob was written): the next prune looks at it."""
+        if g.key in self.finished:
+            self.prune_check.add(g.key)
+
+    def owner_changed(self, kind_name: str, namespace: str, name: str) -> None:
+        """A workload object changed or went: the groups over it kept look again."""
+        waiting = self.prune_waits.pop((kind_name, namespace, name), None)
+        if waiting:
+            self.prune_check |= waiting
 
     def drop_group(self, g: Group) -> None:
         key = g.key
@@ -422,6 +458,7 @@ class GroupBook(Context):
     def member_gone(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
         self.member_of.pop(uid, None)
         g.members.pop(uid, None)
+        self.recheck_prune(g)
         failed = (pod.get("status") or {}).get("phase") == "Failed"
         if g.phase in QUEUED or g.phase == Phase.PROVISIONAL:
             if g.kind is None or g.kind.resume_patch({}) is None:

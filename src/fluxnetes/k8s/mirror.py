@@ -73,6 +73,7 @@ class ClusterMirror(Context):
         def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
         def release_idle_slots(self, g: Group) -> None: ...
+        def recheck_prune(self, g: Group) -> None: ...
         def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
 
     def init_mirror(self) -> None:
@@ -302,6 +303,8 @@ class ClusterMirror(Context):
             self.member_of.pop(uid, None)
             self.add_foreign(uid, pod, str(node))
             moved.append(pod)
+        if moved:
+            self.recheck_prune(g)
         return moved
 
     def rebuild(self) -> None:

@@ -40,8 +40,10 @@ class Status(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         def spend_name(self, g: Group) -> None: ...
+        def recheck_prune(self, g: Group) -> None: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         finished: set[tuple[str, str]]
+        prune_check: set[tuple[str, str]]
         groups: GroupTable
         pruned: dict[str, int]
 
@@ -102,6 +104,7 @@ class Status(Context):
             g.fj_dirty = True
             if phase.final:
                 self.finished.add(g.key)
+                self.prune_check.add(g.key)
                 self.spend_name(g)
             self._wake.set()
             self._counts_dirty = True
@@ -341,6 +344,8 @@ class Status(Context):
             g.fj_dirty, g.fj_since = False, None
         if due:
             await asyncio.gather(*(self.write_fluxjob(g) for g in due))
+            for g in due:
+                self.recheck_prune(g)  # (an ended group whose last status is written can go)
 
     def update_queue_gauge(self) -> None:
         counts: dict[str, int] = dict(self.pruned)  # groups over and forgotten still count

@@ -33,6 +33,7 @@ class StoreRecovery(Context):
         matcher: Any
         scheduler: Any
         finished: set[tuple[str, str]]
+        prune_check: set[tuple[str, str]]
         unrecorded: list[Group]
 
         def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
@@ -153,6 +154,7 @@ class StoreRecovery(Context):
             g.end = g.end or self.now()
             g.fj_dirty = True
             self.finished.add(g.key)
+            self.prune_check.add(g.key)
             self.spend_name(g)
             log.info("%s: ended before the restart (store: %s); its FluxJob said %s", g.qid, rec.state,
                      (g.fj_status or {}).get("phase", "nothing"))
