@@ -291,18 +291,23 @@ async def start_operator(
     ]
     env = {**os.environ, "PYTHONPATH": src} if src else None  # another checkout's code
     op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if args.profile_operator:  # py-spy attaches by pid: its own CPU is not counted as the operator's
-        out = Path(args.profile_operator) / f"operator-{label}.txt"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        args.spies.append(subprocess.Popen([spy, "record", "--pid", str(op.pid), "--format", "raw", "--nonblocking", "--gil", "--subprocesses",
-                          "--rate", "50", "--output", str(out)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     path = Path(args.workdir) / f"operator-{label}.log"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and "operator ready" not in path.read_text():
         await asyncio.sleep(0.5)
     return op
+
+
+def _spy(args: argparse.Namespace, op: subprocess.Popen[bytes], name: str) -> subprocess.Popen[bytes]:
+    """py-spy recording the operator (and its webhook process) from now until it is sent
+    SIGINT: the measured window only, not the start-up's imports or the namespace's deletion
+    after it. Its own CPU is not counted as the operator's (it attaches by pid)."""
+    out = Path(args.profile_operator) / f"operator-{name}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(op.pid), "--format", "raw", "--nonblocking", "--gil",
+                             "--subprocesses", "--rate", "50", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 COMPONENTS = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -399,7 +404,12 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                         str(cluster.tools.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get",
                         "--raw", f"/debug/pprof/profile?seconds={args.pprof_seconds}",
                         stdout=out.open("wb"))
+                spy = _spy(args, op, f"{label}-{name}-{len(per_round.get(name, {}).get(label, []))}") \
+                    if args.profile_operator and op is not None else None
                 r = await run_workload(kube, ns, jobs, size, args.timeout)
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)  # it writes its file and exits
+                    await asyncio.get_running_loop().run_in_executor(None, spy.wait, 60)
                 if prof is not None:
                     await prof.wait()
                 comp1 = _component_cpu(cluster)
@@ -504,7 +514,7 @@ def main() -> None:
     ap.add_argument("--pprof-seconds", type=int, default=10)
     ap.add_argument("--profile-operator", metavar="DIR", help="record each operator process with "
                     "py-spy (pip install py-spy; not a dependency) (GIL-holding samples: CPU) as collapsed stacks in "
-                    "DIR/operator-LABEL.txt, written when the operator exits")
+                    "DIR/operator-LABEL-WORKLOAD-ROUND.txt, over each measured run only")
     args = ap.parse_args()
     if args.pprof:
         os.environ["FLUXNETES_DEV_PROFILING"] = "1"
@@ -535,7 +545,6 @@ def main() -> None:
         print("webhook", out["webhook"], flush=True)
     with tempfile.TemporaryDirectory(prefix="fx-bench-") as tmp:
         args.workdir = tmp
-        args.spies = []
         cluster = Cluster.up(
             ClusterOptions(
                 nodes=NodeShape(count=args.nodes, cpu="32", memory="256Gi"),
@@ -547,8 +556,6 @@ def main() -> None:
             out["workloads"] = asyncio.run(bench(args, cluster))
         finally:
             cluster.down()
-            for spy in args.spies:  # each writes its file when its operator has exited
-                spy.wait(timeout=60)
             if args.keep_logs:
                 Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
                 for log in Path(tmp).glob("operator-*.log"):
