@@ -2,7 +2,9 @@
 
 A Controller (the operator's real state machine, matcher and queue) is filled with N single-pod
 Jobs of 2 cpu on nodes of 16 cpu (``--room``: 1.5 = every Job runs, each new one starts; 0.67
-= a third of them wait), then
+= a third of them wait; ``--ended F``: that fraction of the running groups then ends while
+their Jobs are not marked finished yet, as after a burst of completions the Job controller has
+not caught up with or during a namespace's deletion: groups over but kept), then
 ``--cycles`` times one more Job arrives and one cycle runs with the periodic chores (FluxJob
 due scan, queue gauge), as the operator's loop does when an event comes in. The API server is
 the unit tests' recording fake (tests/test_k8s_prune.py): only the operator's own CPU counts.
@@ -33,7 +35,7 @@ from test_k8s_prune import RecordingKube, job, node
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
 
-n, cycles, room = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[4])
+n, cycles, room, ended = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[4]), float(sys.argv[5])
 
 async def main() -> None:
     c = Controller(RecordingKube(), OperatorConfig())
@@ -52,6 +54,13 @@ async def main() -> None:
         c.run_cycle()
         if sum(1 for g in c.groups.values() if str(g.phase) == "Running") == before:
             break
+    running = [g for g in c.groups.values() if str(g.phase) == "Running"]
+    for g in running[:int(ended * len(running))]:
+        c.release_all(g)
+        c.set_phase(g, type(g.phase)("Completed"), "its pods ended")
+    while c.groups.fj_dirty:  # their last FluxJob status written: only the Job keeps them
+        await c.flush_fluxjobs(float("inf"))
+    c.run_cycle()
     await asyncio.sleep(0)
     phases = {}
     for g in c.groups.values():
@@ -73,13 +82,14 @@ asyncio.run(main())
 """
 
 
-def run(src: Path, n: int, cycles: int, room: float) -> dict[str, object]:
+def run(src: Path, n: int, cycles: int, room: float, ended: float) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(src.resolve())}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(cycles), str(HERE.parent / "tests"), str(room)],
+    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(cycles), str(HERE.parent / "tests"), str(room),
+                          str(ended)],
                          env=env, capture_output=True, text=True, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     ms = [1000 * t for t in res["cpu_s"]]
-    return {"src": str(src), "groups": n, "room": room, "phases": res["phases"], "cycles": len(ms),
+    return {"src": str(src), "groups": n, "room": room, "ended": ended, "phases": res["phases"], "cycles": len(ms),
             "ms_per_cycle_median": round(statistics.median(ms), 2), "ms_per_cycle_mean": round(statistics.mean(ms), 2)}
 
 
@@ -90,6 +100,8 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=40)
     ap.add_argument("--room", type=float, default=1.5,
                     help="cluster size as a multiple of the groups' needs (below 1: a backlog waits)")
+    ap.add_argument("--ended", type=float, default=0.0,
+                    help="fraction of the running groups ended while their Jobs are not finished yet")
     ap.add_argument("--rounds", type=int, default=2, help="each (src, groups) this many times, alternating")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -99,7 +111,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for n in args.groups:
             for src in srcs:
-                r = run(src, n, args.cycles, args.room)
+                r = run(src, n, args.cycles, args.room, args.ended)
                 r["load_1m"] = round(os.getloadavg()[0], 2)
                 print(json.dumps(r), flush=True)
                 runs.append(r)
