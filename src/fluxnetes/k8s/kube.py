@@ -221,14 +221,14 @@ class Kube:
     async def request(self, method: str, path: str, body: Any = None, *, params: Mapping[str, Any] | None = None,
                       content_type: str = "application/json", timeout: float = 30,
                       background: bool = False) -> Any:
+        if background:  # (the request proper is made once inside: body and URL built there)
+            async with self._bg:
+                return await self.request(method, path, body, params=params, content_type=content_type,
+                                          timeout=timeout)
         url = self.host + path
         if params:
             url += "?" + urlencode({k: v for k, v in params.items() if v is not None})
         data = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
-        if background:
-            async with self._bg:
-                return await self.request(method, path, body, params=params, content_type=content_type,
-                                          timeout=timeout)
         async with self._sem:
             if self.fence is not None and method != "GET":
                 # checked once a connection slot is ours, right before sending; the write may
