@@ -209,7 +209,7 @@ class GroupBook(Context):
             g.jobspec = self.make_jobspec(g)
         except Exception as exc:
             g.phase, g.reason = Phase.UNSATISFIABLE, f"invalid jobspec: {exc}"
-            self.finished.add(spec.key)
+            self.mark_finished(spec.key)
             self.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
         self.groups[spec.key] = g
         self.index_scale_group(g)
@@ -341,6 +341,11 @@ class GroupBook(Context):
                     self.prune_waits.setdefault((ref.kind, g.spec.namespace, ref.name), set()).add(key)
                     continue
             self.drop_group(g)
+
+    def mark_finished(self, key: tuple[str, str]) -> None:
+        """The group reached a final phase: a candidate for pruning, looked at on the next one."""
+        self.finished.add(key)
+        self.prune_check.add(key)
 
     def recheck_prune(self, g: Group) -> None:
         """Something that kept a group over from being forgotten may have changed (a pod

@@ -46,7 +46,6 @@ class Recovery(Context):
         owners: dict[tuple[str, str, str], dict[str, Any]]
         scheduler: Any
         store_only: dict[tuple[str, str], Any]
-        finished: set[tuple[str, str]]
         scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
 
         async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None: ...

@@ -40,10 +40,9 @@ class Status(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         def spend_name(self, g: Group) -> None: ...
+        def mark_finished(self, key: tuple[str, str]) -> None: ...
         def recheck_prune(self, g: Group) -> None: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        finished: set[tuple[str, str]]
-        prune_check: set[tuple[str, str]]
         groups: GroupTable
         pruned: dict[str, int]
 
@@ -103,8 +102,7 @@ class Status(Context):
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
             if phase.final:
-                self.finished.add(g.key)
-                self.prune_check.add(g.key)
+                self.mark_finished(g.key)
                 self.spend_name(g)
             self._wake.set()
             self._counts_dirty = True

@@ -29,11 +29,10 @@ class StoreRecovery(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         def spend_name(self, g: Group) -> None: ...
+        def mark_finished(self, key: tuple[str, str]) -> None: ...
         groups: GroupTable
         matcher: Any
         scheduler: Any
-        finished: set[tuple[str, str]]
-        prune_check: set[tuple[str, str]]
         unrecorded: list[Group]
 
         def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
@@ -153,8 +152,7 @@ class StoreRecovery(Context):
             g.phase, g.reason = phase, f"{rec.reason} (as the store recorded it before a restart)"
             g.end = g.end or self.now()
             g.fj_dirty = True
-            self.finished.add(g.key)
-            self.prune_check.add(g.key)
+            self.mark_finished(g.key)
             self.spend_name(g)
             log.info("%s: ended before the restart (store: %s); its FluxJob said %s", g.qid, rec.state,
                      (g.fj_status or {}).get("phase", "nothing"))
