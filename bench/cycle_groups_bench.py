@@ -34,6 +34,7 @@ sys.path.insert(0, sys.argv[3])
 from test_k8s_prune import RecordingKube, job, node
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.fluxjob import Phase
 
 n, cycles, room, ended = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[4]), float(sys.argv[5])
 
@@ -57,7 +58,7 @@ async def main() -> None:
     running = [g for g in c.groups.values() if str(g.phase) == "Running"]
     for g in running[:int(ended * len(running))]:
         c.release_all(g)
-        c.set_phase(g, type(g.phase)("Completed"), "its pods ended")
+        c.set_phase(g, Phase.COMPLETED, "its pods ended")
     while c.groups.fj_dirty:  # their last FluxJob status written: only the Job keeps them
         await c.flush_fluxjobs(float("inf"))
     c.run_cycle()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -321,7 +321,7 @@ class GroupBook(Context):
             return
         now = self.now()
         if now - self._prune_swept >= PRUNE_SWEEP_SECONDS:
-            keys: Iterable[tuple[str, str]] = list(self.finished)
+            keys = list(self.finished)
             self._prune_swept = now
             self.prune_waits.clear()
         else:
