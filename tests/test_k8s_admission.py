@@ -374,6 +374,48 @@ def test_mutate_replicated_templates(kind: str) -> None:
     assert "suspend" not in out["spec"]
 
 
+@pytest.mark.parametrize("hold", ["gate", "scheduler", "auto"])
+def test_pod_naming_fluxnetes_is_checked_and_labelled_but_not_held_again(hold: str) -> None:
+    """A user who wrote schedulerName: fluxnetes (as for Volcano or Fluence) opted in: the
+    webhook used to leave such a pod alone as another scheduler's, so nobody ever placed it."""
+    p = pod()
+    p["spec"]["schedulerName"] = names.SCHEDULER_NAME
+    out = apply_patch(p, admission.mutate(review(p), hold=hold))
+    assert out["metadata"]["labels"] == {names.LABEL_MANAGED: "true"}
+    assert "schedulingGates" not in out["spec"]  # the Binding refuses gated pods
+    assert out["spec"]["schedulerName"] == names.SCHEDULER_NAME
+    bad = pod(annotations={names.ANN_DURATION: "forever"})
+    bad["spec"]["schedulerName"] = names.SCHEDULER_NAME
+    resp = admission.mutate(review(bad))["response"]
+    assert resp["allowed"] is False and names.ANN_DURATION in resp["status"]["message"]
+
+
+def test_job_template_naming_fluxnetes_is_labelled_and_suspended_by_job_mode() -> None:
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"parallelism": 2, "template": {"spec": {
+            "schedulerName": names.SCHEDULER_NAME, "containers": [{"name": "c"}]}}},
+    }
+    out = apply_patch(job, admission.mutate(review(job), job_mode="suspend", hold="gate"))
+    assert out["spec"]["suspend"] is True
+    tmpl = out["spec"]["template"]
+    assert tmpl["metadata"]["labels"] == {names.LABEL_MANAGED: "true"}
+    assert "schedulingGates" not in tmpl["spec"]
+    out = apply_patch(job, admission.mutate(review(job), job_mode="gate", hold="gate"))
+    assert "suspend" not in out["spec"]
+
+
+def test_hold_knows_fluxnetes_pods_with_or_without_the_webhook() -> None:
+    from fluxnetes.k8s.hold import is_held, is_ours
+
+    named = {"schedulerName": names.SCHEDULER_NAME}
+    assert is_ours({}, named) and is_held({"spec": named})
+    assert is_ours({"labels": {names.LABEL_MANAGED: "true"}}, {})
+    assert not is_ours({}, {}) and not is_ours({}, {"schedulerName": "volcano"})
+
+
 def test_mutate_ignores_updates() -> None:
     assert "patch" not in admission.mutate(review(pod(), op="UPDATE"))["response"]
 

@@ -84,3 +84,41 @@ def test_a_job_made_again_under_its_name_cancels_and_replaces_the_earlier_group(
         assert "pod-j-old" not in second.members
 
     asyncio.run(main())
+
+
+def _named(obj: dict[str, Any], spec: dict[str, Any]) -> None:
+    """What its user wrote where no webhook ran: schedulerName fluxnetes, no label, no gate."""
+    (obj["metadata"].get("labels") or {}).pop(names.LABEL_MANAGED, None)
+    spec.pop("schedulingGates", None)
+    spec["schedulerName"] = names.SCHEDULER_NAME
+
+
+def test_workloads_naming_fluxnetes_as_their_scheduler_are_placed_without_the_webhook() -> None:
+    """A namespace without the label (no webhook call): a Job and a labelled group of bare
+    pods whose user wrote schedulerName: fluxnetes are fluxnetes' own, queued and bound;
+    a pod naming another scheduler is not."""
+    async def main() -> None:
+        c, kube = make_controller()
+        j = job("mpi", 3)
+        j["metadata"].pop("annotations")  # not suspended: no webhook saw it
+        j["spec"].pop("suspend")
+        tmpl = j["spec"]["template"]
+        tmpl["metadata"].pop("labels")
+        _named(tmpl, tmpl["spec"])
+        c.handle(("Job", "ADDED", j))
+        assert c.groups[("ns", "job-mpi")].phase == Phase.PENDING  # known from the Job itself
+        pods = [pod(f"mpi-{i}", owner=j) for i in range(3)] + [labelled(f"g-{i}") for i in range(3)]
+        other = pod("volcano")
+        for p in [*pods, other]:
+            _named(p, p["spec"])
+        other["spec"]["schedulerName"] = "volcano"
+        for p in [*pods, other]:
+            c.handle(("Pod", "ADDED", p))
+        assert "pod-volcano" not in c.member_of
+        await settle(c)
+        assert c.groups[("ns", "job-mpi")].phase == Phase.RUNNING
+        assert c.groups[("ns", "g")].phase == Phase.RUNNING
+        assert sorted(kube.placed) == sorted(p["metadata"]["name"] for p in pods)  # Bindings
+        assert kube.resumed == []  # nothing to resume: the Job was never suspended
+
+    asyncio.run(main())

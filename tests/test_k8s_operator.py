@@ -245,6 +245,35 @@ def test_job_of_four_is_gated_placed_completed_and_released(k8s_cluster: Any, ns
     assert "job-whole" in out and "Completed" in out
 
 
+def test_workloads_naming_fluxnetes_are_placed_with_or_without_the_webhook(
+        k8s_cluster: Any, ns: str) -> None:
+    """schedulerName: fluxnetes (as a Volcano or Fluence user writes it) opts a workload in:
+    in a namespace without the label no webhook sees it and the operator still queues and
+    binds it; in an opted-in one the webhook checks and labels it (it used to leave such pods
+    alone as another scheduler's, and nobody placed them)."""
+    bare = pod("named", "2")
+    bare["spec"]["schedulerName"] = "fluxnetes"
+    apply(k8s_cluster, ns, [bare])
+    got = wait("named pod bound", lambda: [p for p in pods(k8s_cluster, ns) if p["spec"].get("nodeName")])
+    assert got[0]["metadata"]["labels"]["fluxnetes.io/managed"] == "true"
+    wait("FluxJob Running", lambda: phase(k8s_cluster, ns, "pod-named") == "Running")
+    on_chosen_nodes(k8s_cluster, ns, "pod-named", got)
+    plain = f"plain-{uuid.uuid4().hex[:6]}"
+    k8s_cluster.kubectl("create", "namespace", plain)
+    try:
+        j = job("gang", 3, "4")
+        j["spec"]["template"]["spec"]["schedulerName"] = "fluxnetes"
+        apply(k8s_cluster, plain, [j])
+        wait("job complete", lambda: job_complete(k8s_cluster, plain, "gang"))
+        wait("FluxJob Completed", lambda: phase(k8s_cluster, plain, "job-gang") == "Completed")
+        ps = pods(k8s_cluster, plain, "job-name=gang")
+        assert len(ps) == 3 and not any("fluxnetes.io/managed" in (p["metadata"].get("labels") or {})
+                                        for p in ps)  # no webhook saw them
+        on_chosen_nodes(k8s_cluster, plain, "job-gang", ps)
+    finally:
+        k8s_cluster.kubectl("delete", "namespace", plain, "--wait=true", timeout=120, check=False)
+
+
 def test_examples_reach_running_on_chosen_nodes(k8s_cluster: Any, ns: str) -> None:
     for name in ("pod.yaml", "deployment.yaml", "statefulset.yaml", "pod-group.yaml"):
         apply(k8s_cluster, ns, example(name))

@@ -4,7 +4,9 @@ Mutating (CREATE):
 - Pod: add the scheduling gate ``fluxnetes.io/gate`` and the label ``fluxnetes.io/managed``;
   Fluence/coscheduling group labels are copied to fluxnetes' spelling. Mirror/static pods,
   DaemonSet pods, pods of another scheduler and pods labelled ``fluxnetes.io/enabled=false``
-  are left alone: the operator counts them as foreign allocations instead.
+  are left alone: the operator counts them as foreign allocations instead. A pod (or
+  template) naming ``schedulerName: fluxnetes`` is held already: checked and labelled only
+  (the operator takes it even where no webhook saw it, k8s/hold.py).
 - A pod bound by hand (``spec.nodeName`` set at creation; also a workload whose pod template
   sets it) is refused, opted out or not: it would skip both kube-scheduler and the queue and
   take resources fluxnetes may have promised to other work (which fluxnetes could then not
@@ -39,7 +41,7 @@ from typing import Any
 from fluxnetes.jobspec.packing import PackingError, packing_from_annotations
 from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
-from fluxnetes.k8s.hold import GATE, hold_ops
+from fluxnetes.k8s.hold import GATE, hold_ops, names_fluxnetes
 from fluxnetes.k8s.workloads import any_kind_of, kind_of, made_for
 from fluxnetes.k8s.workloads.base import JsonPatch, WorkloadKind, managed_label_ops
 
@@ -78,6 +80,12 @@ def _check_not_bound(meta: Mapping[str, Any], spec: Mapping[str, Any], field: st
         "that is not opted in to fluxnetes")
 
 
+def _ours_to_hold(spec: Mapping[str, Any]) -> bool:
+    """A pod spec for kube-scheduler (held here) or naming fluxnetes (held already: checked
+    and labelled here); any other scheduler's pods are left alone."""
+    return spec.get("schedulerName", _DEFAULT_SCHEDULER) == _DEFAULT_SCHEDULER or names_fluxnetes(spec)
+
+
 def _skip_pod(pod: Mapping[str, Any]) -> bool:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -85,7 +93,7 @@ def _skip_pod(pod: Mapping[str, Any]) -> bool:
         return True
     if (meta.get("labels") or {}).get(names.LABEL_ENABLED) == "false":
         return True
-    if spec.get("schedulerName", _DEFAULT_SCHEDULER) != _DEFAULT_SCHEDULER:
+    if not _ours_to_hold(spec):
         return True
     owner = controller_of(meta)
     return owner is not None and owner.kind == "DaemonSet"
@@ -132,7 +140,7 @@ def mutate_workload(obj: Mapping[str, Any], *, job_mode: str = "suspend", hold: 
     tmpl = kind.template(obj)
     tmeta, tspec = tmpl.get("metadata") or {}, tmpl.get("spec") or {}
     _check_not_bound({}, tspec, "spec.template.spec.nodeName")
-    if tspec.get("schedulerName", _DEFAULT_SCHEDULER) != _DEFAULT_SCHEDULER:
+    if not _ours_to_hold(tspec):
         return []
     check_pod_template(tmeta, tspec)
     # the workload's own annotations may carry the duration too
@@ -156,7 +164,7 @@ def mutate_multi_role(obj: Mapping[str, Any], kind: WorkloadKind, *, suspend: bo
         tmeta, tspec = ps.template.get("metadata") or {}, ps.template.get("spec") or {}
         if ps.path:
             _check_not_bound({}, tspec, f"{_field(ps.path)}.spec.nodeName")
-        if tspec.get("schedulerName", _DEFAULT_SCHEDULER) != _DEFAULT_SCHEDULER:
+        if not _ours_to_hold(tspec):
             return []  # another scheduler's work, as for a Job's template
         check_pod_template(tmeta, tspec)
     first = (sets[0].template.get("spec") or {}) if sets else {}

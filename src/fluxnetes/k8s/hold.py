@@ -22,7 +22,9 @@ then the gate. The operator places each pod by the hold it carries (k8s/allocati
 one cluster, even one group, may have both.
 
 The webhook writes a hold at admission (pods and pod templates); the operator asks
-:func:`is_held` which pods are waiting for it.
+:func:`is_held` which pods are waiting for it. A pod or template whose user wrote
+``schedulerName: fluxnetes`` is held already, in any namespace and without the webhook
+(:func:`is_ours`): the webhook, where it runs, only checks it and adds the label.
 """
 
 from __future__ import annotations
@@ -62,8 +64,25 @@ def needs_kube_scheduler(spec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def names_fluxnetes(spec: Mapping[str, Any]) -> bool:
+    """Does this pod (or pod template) spec name fluxnetes as its scheduler? Its user opted
+    in (as with Volcano's or YuniKorn's scheduler name): it is held by that name whatever
+    ``--placement`` says, and the operator binds it."""
+    return spec.get("schedulerName") == names.SCHEDULER_NAME
+
+
+def is_ours(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Is this pod (or pod template, by its metadata and spec) fluxnetes' to place: admitted
+    by its webhook (the managed label) or naming fluxnetes as its scheduler (no webhook
+    needed: any namespace, a cluster without the webhook)?"""
+    return (meta.get("labels") or {}).get(names.LABEL_MANAGED) == "true" or names_fluxnetes(spec)
+
+
 def resolve(spec: Mapping[str, Any], hold: str) -> str:
-    """The hold for this pod spec: ``hold`` itself, or for AUTO the one it needs."""
+    """The hold for this pod spec: ``hold`` itself, or for AUTO the one it needs; a spec
+    naming fluxnetes already has its hold."""
+    if names_fluxnetes(spec):
+        return SCHEDULER
     if hold != AUTO:
         return hold
     return GATE if needs_kube_scheduler(spec) else SCHEDULER
@@ -73,6 +92,8 @@ def hold_ops(spec: Mapping[str, Any], base: str, hold: str) -> JsonPatch:
     """JSON patch ops holding the pod (or pod template) whose spec is ``spec`` at ``base``
     (``""`` for a pod, ``/spec/template`` for a template)."""
     hold = resolve(spec, hold)
+    if names_fluxnetes(spec):
+        return []  # held by its own scheduler name
     if hold == SCHEDULER:
         return [{"op": "add", "path": f"{base}/spec/schedulerName", "value": names.SCHEDULER_NAME}]
     if hold != GATE:

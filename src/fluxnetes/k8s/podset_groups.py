@@ -31,7 +31,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import names, shares
+from fluxnetes.k8s import shares
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
@@ -45,6 +45,7 @@ from fluxnetes.k8s.groups import (
     request_of,
 )
 from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.hold import is_ours
 from fluxnetes.k8s.informer import Informer
 from fluxnetes.k8s.kube import ApiError, Kube, Resource
 from fluxnetes.k8s.objects import _meta
@@ -130,8 +131,7 @@ def _except(log_off: Callable[[str], None] | None, denied: set[str]) -> Callable
 
 
 def _is_managed(template: Mapping[str, Any]) -> bool:
-    labels = (template.get("metadata") or {}).get("labels") or {}
-    return labels.get(names.LABEL_MANAGED) == "true"
+    return is_ours(template.get("metadata") or {}, template.get("spec") or {})
 
 
 def _podset(ps: PodSetSpec, locality: str | None) -> Any:

@@ -20,6 +20,7 @@ from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of, object_name
 from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.hold import is_ours
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
 from fluxnetes.k8s.placement import ANN_SLOT, assigned_node, placed_jobid
 from fluxnetes.k8s.resources import GPU, PodResources
@@ -233,16 +234,16 @@ class Recovery(Context):
             if owner is not None and owner.uid:
                 by_owner.setdefault(owner.uid, []).append(pod)
             fjname = str((m.get("annotations") or {}).get(names.ANN_FLUXJOB) or "")
-            if fjname and (m.get("labels") or {}).get(names.LABEL_MANAGED) == "true" and not _gated(pod):
+            if fjname and is_ours(m, pod.get("spec") or {}) and not _gated(pod):
                 placed.setdefault((str(m.get("namespace") or "default"), fjname), []).append(pod)
         # 1. finished workloads: never queued again; a final FluxJob if they never got one
         for (kname, ns, name), obj in list(self.owners.items()):
             kind = kind_of(kname)
             if kind is None or kind.resume_patch({}) is None or not kind.finished(obj):
                 continue
-            tmpl_labels = (kind.template(obj).get("metadata") or {}).get("labels") or {}
-            if tmpl_labels.get(names.LABEL_MANAGED) != "true":
-                continue  # never admitted by fluxnetes (created while the webhook was away)
+            tmpl = kind.template(obj)
+            if not is_ours(tmpl.get("metadata") or {}, tmpl.get("spec") or {}):
+                continue  # never fluxnetes' (created while the webhook was away)
             uid = str(_meta(obj).get("uid", ""))
             gkey = (ns, object_name(f"{kname.lower()}-{name}"))
             g = self.groups.get(gkey)
