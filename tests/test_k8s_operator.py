@@ -317,6 +317,11 @@ def test_gang_of_four_waits_for_a_free_node(k8s_cluster: Any, ns: str) -> None:
     wait("gang complete", lambda: job_complete(k8s_cluster, ns, "gang"))
     used = on_chosen_nodes(k8s_cluster, ns, "job-gang", pods(k8s_cluster, ns, "job-name=gang"))
     assert len(used) == 4
+    # only the operator writes FluxJobs: each patch asks the API server to keep no managed
+    # fields for them (fluxjob.write_meta; a create still records its writer)
+    wait("FluxJob Completed", lambda: phase(k8s_cluster, ns, "job-gang") == "Completed")
+    fj = k8s_cluster.kubectl_json("get", "fluxjob", "-n", ns, "job-gang", "--show-managed-fields")
+    assert "managedFields" not in fj["metadata"], fj["metadata"].get("managedFields")
 
 
 def test_node_exclusive_puts_each_pod_on_its_own_node(k8s_cluster: Any, ns: str) -> None:

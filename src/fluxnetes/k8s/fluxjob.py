@@ -50,6 +50,19 @@ def rfc3339(seconds: int | float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def write_meta(uid: str = "") -> dict[str, Any]:
+    """The metadata every operator write of a FluxJob carries. Only the operator writes
+    FluxJobs, so there is no other field manager to keep apart: ``managedFields: [{}]`` makes
+    the API server drop them at each patch (a create still records its writer). A create and
+    its patch then cost it about a tenth less CPU and the stored object is a third smaller
+    (bench/fluxjob_write_bench.py). ``uid``: the precondition that the write lands on this
+    group's FluxJob only."""
+    meta: dict[str, Any] = {"managedFields": [{}]}
+    if uid:
+        meta["uid"] = uid
+    return meta
+
+
 def manifest(group: GroupSpec, *, jobspec: str, match_policy: str) -> dict[str, Any]:
     """The FluxJob object for a group (spec only; the status is written by the operator)."""
     spec: dict[str, Any] = {
@@ -62,7 +75,7 @@ def manifest(group: GroupSpec, *, jobspec: str, match_policy: str) -> dict[str, 
         "request": {k: v for k, v in group.request.as_dict().items() if v},
     }
     meta: dict[str, Any] = {"name": group.name, "namespace": group.namespace,
-                            "labels": {names.LABEL_MANAGED: "true"}}
+                            "labels": {names.LABEL_MANAGED: "true"}, **write_meta()}
     if group.owner is not None:
         spec["workload"] = group.owner.as_dict()
         if group.owner.uid:

@@ -155,7 +155,8 @@ class Status(Context):
 
     async def _patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None:
         try:
-            await self.kube.patch(FLUXJOBS, g.spec.name, {"spec": spec}, g.spec.namespace, background=True)
+            await self.kube.patch(FLUXJOBS, g.spec.name, {"spec": spec, "metadata": fluxjob.write_meta()},
+                                  g.spec.namespace, background=True)
         except ApiError as exc:
             log.info("FluxJob %s spec: %s", g.qid, exc)
 
@@ -229,9 +230,7 @@ class Status(Context):
                 if written:
                     g.fj_status = st
                     return
-            body_st: dict[str, Any] = {"status": st}
-            if g.fj_uid:
-                body_st["metadata"] = {"uid": g.fj_uid}
+            body_st = {"status": st, "metadata": fluxjob.write_meta(g.fj_uid)}
             await self.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
             g.fj_status = st
         except ApiError as exc:
