@@ -67,7 +67,7 @@ from fluxnetes.k8s.context import DEBUG_EXIT_AT, Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group, GroupBook
 from fluxnetes.k8s.groups import GroupError, controller_of, object_name
-from fluxnetes.k8s.hold import is_ours
+from fluxnetes.k8s.hold import is_ours, template_is_ours
 from fluxnetes.k8s.informer import Event, Informer
 from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube
 from fluxnetes.k8s.mirror import ClusterMirror, TimedMatcher
@@ -147,8 +147,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         if g is not None and not self.same_owner(g, uid):
             self.drop_earlier_owner(gkey, f"{kind_name} {name} was deleted (a new one has its name)")
             g = None
-        tmpl = kind.template(obj)
-        managed = is_ours(tmpl.get("metadata") or {}, tmpl.get("spec") or {})
+        managed = template_is_ours(kind.template(obj))
         if g is None and managed and kind.resume_patch(obj) is not None and not kind.finished(obj):
             # a Job: its group is known without any pod (its template was gated at admission;
             # a Job created while the webhook was away has no managed template and runs alone)

@@ -78,11 +78,13 @@ def is_ours(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
     return (meta.get("labels") or {}).get(names.LABEL_MANAGED) == "true" or names_fluxnetes(spec)
 
 
+def template_is_ours(template: Mapping[str, Any]) -> bool:
+    """:func:`is_ours` for a workload's pod template."""
+    return is_ours(template.get("metadata") or {}, template.get("spec") or {})
+
+
 def resolve(spec: Mapping[str, Any], hold: str) -> str:
-    """The hold for this pod spec: ``hold`` itself, or for AUTO the one it needs; a spec
-    naming fluxnetes already has its hold."""
-    if names_fluxnetes(spec):
-        return SCHEDULER
+    """The hold for this pod spec: ``hold`` itself, or for AUTO the one it needs."""
     if hold != AUTO:
         return hold
     return GATE if needs_kube_scheduler(spec) else SCHEDULER
@@ -91,9 +93,9 @@ def resolve(spec: Mapping[str, Any], hold: str) -> str:
 def hold_ops(spec: Mapping[str, Any], base: str, hold: str) -> JsonPatch:
     """JSON patch ops holding the pod (or pod template) whose spec is ``spec`` at ``base``
     (``""`` for a pod, ``/spec/template`` for a template)."""
-    hold = resolve(spec, hold)
     if names_fluxnetes(spec):
-        return []  # held by its own scheduler name
+        return []  # held by its own scheduler name, whatever --placement says
+    hold = resolve(spec, hold)
     if hold == SCHEDULER:
         return [{"op": "add", "path": f"{base}/spec/schedulerName", "value": names.SCHEDULER_NAME}]
     if hold != GATE:

@@ -45,7 +45,7 @@ from fluxnetes.k8s.groups import (
     request_of,
 )
 from fluxnetes.k8s.grouptable import GroupTable
-from fluxnetes.k8s.hold import is_ours
+from fluxnetes.k8s.hold import template_is_ours
 from fluxnetes.k8s.informer import Informer
 from fluxnetes.k8s.kube import ApiError, Kube, Resource
 from fluxnetes.k8s.objects import _meta
@@ -128,10 +128,6 @@ def _except(log_off: Callable[[str], None] | None, denied: set[str]) -> Callable
             out(line)
 
     return say
-
-
-def _is_managed(template: Mapping[str, Any]) -> bool:
-    return is_ours(template.get("metadata") or {}, template.get("spec") or {})
 
 
 def _podset(ps: PodSetSpec, locality: str | None) -> Any:
@@ -312,8 +308,8 @@ class PodSetGroups(Context):
         already runs (resumed before an operator restart) is not queued again."""
         if kind.resume_patch(obj) is not None:
             return kind.held_by_fluxnetes(obj) or (kind.held_by_user(obj) and any(
-                _is_managed(ps.template) for ps in kind.pod_sets(obj)))
-        return any(_is_managed(ps.template) for ps in kind.pod_sets(obj))
+                template_is_ours(ps.template) for ps in kind.pod_sets(obj)))
+        return any(template_is_ours(ps.template) for ps in kind.pod_sets(obj))
 
     def new_workload_group(self, kind: WorkloadKind, obj: Mapping[str, Any], base: str) -> Group | None:
         try:

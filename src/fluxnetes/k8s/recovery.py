@@ -20,7 +20,7 @@ from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of, object_name
 from fluxnetes.k8s.grouptable import GroupTable
-from fluxnetes.k8s.hold import is_ours
+from fluxnetes.k8s.hold import is_ours, template_is_ours
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
 from fluxnetes.k8s.placement import ANN_SLOT, assigned_node, placed_jobid
 from fluxnetes.k8s.resources import GPU, PodResources
@@ -241,8 +241,7 @@ class Recovery(Context):
             kind = kind_of(kname)
             if kind is None or kind.resume_patch({}) is None or not kind.finished(obj):
                 continue
-            tmpl = kind.template(obj)
-            if not is_ours(tmpl.get("metadata") or {}, tmpl.get("spec") or {}):
+            if not template_is_ours(kind.template(obj)):
                 continue  # never fluxnetes' (created while the webhook was away)
             uid = str(_meta(obj).get("uid", ""))
             gkey = (ns, object_name(f"{kname.lower()}-{name}"))
