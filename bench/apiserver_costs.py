@@ -7,6 +7,9 @@ used per request (psutil deltas), so that a change to the operator's write path 
 before it is built.
 
     .venv/bin/python bench/apiserver_costs.py --requests 400
+    .venv/bin/python bench/apiserver_costs.py --only fluxjobs --requests 2000 --rounds 3 \
+        --output bench/results/apiserver_costs_fluxjobs.json   # the operator's FluxJob writes,
+        # with and without managed fields (fluxjob.write_meta)
 
 Writes bench/results/apiserver_costs.json.
 """
@@ -29,7 +32,9 @@ import psutil
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
 from fluxnetes.k8s import certs, fluxjob, webhook_config
+from fluxnetes.k8s.groups import GroupSpec, OwnerRef
 from fluxnetes.k8s.kube import JSON_PATCH, MUTATING, NAMESPACES, PODS, Kube, Resource
+from fluxnetes.k8s.resources import PodResources
 from fluxnetes.k8s.webhook import WebhookServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "apiserver_costs.json"
@@ -37,6 +42,9 @@ JOBS = Resource("batch/v1", "jobs")
 EVENTS = Resource("v1", "events")
 CRDS = Resource("apiextensions.k8s.io/v1", "customresourcedefinitions", namespaced=False)
 FLUXJOBS = Resource("fluxnetes.io/v1alpha1", "fluxjobs")
+JOBSPEC = ("version: 9999\nresources:\n- type: slot\n  count: 1\n  label: job-j\n  with:\n  - type: core\n"
+           "    count: 1\ntasks:\n- command:\n  - job-j\n  slot: job-j\n  count:\n    per_slot: 1\n"
+           "attributes:\n  system:\n    duration: 0\n")  # a one-pod Job's, as the operator writes it
 BINDINGS = Resource("v1", "pods")  # POST .../pods/NAME/binding
 WATCHED = ("kube-apiserver", "etcd")
 
@@ -80,7 +88,44 @@ async def measure(n: int, conc: int, make: Callable[[int], Awaitable[Any]]) -> d
             "wall_ms_per_request": round(wall / n * 1000, 3)}
 
 
-async def run(cluster: Cluster, n: int, conc: int) -> dict[str, Any]:
+def fluxjob_pair(name: str, ns: str, node: str, untracked: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A one-pod Job's FluxJob as the operator writes it: created with its Running status
+    (``fluxjob.manifest``), then patched Completed. ``untracked``: with ``fluxjob.write_meta``'s
+    managed-fields reset, as the operator sends them; otherwise without it (before that)."""
+    spec = GroupSpec(namespace=ns, name=name, size=1, request=PodResources(cpu_millis=1000, memory_bytes=64 << 20),
+                     owner=OwnerRef("batch/v1", "Job", name))  # (no uid: no owner reference to collect it)
+    body = fluxjob.manifest(spec, jobspec=JOBSPEC, match_policy="lonode")
+    running = fluxjob.status(fluxjob.Phase.RUNNING, reason=f"allocated on {node}", jobid=1, submit_time=1,
+                             start_time=2, nodes=[node], pods_seen=1, now=3)
+    body["status"] = running | {"shares": [{"node": node, "cores": 1, "gpus": 0, "memory": 64}], "released": []}
+    done = fluxjob.status(fluxjob.Phase.COMPLETED, reason="all pods finished", jobid=1, submit_time=1,
+                          start_time=2, end_time=4, nodes=[node], pods_seen=0, now=4, previous=running)
+    patch: dict[str, Any] = {"status": done | {"shares": None, "released": None}, "metadata": fluxjob.write_meta()}
+    if not untracked:
+        body["metadata"].pop("managedFields")
+        patch["metadata"].pop("managedFields")
+    return body, patch
+
+
+def fluxjob_kinds(kube: Kube, ns: str, node: str, rnd: int) -> list[tuple[str, Callable[[int], Awaitable[Any]]]]:
+    """The operator's two FluxJob writes per one-pod Job, with and without managed fields
+    (names unique per round, so that rounds can repeat them)."""
+    out: list[tuple[str, Callable[[int], Awaitable[Any]]]] = []
+    for label, untracked in (("managed fields kept", False), ("untracked", True)):
+        prefix = f"r{rnd}-{'u' if untracked else 't'}"
+
+        def create(i: int, prefix: str = prefix, untracked: bool = untracked) -> Awaitable[Any]:
+            return kube.create(FLUXJOBS, fluxjob_pair(f"{prefix}-{i}", ns, node, untracked)[0], ns)
+
+        def patch(i: int, prefix: str = prefix, untracked: bool = untracked) -> Awaitable[Any]:
+            return kube.patch(FLUXJOBS, f"{prefix}-{i}", fluxjob_pair(f"{prefix}-{i}", ns, node, untracked)[1], ns)
+
+        out += [(f"fluxjobs POST (operator's body, {label})", create),
+                (f"fluxjobs PATCH (Completed, {label})", patch)]
+    return out
+
+
+async def run(cluster: Cluster, n: int, conc: int, only: str | None = None, rounds: int = 1) -> dict[str, Any]:
     kube = await Kube.from_config(str(cluster.kubeconfig))
     PIDS.update(cluster.pids)
     out: dict[str, Any] = {}
@@ -90,8 +135,6 @@ async def run(cluster: Cluster, n: int, conc: int) -> dict[str, Any]:
         await asyncio.sleep(3)  # established
         ns = "cost"
         await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        group_spec = {"size": 1, "jobspec": "version: 1\nresources: []\n" * 4, "duration": 0, "priority": 0,
-                      "matchPolicy": "lonode", "exclusive": False, "request": {"cpu": 1000}}
         node = "fx-node-0"
         nodes = (await kube.list(Resource("v1", "nodes", namespaced=False)))[0]
         if nodes:
@@ -108,20 +151,28 @@ async def run(cluster: Cluster, n: int, conc: int) -> dict[str, Any]:
                 "apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "e.", "namespace": ns},
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": f"p{i}", "namespace": ns},
                 "type": "Normal", "reason": "Cost", "message": "x", "source": {"component": "cost"}}, ns)),
-            ("fluxjobs POST", lambda i: kube.create(FLUXJOBS, {
-                "apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob", "metadata": {"name": f"f{i}"},
-                "spec": group_spec}, ns)),
-            ("fluxjobs PATCH (status)", lambda i: kube.patch(FLUXJOBS, f"f{i}", {"status": fluxjob.status(
-                fluxjob.Phase.RUNNING, reason="allocated", jobid=i, submit_time=1, expected_start=None,
-                start_time=2, end_time=None, nodes=[node], pods_seen=1, now=3, previous=None)}, ns)),
             ("jobs POST (suspended)", lambda i: kube.create(JOBS, {
                 "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"j{i}"},
                 "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [
                     {"name": "c", "image": "busybox"}]}}}}, ns)),
         ]
-        for name, make in kinds:
-            out[name] = await measure(n, conc, make)
-            print(name, out[name], flush=True)
+        # rounds alternate the kinds (a change of the machine's load hits each alike); each
+        # kind reports its median round
+        per_round: dict[str, list[dict[str, float]]] = {}
+        for rnd in range(rounds):
+            for name, make in [*kinds, *fluxjob_kinds(kube, ns, node, rnd)]:
+                if only is not None and only not in name:
+                    continue
+                r = await measure(n, conc, make)
+                print(name, r, flush=True)
+                per_round.setdefault(name, []).append(r)
+        for name, rs in per_round.items():
+            ordered = sorted(rs, key=lambda r: r["apiserver_cpu_ms"])
+            out[name] = dict(ordered[len(ordered) // 2])
+            if len(rs) > 1:
+                out[name]["apiserver_cpu_ms_rounds"] = [r["apiserver_cpu_ms"] for r in rs]
+        if only is not None and "webhook" not in only:
+            return out
         # the same creates through fluxnetes' mutating webhook (served in a child process, as
         # the operator does): the difference is what an admission call costs the API server
         bundle = certs.make_bundle(["127.0.0.1"])
@@ -156,11 +207,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--nodes", type=int, default=10)
+    ap.add_argument("--only", metavar="TEXT", help="only the request kinds whose name contains TEXT "
+                    "(e.g. fluxjobs; the webhook kinds run only when TEXT names them)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the kinds, alternating; medians reported")
     ap.add_argument("--output", default=str(RESULTS))
     args = ap.parse_args()
     result: dict[str, Any] = {
         "benchmark": "apiserver_costs",
-        "parameters": {"requests": args.requests, "concurrency": args.concurrency, "nodes": args.nodes},
+        "parameters": {"requests": args.requests, "concurrency": args.concurrency, "nodes": args.nodes,
+                       "only": args.only, "rounds": args.rounds},
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
     }
@@ -168,7 +223,10 @@ def main() -> None:
         cluster = Cluster.up(ClusterOptions(nodes=NodeShape(count=args.nodes, cpu="32", memory="256Gi"),
                                             dir=Path(tmp) / "cluster", die_with_parent=True))
         try:
-            result["per_request"] = asyncio.run(run(cluster, args.requests, args.concurrency))
+            load = os.getloadavg()[0]
+            result["per_request"] = asyncio.run(run(cluster, args.requests, args.concurrency, args.only,
+                                                    args.rounds))
+            result["load_average_1m_before"] = round(load, 2)
         finally:
             cluster.down()
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

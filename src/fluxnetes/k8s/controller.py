@@ -149,8 +149,8 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             g = None
         managed = template_is_ours(kind.template(obj))
         if g is None and managed and kind.resume_patch(obj) is not None and not kind.finished(obj):
-            # a Job: its group is known without any pod (its template was gated at admission;
-            # a Job created while the webhook was away has no managed template and runs alone)
+            # a Job: its group is known without any pod (its template was held at admission or
+            # names fluxnetes; a Job created while the webhook was away has neither and runs alone)
             try:
                 spec = self.group_for_workload(kind, obj)
             except GroupError as exc:

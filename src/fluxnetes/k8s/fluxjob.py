@@ -55,7 +55,7 @@ def write_meta(uid: str = "") -> dict[str, Any]:
     FluxJobs, so there is no other field manager to keep apart: ``managedFields: [{}]`` makes
     the API server drop them at each patch (a create still records its writer). A create and
     its patch then cost it about a tenth less CPU and the stored object is a third smaller
-    (bench/fluxjob_write_bench.py). ``uid``: the precondition that the write lands on this
+    (bench/apiserver_costs.py --only fluxjobs). ``uid``: the precondition that the write lands on this
     group's FluxJob only."""
     meta: dict[str, Any] = {"managedFields": [{}]}
     if uid:
