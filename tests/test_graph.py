@@ -172,7 +172,8 @@ def test_k8s_builder_maps_allocatable_and_topology() -> None:
     assert kids.count("gpu") == 2
     mem = next(c for c in w1.children if c.type == "memory")
     assert (mem.size, mem.unit) == (8192, "MiB")
-    fpga = next(c for c in w1.children if c.type == "fpga")
+    fpga = next(c for c in w1.children if c.type == "example.com/fpga")
+    assert fpga.name == "example.com_fpga0"
     assert fpga.size == 3
     assert g.get("w0").rank == 0 and w1.rank == 1  # sorted by name
     assert g.get("w2").status == DOWN and g.get("w3").status == DOWN and w1.status == UP

@@ -119,7 +119,7 @@ def test_graph_sockets_where_a_topology_exists_flat_elsewhere() -> None:
     a = g.get("a")
     assert [c.name for c in a.children] == ["socket0", "socket1"]
     s0, s1 = a.children
-    assert [c.name for c in s0.children] == ["core0", "core1", "core2", "core3", "gpu0", "gpu1", "memory0", "fpga0"]
+    assert [c.name for c in s0.children] == ["core0", "core1", "core2", "core3", "gpu0", "gpu1", "memory0", "example.com_fpga0"]
     assert [c.name for c in s1.children] == ["core4", "core5", "core6", "core7", "gpu2", "gpu3", "memory1"]
     assert s0.children[6].size == 8192 and s0.properties == {"numa": "0"}
     assert all(v.rank == a.rank for v in g.walk(a))

@@ -164,7 +164,7 @@ def test_pods_builder_mapping() -> None:
     top = js.resources[0]
     assert top.type == "slot" and top.count.min == 4 and top.label == "grp"
     kinds = {r.type: r.count.min for r in top.with_}
-    assert kinds == {"core": 2, "memory": 3073, "gpu": 1, "fpga": 2}
+    assert kinds == {"core": 2, "memory": 3073, "gpu": 1, "example.com/fpga": 2}
     assert js.duration == 120
     js = jobspec_from_pods(2, PodRequest(cpu_millis=0), exclusive_nodes=True)
     node = js.resources[0]

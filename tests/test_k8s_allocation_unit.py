@@ -171,3 +171,33 @@ def test_a_placement_lost_to_an_api_server_restart_is_sent_again() -> None:
         assert sorted(kube.patches) == ["g-0", "g-1"]  # both placed in the end
 
     asyncio.run(main())
+
+
+def test_a_job_past_its_deadline_says_so() -> None:
+    """Issue #29.4: a Job that ends DeadlineExceeded (the Job controller deletes its running
+    pods) is Failed with the Job's own reason, not '0 pod(s) failed'."""
+    async def main() -> None:
+        c, kube = make_controller()
+        j, g = await started_job(c, "j", 2)
+        pods = [pod(f"j-{i}", owner=j) for i in range(2)]
+        for p in pods:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
+        for p in placed:
+            c.handle(("Pod", "MODIFIED", p))
+        over = copy.deepcopy(j)
+        over["spec"]["suspend"] = False
+        over["status"] = {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                          "message": "Job was active longer than specified deadline"}]}
+        c.handle(("Job", "MODIFIED", over))
+        assert g.phase == Phase.RUNNING  # its pods still run: their room is theirs until they go
+        for p in placed:
+            c.handle(("Pod", "DELETED", deleting(p)))
+        await settle(c)
+        assert g.phase == Phase.FAILED and not g.held
+        assert g.reason == ("Job j failed: DeadlineExceeded: Job was active longer than specified "
+                            "deadline"), g.reason
+        assert kube.fluxjob_status[("ns", "job-j")]["reason"] == g.reason
+
+    asyncio.run(main())

@@ -255,3 +255,44 @@ def test_node_loss_releases_exactly_the_pods_that_ended(k8s_cluster: Any, op: Op
         for n in nodes:
             k8s_cluster.kubectl("delete", "node", n, "--ignore-not-found", check=False)
 
+
+
+def pinned_pod(name: str, cpu: str, node_name: str) -> dict[str, Any]:
+    p = cpu_pod(name, cpu, name, 1)
+    p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
+    return p
+
+
+def test_each_survivor_gives_its_node_back_when_it_ends() -> None:
+    """Issue #29.3: a gang loses a node; each surviving pod's share goes back the moment
+    that pod ends (not when the last survivor does), and work waiting for its node runs."""
+    async def main() -> None:
+        c, _kube = make_controller()  # n0..n3, 16 cpu each
+        gang = [cpu_pod(f"g-{i}", "12", "g", 3) for i in range(3)]
+        for p in gang:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "g")]
+        on = [node_of(c, g.key, p) for p in gang]
+        assert len(set(on)) == 3
+        for p, n in zip(gang, on, strict=True):
+            c.handle(("Pod", "MODIFIED", bound(p, n)))
+        c.handle(("Node", "DELETED", node(on[2])))
+        await settle(c)
+        assert str(g.phase) == "Failed" and sorted(g.held) == sorted(on[:2])
+        big = pinned_pod("big", "16", on[0])
+        c.handle(("Pod", "ADDED", big))
+        await settle(c)
+        b = c.groups[("ns", "big")]
+        assert str(b.phase) in ("Pending", "Reserved")  # g-0 still runs there
+        c.handle(("Pod", "DELETED", bound(gang[0], on[0])))
+        await settle(c)
+        small = pinned_pod("small", "1", on[0])
+        c.handle(("Pod", "ADDED", small))
+        await settle(c)
+        assert list(g.held) == [on[1]]  # only g-1 still holds
+        assert str(b.phase) == "Running" and b.slots == [on[0]], (b.phase, b.reason)
+        assert str(c.groups[("ns", "small")].phase) != "Running"  # not ahead of big
+        c.matcher.check_invariants()
+
+    asyncio.run(main())

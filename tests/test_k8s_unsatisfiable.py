@@ -75,6 +75,38 @@ def test_unsatisfiable_work_runs_once_a_node_makes_it_fit() -> None:
     asyncio.run(main())
 
 
+def fpga_node(name: str, resource: str) -> dict[str, Any]:
+    n = node(name)
+    for k in ("allocatable", "capacity"):
+        n["status"][k][resource] = "2"
+    return n
+
+
+def test_an_extended_resource_keeps_its_domain() -> None:
+    """`example.com/fpga` is not `other.com/fpga`: the reason names the full resource, a node
+    offering the other domain's device does not take the pod, one offering its own does."""
+    async def main() -> None:
+        c, _kube = make_controller()
+        p = cpu_pod("fpga", "1", "fpga", 1)
+        p["spec"]["containers"][0]["resources"]["requests"]["example.com/fpga"] = "1"
+        c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "fpga")]
+        assert str(g.phase) == "Unsatisfiable"
+        assert g.reason == ("can never run on this cluster: needs 1 example.com/fpga in all; "
+                            "the cluster has 0"), g.reason
+        c.handle(("Node", "ADDED", fpga_node("other", "other.com/fpga")))
+        await settle(c)
+        await settle(c)
+        assert str(g.phase) == "Unsatisfiable", (g.phase, g.slots)
+        c.handle(("Node", "ADDED", fpga_node("mine", "example.com/fpga")))
+        await settle(c)
+        await settle(c)
+        assert str(g.phase) == "Running" and g.slots == ["mine"], (g.phase, g.slots)
+
+    asyncio.run(main())
+
+
 def test_a_relabelled_node_makes_a_node_selector_fit() -> None:
     async def main() -> None:
         c, _kube = make_controller()

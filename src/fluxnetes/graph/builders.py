@@ -31,7 +31,8 @@ the label (others go under ``unknown``). Mapping:
 * memory: one ``memory`` pool vertex, size = allocatable memory in MiB (floor), unit "MiB";
 * ``nvidia.com/gpu``: that many ``gpu`` vertices;
 * other extended resources (name with a '/', not hugepages-/ephemeral-storage): one pool
-  vertex typed ``extended_type(name)`` (the part after '/') with size = the count;
+  vertex typed ``extended_type(name)`` (the full name, domain included; its vertex is named
+  ``vertex_basename`` of it: ``example.com_fpga0``) with size = the count;
 * node vertex: name = Kubernetes node name, id = rank = position in the (name-sorted) list,
   properties = the node labels; status down when ``spec.unschedulable`` or the Ready
   condition is not "True".
@@ -47,7 +48,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex
+from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex, vertex_basename
 from fluxnetes.jobspec.pods import extended_type
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -66,7 +67,7 @@ class _Builder:
     def add(self, vtype: str, parent: Vertex | None, *, name: str | None = None,
             basename: str | None = None, id: int = 0, rank: int = -1, size: int = 1,
             unit: str = "", properties: dict[str, str] | None = None, status: int = UP) -> Vertex:
-        base = basename if basename is not None else vtype
+        base = basename if basename is not None else vertex_basename(vtype)
         nm = name if name is not None else f"{base}{id}"
         path = (parent.path if parent else "") + "/" + nm
         v = Vertex(vtype, basename=base, name=nm, id=id, uniq_id=self.uniq, rank=rank, size=size,

@@ -19,6 +19,14 @@ UP = 0
 DOWN = 1
 
 
+def vertex_basename(vtype: str) -> str:
+    """The name stem of a vertex of type ``vtype``: the type, with '/' (the path separator)
+    as '_'. An extended resource keeps its full name as its *type* (``example.com/fpga``);
+    its vertices are named ``example.com_fpga0`` so that paths stay one level per vertex.
+    A Kubernetes domain cannot hold '_', so two resource names never share a stem."""
+    return vtype.replace("/", "_")
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while building many objects at once.
@@ -86,7 +94,7 @@ class Vertex:
         status: int = UP,
     ) -> None:
         self.type = type
-        self.basename = basename if basename is not None else type
+        self.basename = basename if basename is not None else vertex_basename(type)
         self.uniq_id = uniq_id
         if id is None:
             id = uniq_id

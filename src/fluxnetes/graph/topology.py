@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fluxnetes.graph.builders import MIB, from_k8s_nodes, parse_quantity
-from fluxnetes.graph.model import GraphError, ResourceGraph, Vertex
+from fluxnetes.graph.model import GraphError, ResourceGraph, Vertex, vertex_basename
 from fluxnetes.jobspec.pods import extended_type
 
 NRT_GROUP = "topology.node.k8s.io"
@@ -226,7 +226,7 @@ def apply_topology(g: ResourceGraph, node: Vertex, topo: NodeTopology) -> None:
         if vid is None:
             vid = counts.get(vtype, 0)
             counts[vtype] = vid + 1
-        name = f"{vtype}{vid}"
+        name = f"{vertex_basename(vtype)}{vid}"
         v = Vertex(vtype, name=name, id=vid, rank=rank, size=size, unit=unit, properties=props,
                    path=f"{parent.path}/{name}")
         return g.add_vertex(v, parent)

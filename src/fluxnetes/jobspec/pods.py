@@ -8,8 +8,9 @@ Mapping (kept in step with ``fluxnetes.graph.builders.from_k8s_nodes``):
   (a slot must hold something, as Fluence does);
 * ``memory[ceil(bytes / MiB)]`` when memory > 0 - the graph's memory pool is counted in MiB;
 * ``gpu[n]`` when n > 0 (``nvidia.com/gpu``);
-* any other extended resource ``vendor.com/thing: n`` -> a child ``thing``-typed request
-  named by :func:`extended_type` (the graph builder uses the same function);
+* any other extended resource ``vendor.com/thing: n`` -> a child request typed by its full
+  name ``vendor.com/thing`` (:func:`extended_type`; the graph builder uses the same function),
+  so two resources that differ only in their domain never satisfy each other;
 * ``exclusive_nodes`` wraps the slots as ``node[N] (exclusive) -> slot[1]``: one pod per node,
   nothing else on those nodes.
 * ``locality="socket"`` (pod annotation ``fluxnetes.io/topology: socket``, read by
@@ -54,8 +55,13 @@ def locality_from_annotations(annotations: Mapping[str, Any] | None) -> str | No
 
 
 def extended_type(resource_name: str) -> str:
-    """Graph/jobspec type for an extended resource: 'example.com/foo-bar' -> 'foo-bar'."""
-    return resource_name.rsplit("/", 1)[-1]
+    """Graph/jobspec type for an extended resource: its full name ('example.com/foo-bar').
+
+    The domain is part of the identity: ``example.com/fpga`` and ``other.com/fpga`` are
+    different devices, so the type keeps it everywhere (jobspec, graph, matcher, messages).
+    Vertex *names* cannot hold a '/' (it separates path levels): the graph derives them with
+    ``fluxnetes.graph.model.vertex_basename``."""
+    return resource_name
 
 
 def cores_for(cpu_millis: int) -> int:

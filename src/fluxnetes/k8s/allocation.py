@@ -260,6 +260,7 @@ class Allocation(Context):
         g.end = self.now()
         ok = g.failed_pods == 0
         complete = False
+        why = f"{g.failed_pods} pod(s) failed"
         if g.kind is not None:
             owner = self.owner_obj(g.spec.owner, g.spec.namespace)
             for c in ((owner or {}).get("status") or {}).get("conditions") or []:
@@ -267,6 +268,9 @@ class Allocation(Context):
                     continue
                 if c.get("type") in ("Failed", "FailureTarget"):
                     ok = False
+                    # the workload's own word (a Job's DeadlineExceeded, BackoffLimitExceeded):
+                    # its pods may all have been stopped rather than failed
+                    why = _condition_text(g.kind.kind, g.spec.owner.name if g.spec.owner else "", c) or why
                 elif c.get("type") in ("Complete", "SuccessCriteriaMet"):
                     complete = True
             if g.kind.addon and owner is not None and g.kind.finished(owner):
@@ -280,7 +284,7 @@ class Allocation(Context):
             self.group_event(g, "Normal", "Cancelled", reason, pods=False)
             return
         phase = Phase.COMPLETED if ok else Phase.FAILED
-        self.set_phase(g, phase, "all pods finished" if ok else f"{g.failed_pods} pod(s) failed")
+        self.set_phase(g, phase, "all pods finished" if ok else why)
         self.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
 
     def cancel_group(self, g: Group, reason: str) -> None:
@@ -292,3 +296,11 @@ class Allocation(Context):
         self.set_phase(g, Phase.CANCELLED, reason)
         self.group_event(g, "Normal", "Cancelled", reason, pods=False)
         self.dirty = True
+
+
+def _condition_text(kind: str, name: str, cond: Mapping[str, Any]) -> str:
+    """'Job x failed: DeadlineExceeded: Job was active longer than specified deadline'."""
+    reason, message = str(cond.get("reason") or ""), str(cond.get("message") or "")
+    if not reason and not message:
+        return ""
+    return f"{kind} {name} failed: " + ": ".join(t for t in (reason, message) if t)
