@@ -296,3 +296,53 @@ def test_each_survivor_gives_its_node_back_when_it_ends() -> None:
         c.matcher.check_invariants()
 
     asyncio.run(main())
+
+
+@pytest.mark.k8s
+def test_each_survivor_frees_its_node_when_it_ends_and_views_charge_it(k8s_cluster: Any, op: Operator) -> None:
+    """Issue #29.3, as a user drives it: a gang of 3 (3 of 4 cpu each) loses a node; a pod
+    pinned to a survivor's node waits; that survivor ends and the pinned pod runs there at once,
+    while the other survivor still runs. Meanwhile the plugin charges the survivors' nodes."""
+    from fluxnetes.cli.ctl.nodes import node_rows
+
+    nodes = [f"kwok-surv-{RUN}-{i}-{op.placement}" for i in range(3)]  # type: ignore[attr-defined]
+    add_nodes(k8s_cluster, nodes)
+
+    def three(name: str, cpu: str, group: str, size: int, on: str | None = None) -> dict[str, Any]:
+        p = here(name, group, size)
+        p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+        if on is not None:
+            p["spec"]["nodeSelector"]["kubernetes.io/hostname"] = on
+        return p
+
+    try:
+        with namespace(k8s_cluster) as ns, OverbookingWatch(k8s_cluster) as watch:
+            apply(k8s_cluster, ns, [three(f"gang-{i}", "3", "gang", 3) for i in range(3)])
+            wait("gang running", lambda: phase(k8s_cluster, ns, "gang") == "Running")
+            wait("all bound", lambda: len([p for p in pods(k8s_cluster, ns, "app=gang")
+                                           if p["spec"].get("nodeName")]) == 3, timeout=90)
+            placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods(k8s_cluster, ns, "app=gang")}
+            lost, first, second = placed["gang-2"], placed["gang-0"], placed["gang-1"]
+            k8s_cluster.kubectl("delete", "node", lost)
+            wait("gang failed", lambda: phase(k8s_cluster, ns, "gang") == "Failed")
+            apply(k8s_cluster, ns, [three("big", "4", "big", 1, on=first)])
+            wait("big queued", lambda: phase(k8s_cluster, ns, "big") in ("Pending", "Reserved"))
+
+            def charged() -> dict[str, int]:
+                rows = node_rows(k8s_cluster.kubectl_json("get", "nodes")["items"],
+                                 k8s_cluster.kubectl_json("get", "pods", "-A")["items"],
+                                 k8s_cluster.kubectl_json("get", "fluxjobs", "-A")["items"])
+                return {r["node"]: r["coresUsed"] for r in rows if r["node"] in (first, second)}
+
+            wait("the survivors' cores shown as used", lambda: charged() == {first: 3, second: 3})
+            k8s_cluster.kubectl("delete", "pod", "-n", ns, "gang-0", "--wait=false")
+            wait("big running while gang-1 still runs", lambda: phase(k8s_cluster, ns, "big") == "Running")
+            assert any(p["metadata"]["name"] == "gang-1" and p["status"].get("phase") == "Running"
+                       for p in pods(k8s_cluster, ns, "app=gang"))
+            wait("big bound on the freed node", lambda: pods(k8s_cluster, ns, "app=big")[0]["spec"].get(
+                "nodeName") == first, timeout=90)
+            wait("gang-1's node still charged", lambda: charged().get(second) == 3)
+        assert watch.violations == []
+    finally:
+        for n in nodes:
+            k8s_cluster.kubectl("delete", "node", n, "--ignore-not-found", check=False)

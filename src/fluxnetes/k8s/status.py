@@ -168,7 +168,9 @@ class Status(Context):
             start_time=g.start, end_time=g.end, nodes=g.slots, pods_seen=len(g.members), now=self.now(),
             previous=g.fj_status,
         ) | ({"shares": [s.as_dict() for s in g.held.values()], "released": sorted(g.released)}
-             if g.phase == Phase.RUNNING else {"shares": None, "released": None}) | self.pod_sets_status(g)
+             # a group that ended while some of its pods run on (node lost, cancelled) still
+             # holds their shares: shown, so that views charge their nodes until they go
+             if g.phase == Phase.RUNNING or g.held else {"shares": None, "released": None}) | self.pod_sets_status(g)
 
     @staticmethod
     def pod_sets_status(g: Group) -> dict[str, Any]:

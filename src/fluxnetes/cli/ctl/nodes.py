@@ -42,6 +42,21 @@ class _Use:
         self.pods += times
 
 
+def _add_shares(planned: dict[str, _Use], st: Mapping[str, Any]) -> None:
+    """What a FluxJob's group still holds, node by node (``status.shares``, in the scheduler's
+    units), and its pods there (slots not released). Also for a group that ended while some
+    of its pods run on (a lost node): they keep their room until they go."""
+    released = {int(i) for i in st.get("released") or []}
+    slots = [n for i, n in enumerate(st.get("nodes") or []) if i not in released]
+    for sh in st.get("shares") or []:
+        node = str(sh.get("node", ""))
+        use = planned.setdefault(node, _Use())
+        use.cpu += int(sh.get("cores", 0))
+        use.memory += int(sh.get("memory", 0)) * 1024 * 1024  # MiB
+        use.gpus += int(sh.get("gpus", 0))
+        use.pods += slots.count(node)
+
+
 def _pod_request(pod: Mapping[str, Any]) -> dict[str, int]:
     from fluxnetes.k8s.resources import ResourceError, pod_request
 
@@ -72,6 +87,9 @@ def node_rows(
     planned: dict[str, _Use] = {}
     for fj in fluxjobs:
         st = fj.get("status") or {}
+        if st.get("shares"):
+            _add_shares(planned, st)
+            continue
         if st.get("phase") != "Running":
             continue
         req = request_of(fj)
