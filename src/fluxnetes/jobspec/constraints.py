@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from fluxnetes.jobspec.errors import JobspecError
+
 _BAD_PROP = set("!&'\"^`|()\\")
 
 
@@ -59,8 +61,6 @@ class ConstraintError(ValueError):
 
 
 def _err(path: str, rule: str) -> Exception:
-    from fluxnetes.jobspec.model import JobspecError
-
     return JobspecError(path, rule)
 
 

@@ -17,6 +17,9 @@ from typing import Any
 import yaml
 
 from fluxnetes.jobspec.constraints import Constraint, parse_constraint
+from fluxnetes.jobspec.errors import (
+    JobspecError as JobspecError,  # re-exported: callers import it from here
+)
 from fluxnetes.jobspec.fastyaml import load_simple
 
 UINT_MAX = 4294967295
@@ -24,15 +27,6 @@ _SAFE_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 _RESOURCE_KEYS = frozenset({"type", "count", "unit", "exclusive", "with", "label", "id"})
 _TOP_KEYS = ("version", "resources", "tasks", "attributes")
-
-
-class JobspecError(ValueError):
-    """A jobspec broke a rule; ``path`` names the field, ``rule`` says what was expected."""
-
-    def __init__(self, path: str, rule: str) -> None:
-        self.path = path or "jobspec"
-        self.rule = rule
-        super().__init__(f"{self.path}: {rule}")
 
 
 @dataclass(frozen=True, slots=True)

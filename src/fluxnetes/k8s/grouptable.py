@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from fluxnetes.k8s.fluxjob import Phase
 
 if TYPE_CHECKING:
-    from fluxnetes.k8s.groupbook import Group
+    from fluxnetes.k8s.group import Group
 
 Key = tuple[str, str]
 
