@@ -17,11 +17,16 @@ from test_k8s_operator import (
     namespace as namespace,  # re-exported: the helpers tests import it from here
 )
 
+CRASH_AT = "FLUXNETES_DEBUG_EXIT_AT"
+CRASH_HOOK = str(Path(__file__).resolve().parent / "crashhook")
+
 
 class Operator(OperatorProc):
     """The operator subprocess, startable with extra environment (FLUXNETES_DEBUG_EXIT_AT)."""
 
     def start_with(self, env: dict[str, str], *extra: str) -> None:
+        if CRASH_AT in env:  # the process installs the crash-point hook (tests/crashhook)
+            env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (CRASH_HOOK, os.environ.get("PYTHONPATH")) if p)}
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:

@@ -3,12 +3,11 @@
 (node affinity + ungate, or a Binding when fluxnetes is the pod's scheduler: k8s/placement.py),
 ``resume`` lets a held Job go, ``evict`` restarts a gang (--on-node-lost requeue);
 ``release_slot`` / ``release_all`` give shares back (partial_cancel / cancel), ``finish_group``
-and ``cancel_group`` end a group. The crash points of the restart tests are here
-(``FLUXNETES_DEBUG_EXIT_AT``). Owned state: ``_hold_placement``."""
+and ``cancel_group`` end a group. Most crash points of the restart tests are here
+(crashpoints.py). Owned state: ``_hold_placement``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
@@ -47,18 +46,7 @@ class Allocation(Context):
         def slot_share(self, g: Group, slot: int, held: shares.Share) -> shares.Share: ...
 
     def init_allocation(self) -> None:
-        self._hold_placement = False  # debug exit point "fluxjob-running": never place
-
-    async def _exit_once_placed(self, g: Group) -> None:
-        while sum(1 for p in g.members.values() if not _gated(p)) < g.spec.size:
-            g.fj_dirty = False
-            await asyncio.sleep(0.02)
-        self.debug_exit("placed")
-
-    async def _exit_once_written(self, g: Group, point: str) -> None:
-        while g.fj_status.get("phase") != str(g.phase) or g.fj_dirty:
-            await asyncio.sleep(0.05)
-        self.debug_exit(point)
+        self._hold_placement = False  # a restart test's hook held placement back: never place
 
     def start_group(self, g: Group, res: Any) -> None:
         g.jobid = res.jobid
@@ -81,16 +69,9 @@ class Allocation(Context):
         g.note = ""
         if g.spec.size > 1:  # (a group of one pod: its pod's Scheduled Event says it; see enqueue)
             self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
-        if self.debug_point("allocated", g):
-            self.debug_exit("allocated")  # the store has the allocation; nothing else does
-        if self.debug_point("placed", g):
-            # pods placed, the FluxJob status not written (nor anything after it)
-            g.fj_dirty = False
-            self.spawn(self._exit_once_placed(g))
-        if self.debug_point("fluxjob-running", g):
-            # the FluxJob says Running, no pod placed, the Job not resumed
-            self._hold_placement = True
-            self.spawn(self._exit_once_written(g, "fluxjob-running"))
+        self.crash_point("allocated", g.qid)  # the store has the allocation; nothing else does
+        if self.crash_point("placement", g.qid):
+            self._hold_placement = True  # a restart test's hook: no pod placed, the Job not resumed
             return
         owner = self.owner_obj(g.spec.owner, g.spec.namespace) or {}
         if g.kind is not None and g.kind.resume_patch(owner) and g.kind.held_by_fluxnetes(owner):
@@ -152,6 +133,7 @@ class Allocation(Context):
                 log.info("placing %s/%s on %s: %s", m.get("namespace"), m.get("name"), node, exc)
             return
         METRICS.allocated_pods.inc()
+        self.crash_point("pod-placed", g.qid, pod=uid, size=g.spec.size)
         if not hold.gated(pod):  # a pinned pod gets its Scheduled Event from kube-scheduler
             self.event(self.pod_ref(pod), "Normal", "Scheduled",
                        f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
@@ -176,8 +158,7 @@ class Allocation(Context):
             with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
                 log.warning("resuming %s: %s", g.qid, exc)
             return
-        if self.debug_point("resumed", g):
-            self.debug_exit("resumed")  # the Job runs; no FluxJob status says so
+        self.crash_point("resumed", g.qid)  # the Job runs; no FluxJob status says so
 
     async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
         assert g.kind is not None and g.spec.owner is not None

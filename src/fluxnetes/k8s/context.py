@@ -1,6 +1,6 @@
 """What every part of the controller shares: the API client, configuration and clock, the
 event queue the informers fill, background tasks, the store journal, the "something changed,
-run a cycle" flag, readiness, and the crash points of the restart tests. Each part
+run a cycle" flag, readiness, and the crash points of the restart tests (crashpoints.py). Each part
 (groupbook, scaling, mirror, accounting, recovery, allocation, status, scheduling) is a
 ``Context`` with its own state and methods; ``Controller`` (controller.py) joins them."""
 
@@ -8,24 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from fluxnetes.k8s import crashpoints
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.informer import Event
 from fluxnetes.k8s.kube import Kube, short, transient
 
-if TYPE_CHECKING:
-    from fluxnetes.k8s.groupbook import Group
-
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
-
-# FLUXNETES_DEBUG_EXIT_AT=<point>: the process exits (status 137, like SIGKILL) at that point,
-# so tests can stop the operator deterministically inside a crash window (see start_group)
-DEBUG_EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
 
 T = TypeVar("T")
 
@@ -89,14 +82,11 @@ class Context:
             backoff = min(backoff * 2, 5.0)
 
     # ---------------------------------------------------------------- crash windows
-    def debug_point(self, point: str, g: Group) -> bool:
-        """Is ``FLUXNETES_DEBUG_EXIT_AT`` set to ``point`` (optionally ``point@namespace/name``)?"""
-        want, _, target = os.environ.get(DEBUG_EXIT_AT, "").partition("@")
-        return want == point and target in ("", g.qid)
+    def crash_point(self, point: str, qid: str, **facts: object) -> bool:
+        """The group ``qid`` passes a named point of the restart tests (crashpoints.py):
+        False (go on) unless a hook they installed holds the step back."""
+        return crashpoints.hit(point, qid, flush=self._flush_store, **facts)
 
-    def debug_exit(self, point: str) -> None:
-        log.warning("%s=%s: exiting here on purpose", DEBUG_EXIT_AT, point)
+    def _flush_store(self) -> None:
         if self.journal is not None:
             self.journal.drain()  # what the store was told is in the store
-        logging.shutdown()
-        os._exit(137)

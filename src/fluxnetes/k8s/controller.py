@@ -13,7 +13,7 @@ State and where it comes from:
   the FluxJob status, so a restarted operator re-records it (update_allocate) before
   scheduling anything.
 
-Restart windows (each forced by a test with FLUXNETES_DEBUG_EXIT_AT): an allocation the store
+Restart windows (each forced by a test at a crash point, crashpoints.py): an allocation the store
 recorded but the cluster does not show yet (no FluxJob status, no pod placed, Job still held)
 is taken up again on exactly the store's nodes (``adopt_allocation``), or matched again when
 one of them is gone; a Running FluxJob whose pods were never placed gets them placed and its
@@ -63,7 +63,7 @@ from fluxnetes.k8s import names
 from fluxnetes.k8s.accounting import CHECK_EVERY, Accounting
 from fluxnetes.k8s.allocation import Allocation
 from fluxnetes.k8s.config import OperatorConfig
-from fluxnetes.k8s.context import DEBUG_EXIT_AT, Context
+from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.groupbook import QUEUED, Group, GroupBook
 from fluxnetes.k8s.groups import GroupError, controller_of, object_name
@@ -83,7 +83,7 @@ from fluxnetes.k8s.store_recovery import StoreRecovery
 from fluxnetes.k8s.workloads import kind_of, made_for
 from fluxnetes.metrics import METRICS
 
-__all__ = ["CHECK_EVERY", "DEBUG_EXIT_AT", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUED",
+__all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUED",
            "SCALE_SEP", "Context", "Controller", "Group", "TimedMatcher"]
 
 # one logger for every part of the state machine

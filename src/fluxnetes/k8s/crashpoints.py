@@ -1,40 +1,45 @@
-"""Deterministic crash windows for the restart tests (``FLUXNETES_DEBUG_EXIT_AT``).
+"""Named points of the operator where the restart tests stop it, and the one hook they install.
 
-``FLUXNETES_DEBUG_EXIT_AT=<point>`` or ``<point>@<namespace>/<group>`` makes the operator exit
-with status 137 (like a SIGKILL) at that point, for that group, so a test can stop it inside
-a crash window and check what a restart makes of it. The points:
+A production path only says where it is: ``hit("allocated", qid)``. Nothing happens there
+unless a test installed a hook (``install``); the restart tests do so in the operator
+process they start (``tests/crashhook/sitecustomize.py``, driven by
+``FLUXNETES_DEBUG_EXIT_AT=<point>[@<namespace>/<group>]``) and make it exit with status 137,
+like a SIGKILL, inside a crash window. The points, with the facts each passes:
 
-- ``allocated``: the store has the allocation; nothing else (no FluxJob status, no pod placed,
-  the Job not resumed);
-- ``placed``: the pods are placed, the FluxJob status is not written;
-- ``fluxjob-running``: the FluxJob says Running, nothing is placed, the Job is not resumed;
+- ``allocated``: the store has the allocation; nothing else (no FluxJob status, no pod
+  placed, the Job not resumed);
+- ``placement`` (before the group's Job is resumed and its pods placed): a hook that answers
+  True holds the group's placement back (no pod of the operator is placed after that);
+- ``pod-placed`` (``pod``: uid, ``size``: the group's pods): one of its pods was placed;
+- ``fluxjob-write``: a FluxJob status write is due; a hook that answers True drops it;
 - ``fluxjob-created``: the FluxJob object was just created (with the group's status of that
-  moment: one write), nothing later written;
-- ``resumed``: the Job was resumed (its pods are being created), the FluxJob not written;
+  moment: one write);
+- ``fluxjob-written`` (``phase``): a FluxJob status saying ``phase`` was written;
+- ``resumed``: the Job was resumed (its pods are being created);
 - ``store-<state>`` (e.g. ``store-completed``, ``store-release``): right before the store is
-  told about that transition (or partial release): the store is behind the cluster.
+  told about that transition (or partial release).
+
+Every point passes ``flush``: what makes the store hold what it was told so far (a hook
+that exits calls it first).
 """
 
 from __future__ import annotations
 
-import logging
-import os
+from collections.abc import Callable
 
-DEBUG_EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
+# (point, "namespace/name", facts) -> hold this step back?
+Hook = Callable[[str, str, dict[str, object]], bool]
 
-log = logging.getLogger(__name__)
-
-
-def wanted(point: str, qid: str) -> bool:
-    """Is the exit point ``point`` asked for, for the group ``namespace/name``?"""
-    raw = os.environ.get(DEBUG_EXIT_AT, "")
-    if not raw:
-        return False
-    want, _, target = raw.partition("@")
-    return want == point and target in ("", qid)
+_hook: Hook | None = None
 
 
-def exit_now(point: str) -> None:
-    log.warning("%s=%s: exiting here on purpose", DEBUG_EXIT_AT, point)
-    logging.shutdown()
-    os._exit(137)
+def install(hook: Hook | None) -> None:
+    """Make ``hook`` see every point from now on (None: none again)."""
+    global _hook
+    _hook = hook
+
+
+def hit(point: str, qid: str, **facts: object) -> bool:
+    """The operator passes ``point`` for the group ``qid``: False (go on) unless an installed
+    hook holds the step back."""
+    return _hook is not None and _hook(point, qid, facts)

@@ -15,8 +15,8 @@ would refuse as illegal are bridged through the legal path (e.g. a job that comp
 its start was still being written is started, then completed) or skipped when the store is
 already in a terminal state. A completion found after a restart with no allocation known (its
 pods gone too) ends the row as cancelled, saying so: a live row would be queued again.
-``FLUXNETES_DEBUG_EXIT_AT=store-<state>`` / ``store-release`` stops the operator right before
-such a write (crashpoints.py): the store is then behind the cluster.
+The crash points ``store-<state>`` / ``store-release`` come right before such a write
+(crashpoints.py): a restart test stops the operator there, the store behind the cluster.
 """
 
 from __future__ import annotations
@@ -176,13 +176,11 @@ class Journal:
         self._q.put(lambda: self._record(rec, now))
 
     def _crash_point(self, point: str, rec: GroupRecord) -> None:
-        """``FLUXNETES_DEBUG_EXIT_AT=store-<state>``: exit right before the store is told (the
-        store is then behind the cluster; see crashpoints.py)."""
+        """Right before the store is told (crashpoints.py: a restart test may stop here, the
+        store then behind the cluster)."""
         from fluxnetes.k8s import crashpoints
 
-        if crashpoints.wanted(point, f"{rec.namespace}/{rec.name}"):
-            self.drain()  # everything before this write is in the store
-            crashpoints.exit_now(point)
+        crashpoints.hit(point, f"{rec.namespace}/{rec.name}", flush=self.drain)
 
     def cancel(self, store_id: int, now: int, reason: str) -> None:
         def op() -> None:

@@ -203,6 +203,8 @@ class Status(Context):
                 await self.delete_fluxjob(g)
             g.fj_exists = False
             return
+        if self.crash_point("fluxjob-write", g.qid):
+            return  # a restart test's hook drops it
         st = self.fluxjob_status(g)
         try:
             if not g.fj_exists:
@@ -227,14 +229,15 @@ class Status(Context):
                         return
                     written = taken
                 g.fj_exists = True
-                if self.debug_point("fluxjob-created", g):
-                    self.debug_exit("fluxjob-created")
+                self.crash_point("fluxjob-created", g.qid)
                 if written:
                     g.fj_status = st
+                    self.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))
                     return
             body_st = {"status": st, "metadata": fluxjob.write_meta(g.fj_uid)}
             await self.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
             g.fj_status = st
+            self.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))
         except ApiError as exc:
             if exc.namespace_terminating:
                 # no write can land there, and the namespace's deletion takes the workload and

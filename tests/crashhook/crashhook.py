@@ -1,0 +1,72 @@
+"""The restart tests' crash-point hook (fluxnetes.k8s.crashpoints): ``FLUXNETES_DEBUG_EXIT_AT=
+<point>[@<namespace>/<group>]`` makes the operator exit with status 137, like a SIGKILL, inside
+that crash window, for that group (any group without ``@``). ``point`` is one of the operator's
+points that stop at once (``allocated``, ``fluxjob-created``, ``resumed``, ``store-<state>``),
+or one of the windows made of several points:
+
+- ``placed``: once the group is allocated its FluxJob writes are dropped; the operator exits
+  when every pod of the group is placed (the FluxJob status is not written);
+- ``fluxjob-running``: placement is held back (no pod placed, the Job not resumed); the
+  operator exits once a FluxJob status saying Running is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from fluxnetes.k8s import crashpoints
+
+EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
+
+log = logging.getLogger("fluxnetes.k8s.controller")
+
+
+def exit_now(point: str, facts: dict[str, Any]) -> None:
+    log.warning("%s=%s: exiting here on purpose", EXIT_AT, point)
+    flush = facts.get("flush")
+    if callable(flush):
+        flush()  # what the store was told is in the store
+    logging.shutdown()
+    os._exit(137)
+
+
+def make_hook(spec: str, exit: Callable[[str, dict[str, Any]], None] = exit_now) -> crashpoints.Hook:
+    """The hook for ``FLUXNETES_DEBUG_EXIT_AT=spec``; ``exit`` is called where the process ends."""
+    want, _, target = spec.partition("@")
+    allocated: set[str] = set()
+    placed: dict[str, set[Any]] = {}
+
+    def hook(point: str, qid: str, facts: dict[str, Any]) -> bool:
+        if target and qid != target:
+            return False
+        if want == "placed":
+            if point == "allocated":
+                allocated.add(qid)
+            elif point == "fluxjob-write":
+                return qid in allocated  # the FluxJob status is not written
+            elif point == "pod-placed" and qid in allocated:
+                pods = placed.setdefault(qid, set())
+                pods.add(facts.get("pod"))
+                if len(pods) >= int(facts.get("size") or 0):
+                    exit(want, facts)
+            return False
+        if want == "fluxjob-running":
+            if point == "placement":
+                return True  # nothing placed, the Job not resumed
+            if point == "fluxjob-written" and facts.get("phase") == "Running":
+                exit(want, facts)
+            return False
+        if point == want:
+            exit(want, facts)
+        return False
+
+    return hook
+
+
+def install_from_env() -> None:
+    spec = os.environ.get(EXIT_AT, "")
+    if spec:
+        crashpoints.install(make_hook(spec))
