@@ -31,11 +31,13 @@ from typing import Any
 import psutil
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
-from fluxnetes.k8s import certs, fluxjob, webhook_config
+from fluxnetes.k8s import certs
+from fluxnetes.k8s.admission import webhook_config
+from fluxnetes.k8s.admission.webhook import WebhookServer
 from fluxnetes.k8s.groups import GroupSpec, OwnerRef
 from fluxnetes.k8s.kube import JSON_PATCH, MUTATING, NAMESPACES, PODS, Kube, Resource
+from fluxnetes.k8s.persistence import fluxjob
 from fluxnetes.k8s.resources import PodResources
-from fluxnetes.k8s.webhook import WebhookServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "apiserver_costs.json"
 JOBS = Resource("batch/v1", "jobs")

@@ -34,7 +34,7 @@ sys.path.insert(0, sys.argv[3])
 from test_k8s_prune import RecordingKube, job, node
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 
 n, cycles, room, ended = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[4]), float(sys.argv[5])
 

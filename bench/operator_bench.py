@@ -36,8 +36,8 @@ import aiohttp
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
 from fluxnetes.k8s import certs
+from fluxnetes.k8s.admission.webhook import WebhookServer
 from fluxnetes.k8s.kube import NAMESPACES, PODS, Kube, Resource
-from fluxnetes.k8s.webhook import WebhookServer
 
 JOBS = Resource("batch/v1", "jobs")
 RESULTS = Path(__file__).resolve().parent / "results" / "operator_bench.json"

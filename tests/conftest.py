@@ -122,4 +122,4 @@ def _no_accounting_check_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process controllers run their post-restart accounting check at once: the tests await
     every task the controller spawned, and the production delay (recovery.py) would only make
     them wait (operators started as processes keep it)."""
-    monkeypatch.setattr("fluxnetes.k8s.recovery.ACCOUNTING_CHECK_DELAY", 0.0)
+    monkeypatch.setattr("fluxnetes.k8s.persistence.recovery.ACCOUNTING_CHECK_DELAY", 0.0)

@@ -1,6 +1,6 @@
 """Multi-role workloads with their REAL controllers (JobSet, MPI Operator, LeaderWorkerSet,
 Kubeflow Trainer) in the dev cluster (`fluxnetes dev cluster up --addons all`), admitted by
-fluxnetes' real webhook server (k8s/webhook.py, configured by webhook_config.mutating with the
+fluxnetes' real webhook server (k8s/admission/webhook.py, configured by webhook_config.mutating with the
 kinds discovery shows): each workload is held at admission, its controller creates nothing
 (or only gated pods), the resume patch lets the controller create pods that are born gated,
 and every pod routes back to its workload, group and pod set. The examples a user applies
@@ -27,8 +27,9 @@ import yaml
 
 from fluxnetes.devcluster import Cluster, NodeShape
 from fluxnetes.devcluster import addons as addon_defs
-from fluxnetes.k8s import certs, names, webhook_config
-from fluxnetes.k8s.webhook import WebhookServer
+from fluxnetes.k8s import certs, names
+from fluxnetes.k8s.admission import webhook_config
+from fluxnetes.k8s.admission.webhook import WebhookServer
 from fluxnetes.k8s.workloads import (
     ADDON_KINDS,
     ALL_KINDS,

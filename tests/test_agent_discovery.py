@@ -388,8 +388,8 @@ def test_publish_on_the_api_server(k8s_cluster: Any, trees: dict[str, Path], mon
                                    tmp_path: Path) -> None:
     """CRD installed (the API server accepts its schema), object created and updated, read back
     by the operator side; the kwok node's allocatable (16 cpu, 64Gi, 4 GPUs) caps the zones."""
+    from fluxnetes.k8s.cluster.topology import NRT
     from fluxnetes.k8s.kube import CRDS, NODES, Kube
-    from fluxnetes.k8s.topology import NRT
 
     monkeypatch.setattr(nrt, "_crd_ready", False)
     # a kubelet that aligns pods to one NUMA node: the operator builds sockets only for those
@@ -412,7 +412,7 @@ def test_publish_on_the_api_server(k8s_cluster: Any, trees: dict[str, Path], mon
             assert [(z.numa, z.cores, z.gpus, z.memory) for z in topo.zones] == [
                 (0, 8, 2, 32 * 1024), (1, 8, 2, 32 * 1024)]
             # the operator side lists it (before its first graph) the same way
-            from fluxnetes.k8s.topology import Topologies, TopologySource
+            from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
 
             seen = Topologies()
             assert await TopologySource(kube, asyncio.Queue()).load(seen) >= 1

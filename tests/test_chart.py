@@ -179,7 +179,7 @@ def test_crd_ships_in_the_package() -> None:
     import fnmatch
     import tomllib
 
-    from fluxnetes.k8s import fluxjob
+    from fluxnetes.k8s.persistence import fluxjob
 
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
         "fluxnetes"
@@ -321,7 +321,7 @@ def test_rbac_is_least_privilege() -> None:
 
 
 # (apiGroup, resource) -> verbs: what the operator calls on each multi-role kind (informers in
-# k8s/podset_groups.py; resume and requeue patches in k8s/allocation.py); it never creates,
+# k8s/groups/podset_groups.py; resume and requeue patches in k8s/scheduling/allocation.py); it never creates,
 # updates or deletes them, and an LWS (no suspend field) is only read
 MULTI_ROLE = {
     ("kubeflow.org", "mpijobs"): {"get", "list", "watch", "patch"},

@@ -25,7 +25,7 @@ from fluxnetes.cli.ctl.dryrun import (
 )
 from fluxnetes.graph import from_description
 from fluxnetes.jobspec import PodRequest, jobspec_from_pods
-from fluxnetes.k8s.shares import Share
+from fluxnetes.k8s.scheduling.shares import Share
 from helpers import cli_app, fluxjob_namespace, patch_fluxjob_status
 
 ROOT = Path(__file__).resolve().parents[1]

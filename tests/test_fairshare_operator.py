@@ -18,7 +18,7 @@ from typing import Any
 from fluxnetes.k8s import names
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
 from test_k8s_prune import RecordingKube, node
 

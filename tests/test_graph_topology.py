@@ -1,6 +1,6 @@
 """Topology-aware graphs from NodeResourceTopology objects (fluxnetes.graph.topology), socket
 locality in pod jobspecs (fluxnetes.jobspec.pods) and the operator side: a node's subtree
-replaced in a live matcher with its allocations kept (fluxnetes.k8s.topology)."""
+replaced in a live matcher with its allocations kept (fluxnetes.k8s.cluster.topology)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fluxnetes.graph.topology import (
 )
 from fluxnetes.jobspec.model import JobspecError
 from fluxnetes.jobspec.pods import PodRequest, jobspec_from_pods, locality_from_annotations
-from fluxnetes.k8s.topology import Topologies, TopologySource, build_graph, replace_node
+from fluxnetes.k8s.cluster.topology import Topologies, TopologySource, build_graph, replace_node
 from fluxnetes.match.matcher import Matcher
 from fluxnetes.match.results import MatchStatus
 

@@ -1,4 +1,4 @@
-"""Unit level (no cluster): the accounting invariant (k8s/accounting.py): the graph's use equals
+"""Unit level (no cluster): the accounting invariant (k8s/cluster/accounting.py): the graph's use equals
 the requests of the bound, unfinished pods, node by node, plus slots not bound yet. Checked on
 the mirror alone and on a Controller running a Job."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fluxnetes.k8s.accounting import Accounting
+from fluxnetes.k8s.cluster.accounting import Accounting
 from test_k8s_mirror_unit import Mirror, mirror, other
 from test_k8s_prune import bound, finished, job, make_controller, pod, settle
 

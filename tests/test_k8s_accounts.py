@@ -1,5 +1,5 @@
 """Fair share on Kubernetes without a cluster: FluxAccounts + Namespaces -> the account tree
-(fluxnetes.k8s.accounts), QoS from PriorityClasses, and the operator's FairShareBook
+(fluxnetes.k8s.fairshare.accounts), QoS from PriorityClasses, and the operator's FairShareBook
 (order, limits, snapshot, metrics, bad configuration kept out, `kubectl fluxnetes accounts`
 rows). The cluster half is tests/test_k8s_accounts_cluster.py; the store half
 tests/test_store_usage.py."""
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from fluxnetes.cli.ctl.accounts import account_rows, fmt_limits
-from fluxnetes.k8s.accounts import (
+from fluxnetes.k8s.fairshare.accounts import (
     AccountConfigError,
     parse_accounts,
     priority_classes_of,
@@ -22,7 +22,7 @@ from fluxnetes.k8s.accounts import (
     qos_max,
     qos_priority,
 )
-from fluxnetes.k8s.fairshare_book import AccountMetrics, FairShareBook
+from fluxnetes.k8s.fairshare.fairshare_book import AccountMetrics, FairShareBook
 from fluxnetes.queue.job import QueuedJob
 from fluxnetes.queue.priority import FairShareConfig, PriorityWeights
 from fluxnetes.queue.usage import Resources
@@ -222,14 +222,14 @@ def test_breakdown_explains_the_priority() -> None:
 
 
 def test_the_crd_is_packaged_and_matches_the_copies() -> None:
-    from fluxnetes.k8s.accounts import crd_manifest
+    from fluxnetes.k8s.fairshare.accounts import crd_manifest
 
     crd = crd_manifest()
     assert crd["metadata"]["name"] == "fluxaccounts.fluxnetes.io" and crd["spec"]["scope"] == "Cluster"
     for copy in ("deploy/crds", "deploy/chart/crds"):
         assert yaml.safe_load((ROOT / copy / "fluxaccounts.fluxnetes.io.yaml").read_text()) == crd
     limits = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["limits"]
-    from fluxnetes.k8s.accounts import LIMIT_FIELDS
+    from fluxnetes.k8s.fairshare.accounts import LIMIT_FIELDS
 
     assert set(limits["properties"]) == set(LIMIT_FIELDS)
 
@@ -277,7 +277,7 @@ def test_a_resize_changes_what_is_charged() -> None:
 
 
 def test_resources_of_an_allocation() -> None:
-    from fluxnetes.k8s.shares import Share
+    from fluxnetes.k8s.scheduling.shares import Share
 
     res = FairShareBook.resources_of([Share("n1", 4, 1), Share("n1", 2), Share("n2", 8, 2)])
     assert res == Resources(cores=14, gpus=3, nodes=2)

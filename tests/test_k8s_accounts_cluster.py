@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fluxnetes.cli.ctl import build
-from fluxnetes.k8s.fairshare_book import FairShareBook
+from fluxnetes.k8s.fairshare.fairshare_book import FairShareBook
 from fluxnetes.queue.job import QueuedJob
 from fluxnetes.queue.priority import FairShareConfig
 from fluxnetes.queue.usage import Resources

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fluxnetes.k8s import admission, fluxjob, names
+from fluxnetes.k8s import names
+from fluxnetes.k8s.admission import review as admission
 from fluxnetes.k8s.groups import (
     GroupError,
     OwnerRef,
@@ -19,6 +20,7 @@ from fluxnetes.k8s.groups import (
     object_name,
     parse_duration,
 )
+from fluxnetes.k8s.persistence import fluxjob
 from fluxnetes.k8s.resources import PodResources, ResourceError, parse_quantity, pod_request
 from fluxnetes.k8s.workloads import KINDS, kind_of
 
@@ -408,7 +410,7 @@ def test_job_template_naming_fluxnetes_is_labelled_and_suspended_by_job_mode() -
 
 
 def test_hold_knows_fluxnetes_pods_with_or_without_the_webhook() -> None:
-    from fluxnetes.k8s.hold import is_held, is_ours
+    from fluxnetes.k8s.admission.hold import is_held, is_ours
 
     named = {"schedulerName": names.SCHEDULER_NAME}
     assert is_ours({}, named) and is_held({"spec": named})

@@ -1,4 +1,4 @@
-"""Unit level (no cluster): allocation (k8s/allocation.py): a started group's pods get one slot
+"""Unit level (no cluster): allocation (k8s/scheduling/allocation.py): a started group's pods get one slot
 each and are pinned to its node (affinity + ungate) or bound (fluxnetes as their scheduler); a
 pod that ends gives back its part of the node's share; the last one ends the group."""
 
@@ -9,8 +9,8 @@ import copy
 from typing import Any
 
 from fluxnetes.k8s import names
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.placement import ANN_SLOT
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling.placement import ANN_SLOT
 from test_k8s_prune import RecordingKube, bound, finished, make_controller, pod, settle, started_job
 
 

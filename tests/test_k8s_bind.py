@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.k8s import admission, hold, names, placement
+from fluxnetes.k8s import names
+from fluxnetes.k8s.admission import hold
+from fluxnetes.k8s.admission import review as admission
+from fluxnetes.k8s.scheduling import placement
 from k8s_helpers import Operator, namespace, operator_session
 from test_k8s_operator import (
     apply,

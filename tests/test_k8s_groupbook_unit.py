@@ -1,4 +1,4 @@
-"""Unit level (no cluster): the group book (k8s/groupbook.py): pods join their group, a pod-made
+"""Unit level (no cluster): the group book (k8s/groups/groupbook.py): pods join their group, a pod-made
 group waits Provisional until it is complete, a pod that goes before the start makes it wait
 again, pods that come before their owner wait for it, a workload made again under its old
 name is a new workload."""
@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from fluxnetes.k8s import names
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from test_k8s_prune import job, make_controller, pod, settle
 
 

@@ -1,4 +1,4 @@
-"""The group table's indexes (k8s/grouptable.py) and the fair-share charges that follow only the
+"""The group table's indexes (k8s/groups/grouptable.py) and the fair-share charges that follow only the
 groups it marks as touched, checked against a full recount of every group.
 
 Unit level: the table alone, then the Controller driven by watch events (the recording fake of
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupSpec
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.resources import PodResources
 from test_fairshare_operator import account, namespace
 from test_k8s_node_loss import cpu_pod

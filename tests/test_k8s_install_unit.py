@@ -6,8 +6,8 @@ import asyncio
 import copy
 from typing import Any
 
-from fluxnetes.k8s import fluxjob
-from fluxnetes.k8s.install import ensure_crd
+from fluxnetes.k8s.admission.install import ensure_crd
+from fluxnetes.k8s.persistence import fluxjob
 
 
 class Crds:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.k8s import admission
+from fluxnetes.k8s.admission import review as admission
 from fluxnetes.k8s.workloads import kind_of
 from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
 from test_k8s_admission import apply_patch

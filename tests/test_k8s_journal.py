@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.journal import GroupRecord, Journal
-from fluxnetes.k8s.shares import Share
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.persistence.journal import GroupRecord, Journal
+from fluxnetes.k8s.scheduling.shares import Share
 
 SHARES = (Share("n1", cores=2, memory=100), Share("n2", cores=2, memory=100))
 

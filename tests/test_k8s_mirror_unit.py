@@ -1,4 +1,4 @@
-"""Unit level (no cluster): the cluster mirror (k8s/mirror.py) on its own and in the Controller.
+"""Unit level (no cluster): the cluster mirror (k8s/cluster/mirror.py) on its own and in the Controller.
 
 The mirror is built alone (``ClusterMirror`` over the shared ``Context``, plus the empty group
 book that node loss looks at): Nodes become the graph, pods bound by anyone else become one
@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fluxnetes.k8s.cluster.mirror import ClusterMirror
 from fluxnetes.k8s.config import OperatorConfig
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import GroupBook
-from fluxnetes.k8s.mirror import ClusterMirror
+from fluxnetes.k8s.groups.groupbook import GroupBook
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from test_k8s_prune import RecordingKube, bound, job, make_controller, node, pod, settle
 
 

@@ -1,4 +1,4 @@
-"""Unit level (no cluster): the operator's multi-role part (k8s/podset_groups.py) driven by
+"""Unit level (no cluster): the operator's multi-role part (k8s/groups/podset_groups.py) driven by
 watch events: one group of pod sets per workload, resumed once allocated, each pod in a slot
 of its own set (a re-created pod in its predecessor's), the objects a controller makes for a
 workload never grouped, one gang per LeaderWorkerSet replica, a TrainJob's group made once
@@ -11,7 +11,7 @@ import copy
 from typing import Any
 
 from fluxnetes.k8s import names
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads import ADDON_KINDS
 from fluxnetes.k8s.workloads.base import ANN_SUSPENDED_BY, SUSPENDED_BY_US
 from test_k8s_prune import RecordingKube, bound, make_controller, settle
@@ -254,7 +254,7 @@ def test_a_kind_turns_on_when_its_crd_is_served() -> None:
 
 def test_a_group_recovered_after_a_restart_gets_its_pod_sets_back() -> None:
     async def main() -> None:
-        from fluxnetes.k8s import fluxjob as fj_mod
+        from fluxnetes.k8s.persistence import fluxjob as fj_mod
 
         c, kube = controller()
         job = mpijob("pi", 2)
@@ -286,8 +286,8 @@ def test_a_group_recovered_after_a_restart_gets_its_pod_sets_back() -> None:
 
 
 def test_a_kind_the_operator_may_not_list_stays_off_with_a_line_saying_why() -> None:
+    from fluxnetes.k8s.groups.podset_groups import addon_kinds_served
     from fluxnetes.k8s.kube import ApiError
-    from fluxnetes.k8s.podset_groups import addon_kinds_served
 
     class Discovery:
         async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fluxnetes.jobspec import PodRequest, jobspec_from_pods, parse_jobspec
 from fluxnetes.jobspec.constraints import expand_hostlist
-from fluxnetes.k8s import nodefit as nf
+from fluxnetes.k8s.cluster import nodefit as nf
 from fluxnetes.k8s.controller import Controller
 from test_k8s_prune import job, make_controller, node, settle
 

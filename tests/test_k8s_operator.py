@@ -28,7 +28,7 @@ OP_NS = "fluxnetes-test"
 
 
 # The tests written for the affinity placement and suspended Jobs (they check gates, node
-# affinities, suspended Jobs) keep those modes; the default (auto/auto, k8s/hold.py and
+# affinities, suspended Jobs) keep those modes; the default (auto/auto, k8s/admission/hold.py and
 # admission.suspends) is tested end to end by tests/test_k8s_auto_mode.py, the chaos soak and
 # the chart/image tests.
 PINNED_MODES = ("--placement", "affinity", "--job-mode", "suspend")

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.k8s import names, shares
-from fluxnetes.k8s.placement import assigned_node, place_patch
+from fluxnetes.k8s import names
 from fluxnetes.k8s.resources import PodResources
+from fluxnetes.k8s.scheduling import shares
+from fluxnetes.k8s.scheduling.placement import assigned_node, place_patch
 
 
 def gated(spec_extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pytest
 from fluxnetes.k8s import names
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY, JobKind
 
 _uids = itertools.count(1)
@@ -241,7 +241,7 @@ def test_groups_kept_by_unfinished_jobs_are_looked_at_again_only_when_something_
     of them each cycle was a sixth of the operator's CPU); a Job's update lets its group go at
     once; a change no event reports is found by the sweep every PRUNE_SWEEP_SECONDS."""
     # imported here: bench/cycle_groups_bench.py loads this module's helpers into earlier checkouts
-    from fluxnetes.k8s.groupbook import PRUNE_SWEEP_SECONDS
+    from fluxnetes.k8s.groups.groupbook import PRUNE_SWEEP_SECONDS
 
     async def main() -> None:
         c, _ = make_controller()

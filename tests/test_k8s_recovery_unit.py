@@ -16,9 +16,9 @@ from typing import Any
 from fluxnetes.k8s import names
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.fluxjob import Phase
 from fluxnetes.k8s.kube import ApiError
-from fluxnetes.k8s.placement import ANN_SLOT
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling.placement import ANN_SLOT
 from test_k8s_prune import RecordingKube, bound, finished, job, node, pod, settle
 
 NODES = ("n0", "n1", "n2", "n3")

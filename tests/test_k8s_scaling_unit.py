@@ -297,9 +297,9 @@ def test_a_group_the_store_saw_fail_is_not_matched_again_when_its_fluxjob_lags(t
     said Pending (every status write of the old leader was lost with an API server outage)
     while the store recorded running, then failed. The next leader must end it as the store
     says: its surviving pod counts as a foreign pod, nothing is matched again for it."""
-    from fluxnetes.k8s.fluxjob import Phase
-    from fluxnetes.k8s.journal import GroupRecord, Journal
-    from fluxnetes.k8s.shares import Share
+    from fluxnetes.k8s.persistence.fluxjob import Phase
+    from fluxnetes.k8s.persistence.journal import GroupRecord, Journal
+    from fluxnetes.k8s.scheduling.shares import Share
     from test_k8s_recovery_unit import Kube, placed, restart
 
     url = f"sqlite:///{tmp_path / 'store.db'}"

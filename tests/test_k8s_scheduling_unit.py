@@ -1,4 +1,4 @@
-"""Unit level (no cluster): the scheduling cycle (k8s/scheduling.py): a group no node can hold is
+"""Unit level (no cluster): the scheduling cycle (k8s/scheduling/cycle.py): a group no node can hold is
 Unsatisfiable with the short resource named, and is queued again (then started) once a node
 that fits it is added; groups wait while the cluster is full."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from test_k8s_prune import job, make_controller, node, settle
 
 

@@ -1,4 +1,4 @@
-"""Unit level (no cluster): status (k8s/status.py) on its own: the Event rate limit, FluxJob
+"""Unit level (no cluster): status (k8s/persistence/status.py) on its own: the Event rate limit, FluxJob
 write coalescing, and every phase kept as a condition even when writes are coalesced."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import asyncio
 from typing import Any
 
 from fluxnetes.k8s.config import OperatorConfig
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import Group, GroupBook
 from fluxnetes.k8s.groups import GroupSpec
+from fluxnetes.k8s.groups.groupbook import Group, GroupBook
+from fluxnetes.k8s.groups.scaling import Scaling
 from fluxnetes.k8s.kube import ApiError
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.persistence.status import EVENT_BURST, Status
 from fluxnetes.k8s.resources import PodResources
-from fluxnetes.k8s.scaling import Scaling
-from fluxnetes.k8s.status import EVENT_BURST, Status
 from test_k8s_prune import RecordingKube
 
 

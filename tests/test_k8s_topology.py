@@ -1,4 +1,4 @@
-"""The operator follows NodeResourceTopology objects (k8s/topology.py wired into the
+"""The operator follows NodeResourceTopology objects (k8s/cluster/topology.py wired into the
 controller): a node with an aligned topology gets sockets in the graph, a pod asking
 `fluxnetes.io/topology: socket` is placed within one socket, a change of the object replaces
 the node's subtree with running allocations kept, and deleting it makes the node flat again.

@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from fluxnetes.k8s import certs, names, webhook_config
-from fluxnetes.k8s.webhook import WebhookServer
+from fluxnetes.k8s import certs, names
+from fluxnetes.k8s.admission import webhook_config
+from fluxnetes.k8s.admission.webhook import WebhookServer
 
 
 def test_bundle_has_ip_san_and_renews() -> None:

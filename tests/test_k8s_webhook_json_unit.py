@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from fluxnetes.k8s.webhook import _dumps, _loads
+from fluxnetes.k8s.admission.webhook import _dumps, _loads
 
 
 def test_reviews_read_and_written_as_the_json_module_does() -> None:

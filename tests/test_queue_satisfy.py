@@ -93,7 +93,7 @@ def test_a_shortfall_is_never_wrong(cpus: list[int], count: int, cpu: int, mem: 
 
 
 def test_the_matchers_satisfiability_ignores_down_nodes() -> None:
-    """The operator asks the walk while nodes are cordoned (k8s/satisfiable.py relies on it)."""
+    """The operator asks the walk while nodes are cordoned (k8s/scheduling/satisfiable.py relies on it)."""
     nodes = [node(f"n{i}", 16) for i in range(3)]
     nodes[2]["spec"] = {"unschedulable": True}
     js = jobspec_from_pods(3, PodRequest(12_000))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.store import JobState
 from test_k8s_prune import job, pod, settle
 from test_k8s_recovery_unit import Kube, controller, placed, restart, resumed

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.k8s.fairshare_book import FairShareBook
+from fluxnetes.k8s.fairshare.fairshare_book import FairShareBook
 from fluxnetes.queue.job import QueuedJob
 from fluxnetes.queue.priority import FairShareConfig
 from fluxnetes.store import Store

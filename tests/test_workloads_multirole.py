@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from fluxnetes.k8s import admission, names, webhook_config
+from fluxnetes.k8s import names
+from fluxnetes.k8s.admission import review as admission
+from fluxnetes.k8s.admission import webhook_config
 from fluxnetes.k8s.workloads import (
     ADDON_KINDS,
     ALL_KINDS,

@@ -139,7 +139,7 @@ def register(app: typer.Typer) -> None:
             if not set(weights) <= {"age", "fairshare", "job_size", "qos"}:
                 raise typer.BadParameter(f"{key.strip()!r}: unknown weight (known: age, fairshare, job_size, qos)",
                                          param_hint="--fairshare-weights")
-        from fluxnetes.k8s.scheduling import fairshare_config
+        from fluxnetes.k8s.scheduling.cycle import fairshare_config
         from fluxnetes.queue.priority import PriorityError
 
         fs_flags = {"fairshare": fairshare, "fairshare_algorithm": fairshare_algorithm,

@@ -46,7 +46,7 @@ class OperatorConfig:
     job_mode: str = "auto"
     # affinity: pods gated, pinned by node affinity, bound by kube-scheduler; bind: pods carry
     # schedulerName fluxnetes and the operator binds them; auto: bind unless the pod needs a
-    # check only kube-scheduler makes (k8s/hold.py needs_kube_scheduler), then affinity
+    # check only kube-scheduler makes (k8s/admission/hold.py needs_kube_scheduler), then affinity
     placement: str = "auto"
     cycle_interval: float = 2.0
     # a burst of arrivals waits this long for the rest before its cycle (0: a cycle per event batch)
@@ -60,7 +60,7 @@ class OperatorConfig:
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     api_concurrency: int = 64
-    # fair share (k8s/fairshare_book.py, docs/fairshare.md): "auto" = the queue is ordered by
+    # fair share (k8s/fairshare/fairshare_book.py, docs/fairshare.md): "auto" = the queue is ordered by
     # multifactor priority as soon as a FluxAccount exists (plain order until then); "off" =
     # FluxAccounts and Namespaces are not even watched
     fairshare: str = "auto"
@@ -72,7 +72,7 @@ class OperatorConfig:
     # the multifactor weights (age, fairshare, job_size, qos); empty = Slurm's example values
     fairshare_weights: dict[str, float] = field(default_factory=dict)
     fairshare_save_seconds: float = 30.0  # how often the decayed usage is written to the store
-    # preemption (k8s/preemption.py, docs/preemption.md): off unless turned on
+    # preemption (k8s/scheduling/preemption.py, docs/preemption.md): off unless turned on
     preemption: bool = False
     preemption_min_priority: int = 1000  # only jobs of at least this PriorityClass value preempt
     preemption_protected: tuple[str, ...] = ("system-cluster-critical", "system-node-critical")

@@ -46,7 +46,7 @@ class Context:
         self.replay_left = 0  # initial-list events still to handle (Controller.run)
         self.journal: Any = None
         if config.store:
-            from fluxnetes.k8s.journal import Journal
+            from fluxnetes.k8s.persistence.journal import Journal
 
             # store writes stop with the leader's fence, as its API writes do (journal.py)
             self.journal = Journal(config.store, fence=lambda: getattr(self.kube, "fence", None))

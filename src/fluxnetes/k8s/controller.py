@@ -35,7 +35,7 @@ this way one pod at a time (workloads/statefulset.py); a Parallel one is one gro
 
 Node loss (``node_lost``): exactly the lost node's shares are given back; a failed group's
 surviving pods keep theirs until they end. Unsatisfiable is judged for every queued group
-each cycle (k8s/satisfiable.py) and looked at again when nodes change.
+each cycle (k8s/scheduling/satisfiable.py) and looked at again when nodes change.
 
 Memory: a group that is over (final phase, no pod left, final FluxJob status written) is
 forgotten (``prune_finished``); its FluxJob keeps what ``kubectl get fluxjobs`` shows.
@@ -60,26 +60,26 @@ from typing import Any
 
 from fluxnetes.graph.model import gc_paused
 from fluxnetes.k8s import names
-from fluxnetes.k8s.accounting import CHECK_EVERY, Accounting
-from fluxnetes.k8s.allocation import Allocation
+from fluxnetes.k8s.admission.hold import is_ours, template_is_ours
+from fluxnetes.k8s.cluster.accounting import CHECK_EVERY, Accounting
+from fluxnetes.k8s.cluster.mirror import ClusterMirror, TimedMatcher
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import QUEUED, Group, GroupBook
 from fluxnetes.k8s.groups import GroupError, controller_of, object_name
-from fluxnetes.k8s.hold import is_ours, template_is_ours
+from fluxnetes.k8s.groups.groupbook import QUEUED, Group, GroupBook
+from fluxnetes.k8s.groups.podset_groups import PodSetGroups
+from fluxnetes.k8s.groups.scaling import SCALE_SEP, Scaling
 from fluxnetes.k8s.informer import Event, Informer
 from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube
-from fluxnetes.k8s.mirror import ClusterMirror, TimedMatcher
 from fluxnetes.k8s.objects import OWNER_RESOURCES, _ended, _event_time, _gated, _meta, _terminal
-from fluxnetes.k8s.placement import assigned_node
-from fluxnetes.k8s.podset_groups import PodSetGroups
-from fluxnetes.k8s.preemption import Preemption
-from fluxnetes.k8s.recovery import Recovery
-from fluxnetes.k8s.scaling import SCALE_SEP, Scaling
-from fluxnetes.k8s.scheduling import Scheduling
-from fluxnetes.k8s.status import EVENT_BURST, EVENT_RATE, Status
-from fluxnetes.k8s.store_recovery import StoreRecovery
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.persistence.recovery import Recovery
+from fluxnetes.k8s.persistence.status import EVENT_BURST, EVENT_RATE, Status
+from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
+from fluxnetes.k8s.scheduling.allocation import Allocation
+from fluxnetes.k8s.scheduling.cycle import Scheduling
+from fluxnetes.k8s.scheduling.placement import assigned_node
+from fluxnetes.k8s.scheduling.preemption import Preemption
 from fluxnetes.k8s.workloads import kind_of, made_for
 from fluxnetes.metrics import METRICS
 
@@ -105,7 +105,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             *(Informer(kube, res, kind, self.queue) for kind, res in OWNER_RESOURCES.items()),
         ]
         if config.fairshare != "off":  # fair share: accounts, and the namespaces choosing them
-            from fluxnetes.k8s.fairshare_book import FLUXACCOUNTS
+            from fluxnetes.k8s.fairshare.fairshare_book import FLUXACCOUNTS
             from fluxnetes.k8s.kube import NAMESPACES
 
             self.informers += [Informer(kube, FLUXACCOUNTS, "FluxAccount", self.queue),

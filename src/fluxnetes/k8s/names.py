@@ -9,7 +9,7 @@ DOMAIN = "fluxnetes.io"
 
 # scheduling gate put on every pod fluxnetes manages; only the operator removes it
 GATE = f"{DOMAIN}/gate"
-# spec.schedulerName of the pods fluxnetes binds itself (placement "bind", see k8s/hold.py)
+# spec.schedulerName of the pods fluxnetes binds itself (placement "bind", see k8s/admission/hold.py)
 SCHEDULER_NAME = "fluxnetes"
 
 # group membership (fluxnetes' own spelling, the one written back by the webhook)

@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from fluxnetes.k8s.hold import is_held
+from fluxnetes.k8s.admission.hold import is_held
 from fluxnetes.k8s.kube import Resource
 from fluxnetes.k8s.workloads import KINDS, WorkloadKind
 
@@ -17,7 +17,7 @@ OWNER_RESOURCES = {k.kind: Resource(k.api_version, k.plural) for k in KINDS.valu
 
 
 def workload_resource(kind: WorkloadKind) -> Resource:
-    """The API resource of a workload kind (built-in or multi-role: k8s/podset_groups.py)."""
+    """The API resource of a workload kind (built-in or multi-role: k8s/groups/podset_groups.py)."""
     return OWNER_RESOURCES.get(kind.kind) or Resource(kind.api_version, kind.plural)
 
 
@@ -26,7 +26,7 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _gated(pod: Mapping[str, Any]) -> bool:
-    """Is the pod held for fluxnetes (its gate, or its scheduler name: k8s/hold.py)?"""
+    """Is the pod held for fluxnetes (its gate, or its scheduler name: k8s/admission/hold.py)?"""
     return is_held(pod)
 
 

@@ -19,11 +19,10 @@ import threading
 import time
 from typing import Any
 
-from fluxnetes.k8s import certs, webhook_config
-from fluxnetes.k8s.config import OperatorConfig
-from fluxnetes.k8s.controller import Controller
-from fluxnetes.k8s.hold import PLACEMENTS
-from fluxnetes.k8s.install import (
+from fluxnetes.k8s import certs
+from fluxnetes.k8s.admission import webhook_config
+from fluxnetes.k8s.admission.hold import PLACEMENTS
+from fluxnetes.k8s.admission.install import (
     apply_config,
     ensure_accounts_crd,
     ensure_cert,
@@ -33,6 +32,9 @@ from fluxnetes.k8s.install import (
     wait_webhook_ready,
     whoami,
 )
+from fluxnetes.k8s.admission.webhook import WebhookServer
+from fluxnetes.k8s.config import OperatorConfig
+from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.kube import (
     MUTATING,
     POLICIES,
@@ -44,7 +46,6 @@ from fluxnetes.k8s.kube import (
     transient,
 )
 from fluxnetes.k8s.leader import LeaderElector
-from fluxnetes.k8s.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class Operator:
                                          failure_policy=cfg.failure_policy,
                                          admit_template_pods=cfg.admit_template_pods)
             own = webhook_config.owned
-            from fluxnetes.k8s.podset_groups import addon_kinds_served
+            from fluxnetes.k8s.groups.podset_groups import addon_kinds_served
 
             def mutating_for(kinds: list[Any]) -> dict[str, Any]:
                 return own(webhook_config.mutating(target, scope, bundle.ca_crt, multi_role=kinds), owner)
@@ -408,7 +409,7 @@ def _import_store() -> None:
         import alembic.script  # noqa: F401
         import psycopg  # noqa: F401
 
-        import fluxnetes.k8s.journal  # noqa: F401
+        import fluxnetes.k8s.persistence.journal  # noqa: F401
 
 
 async def _freeze_when_ready(controller: Controller) -> None:

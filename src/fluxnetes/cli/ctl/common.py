@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-# FluxJob phases (fluxnetes.k8s.fluxjob.Phase), spelled here to keep `--help` import-light
+# FluxJob phases (fluxnetes.k8s.persistence.fluxjob.Phase), spelled here to keep `--help` import-light
 WAITING = ("Provisional", "Pending", "Reserved")
 ACTIVE = ("Running", *WAITING)
 FINAL = ("Completed", "Failed", "Cancelled", "Unsatisfiable")

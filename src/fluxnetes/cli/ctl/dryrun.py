@@ -223,8 +223,8 @@ class Waiting:
 
 
 def _pod_share(node: str, pods: Sequence[Mapping[str, Any]]) -> Any:
-    from fluxnetes.k8s import shares
     from fluxnetes.k8s.resources import PodResources, ResourceError, pod_request
+    from fluxnetes.k8s.scheduling import shares
 
     reqs = []
     for p in pods:
@@ -244,7 +244,7 @@ def cluster_state(
     """What holds resources (running FluxJobs, foreign pods) and what waits (queued FluxJobs)."""
     from fluxnetes.jobspec import JobspecError, PodRequest, jobspec_from_pods, parse_jobspec
     from fluxnetes.jobspec.pods import cores_for, mib_for
-    from fluxnetes.k8s.shares import Share
+    from fluxnetes.k8s.scheduling.shares import Share
 
     def rel(ts: Any) -> int | None:
         if not isinstance(ts, str) or not ts:
@@ -345,7 +345,7 @@ def _record_capped(
 ) -> tuple[int, Any]:
     """Record ``share`` as a new matcher job; if it does not fit, the largest fraction that
     does (binary search). Returns (job id, the share recorded or None)."""
-    from fluxnetes.k8s.shares import Share
+    from fluxnetes.k8s.scheduling.shares import Share
 
     def scaled(f: float) -> Share:
         return Share(
@@ -394,7 +394,7 @@ def dry_run(
     now: datetime | None = None,
 ) -> tuple[list[Verdict], list[str]]:
     """Replay the queue forward from now (t = 0) until every candidate is decided."""
-    from fluxnetes.k8s.shares import to_match
+    from fluxnetes.k8s.scheduling.shares import to_match
     from fluxnetes.match import Matcher, MatchError
     from fluxnetes.queue import QueuedJob, QueuePolicy, Scheduler, job_duration
 

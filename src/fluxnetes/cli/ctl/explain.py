@@ -187,7 +187,7 @@ def priority_factors(
     PriorityClass value over the highest one. None when no FluxAccount exists (fair share
     off: the queue order is priority, then submit time). ``heldBy``: the account limit that
     holds the job, as the operator wrote it."""
-    from fluxnetes.k8s import accounts as acc
+    from fluxnetes.k8s.fairshare import accounts as acc
     from fluxnetes.k8s.resources import ResourceError, node_allocatable
     from fluxnetes.queue.priority import PriorityBreakdown, PriorityWeights
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fluxnetes.k8s import names
-from fluxnetes.k8s.hold import AUTO, GATE, hold_ops
+from fluxnetes.k8s.admission.hold import AUTO, GATE, hold_ops
 
 JsonPatch = list[dict[str, Any]]
 
@@ -130,7 +130,7 @@ def managed_label_ops(labels: Mapping[str, str], base: str) -> JsonPatch:
 
 
 def gate_template_patch(obj: Mapping[str, Any], base: str, hold: str = "gate") -> JsonPatch:
-    """JSON patch adding fluxnetes' hold (see k8s/hold.py: the gate, or its scheduler name)
+    """JSON patch adding fluxnetes' hold (see k8s/admission/hold.py: the gate, or its scheduler name)
     and managed label to the pod template at ``base``."""
     tmpl: Any = obj
     for part in base.strip("/").split("/"):

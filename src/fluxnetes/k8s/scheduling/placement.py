@@ -1,6 +1,6 @@
 """Exact placement of a held pod on the node the matcher chose (pure builders).
 
-Placement ``bind`` (k8s/hold.py): the pod carries fluxnetes' scheduler name and is bound
+Placement ``bind`` (k8s/admission/hold.py): the pod carries fluxnetes' scheduler name and is bound
 with a Binding (:func:`binding`). Placement ``affinity`` (the default), below:
 
 Choice: while the pod is gated, add a *required* node affinity ``metadata.name In [node]``

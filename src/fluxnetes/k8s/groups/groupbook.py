@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.group import Group as Group  # re-exported: the parts import it from here
 from fluxnetes.k8s.groups import (
     GroupError,
     GroupSpec,
@@ -33,8 +31,10 @@ from fluxnetes.k8s.groups import (
     object_name,
     request_of,
 )
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.group import Group as Group  # re-exported: the parts import it from here
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _ended, _gated, _meta
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -327,7 +327,7 @@ class GroupBook(Context):
 
     def join_group(self, uid: str, pod: dict[str, Any]) -> None:
         if self.join_addon(uid, pod):
-            return  # a multi-role workload's pod (k8s/podset_groups.py)
+            return  # a multi-role workload's pod (k8s/groups/podset_groups.py)
         meta = _meta(pod)
         ns = meta.get("namespace") or "default"
         owner = controller_of(meta)

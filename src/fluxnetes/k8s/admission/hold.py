@@ -18,7 +18,7 @@ Two holds, one per placement mode (``fluxnetes run --placement``):
 Placement ``auto`` (the default) chooses per pod (or pod template) at admission: the
 scheduler-name hold, unless the pod needs a check only kube-scheduler makes (:func:`needs_kube_scheduler`:
 a volume claim to bind, a host port, inter-pod affinity, topology spread, resource claims),
-then the gate. The operator places each pod by the hold it carries (k8s/allocation.py), so
+then the gate. The operator places each pod by the hold it carries (k8s/scheduling/allocation.py), so
 one cluster, even one group, may have both.
 
 The webhook writes a hold at admission (pods and pod templates); the operator asks

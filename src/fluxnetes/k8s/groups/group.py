@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fluxnetes.k8s import names, shares
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupSpec
 from fluxnetes.k8s.objects import _gated, _meta, _terminal
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.workloads import WorkloadKind
 
 # the Group fields its table indexes (grouptable.py)
@@ -52,10 +53,10 @@ class Group:
     note: str = ""  # said again with its next start (e.g. why it was matched again)
     recovered: bool = False  # its allocation was made before a restart (pods carry older job ids)
     # a multi-role workload's pod sets (jobspec.podsets.PodSet; empty: one set, as for a Job)
-    # and, once started, the pod set of each slot (k8s/podset_groups.py)
+    # and, once started, the pod set of each slot (k8s/groups/podset_groups.py)
     sets: list[Any] = field(default_factory=list)
     slot_set: list[str] = field(default_factory=list)
-    # the GroupTable holding it (k8s/grouptable.py): told when an indexed field is set
+    # the GroupTable holding it (k8s/groups/grouptable.py): told when an indexed field is set
     table: Any = field(default=None, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -10,16 +10,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import shares
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, request_of
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.kube import PODS, ApiError, short, transient
 from fluxnetes.k8s.objects import _ended, _meta
-from fluxnetes.k8s.placement import assigned_node
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.resources import PodResources
+from fluxnetes.k8s.scheduling import shares
+from fluxnetes.k8s.scheduling.placement import assigned_node
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")

@@ -1,6 +1,6 @@
 """A group's allocation from start to release: ``start_group`` records the matcher's answer
 (slots per node, shares held), ``assign`` gives each gated member a slot and ``place`` pins it
-(node affinity + ungate, or a Binding when fluxnetes is the pod's scheduler: k8s/placement.py),
+(node affinity + ungate, or a Binding when fluxnetes is the pod's scheduler: k8s/scheduling/placement.py),
 ``resume`` lets a held Job go, ``evict`` restarts a gang (--on-node-lost requeue);
 ``release_slot`` / ``release_all`` give shares back (partial_cancel / cancel), ``finish_group``
 and ``cancel_group`` end a group. Most crash points of the restart tests are here
@@ -13,14 +13,15 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import hold, shares
+from fluxnetes.k8s.admission import hold
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import OwnerRef
+from fluxnetes.k8s.groups.groupbook import QUEUED, Group
 from fluxnetes.k8s.kube import JSON_PATCH, PODS, ApiError
 from fluxnetes.k8s.objects import _ended, _gated, _meta, _terminal, workload_resource
-from fluxnetes.k8s.placement import binding, place_patch
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling import shares
+from fluxnetes.k8s.scheduling.placement import binding, place_patch
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
 
@@ -57,7 +58,7 @@ class Allocation(Context):
 
         g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
         g.slot_pod = [None] * len(g.slots)
-        if g.sets:  # a multi-role workload: each pod set's slots (k8s/podset_groups.py)
+        if g.sets:  # a multi-role workload: each pod set's slots (k8s/groups/podset_groups.py)
             self.slots_of_sets(g, res)
         g.released = set()
         g.start = self.now()

@@ -1,5 +1,5 @@
 """HTTPS server for the admission webhooks (aiohttp); handlers are the pure functions of
-:mod:`fluxnetes.k8s.admission` — no API calls in the request path."""
+:mod:`fluxnetes.k8s.admission.review` — no API calls in the request path."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from fluxnetes.k8s import admission, webhook_config
+from fluxnetes.k8s.admission import review as admission
+from fluxnetes.k8s.admission import webhook_config
 from fluxnetes.k8s.certs import CertBundle
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fluxnetes.k8s.admission.webhook")  # its name from before the sub-packages
 
 Observe = Callable[[str, str, float], None]  # (object kind, webhook, seconds)
 

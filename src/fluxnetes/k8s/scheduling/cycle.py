@@ -1,5 +1,5 @@
 """One scheduling cycle over the queued groups: their jobspecs fitted to the nodes their pods
-may use (``fit_groups``, k8s/nodefit.py), satisfiability judged (k8s/satisfiable.py), then the
+may use (``fit_groups``, k8s/cluster/nodefit.py), satisfiability judged (k8s/scheduling/satisfiable.py), then the
 core's pure queue cycle (fluxnetes.queue) decides; started groups go to ``start_group``,
 reservations and Unsatisfiable are recorded. Unsatisfiable groups are looked at again when
 nodes change (``reexamine_unsatisfiable``).
@@ -13,7 +13,7 @@ shrunk, ended), so every start, release and end path is covered without hooks in
 usage is read from the store on the first cycle and written back every
 ``--fairshare-save-seconds`` and on stop; account status and metrics every ~10 s. With no
 FluxAccount the book is off and the queue keeps its plain order. Preemption runs after the
-cycle (k8s/preemption.py). Owned state: ``fitted``, ``judge``, ``cycles``, ``fairshare``,
+cycle (k8s/scheduling/preemption.py). Owned state: ``fitted``, ``judge``, ``cycles``, ``fairshare``,
 ``fluxaccounts``, ``namespaces_seen``."""
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import fluxjob, nodefit
+from fluxnetes.k8s.cluster import nodefit
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fairshare_book import FairShareBook
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import QUEUED, Group
+from fluxnetes.k8s.fairshare.fairshare_book import FairShareBook
 from fluxnetes.k8s.groups import OwnerRef
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _gated, _meta, _terminal
-from fluxnetes.k8s.satisfiable import Judge
+from fluxnetes.k8s.persistence import fluxjob
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling.satisfiable import Judge
 from fluxnetes.metrics import METRICS
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -77,8 +78,8 @@ class Scheduling(Context):
     def init_scheduling(self) -> None:
         self.cycles = 0
         self.fitted: dict[tuple[str, str], tuple[int, Any, Any]] = {}  # key -> (version, base, fitted)
-        self.judge = Judge()  # can a queued group ever run? (k8s/satisfiable.py, run_cycle)
-        from fluxnetes.k8s.fairshare_book import default_metrics
+        self.judge = Judge()  # can a queued group ever run? (k8s/scheduling/satisfiable.py, run_cycle)
+        from fluxnetes.k8s.fairshare.fairshare_book import default_metrics
 
         store = self.journal.store if self.journal is not None else None
         self.fairshare = FairShareBook(fairshare_config(self.config), store=store, metrics=default_metrics(),
@@ -455,7 +456,7 @@ def _key(qid: str) -> tuple[str, str]:
 
 
 def _account_choice(ns: Mapping[str, Any]) -> tuple[Any, Any]:
-    from fluxnetes.k8s.accounts import ACCOUNT_KEY
+    from fluxnetes.k8s.fairshare.accounts import ACCOUNT_KEY
 
     md = _meta(ns)
     return ((md.get("labels") or {}).get(ACCOUNT_KEY), (md.get("annotations") or {}).get(ACCOUNT_KEY))

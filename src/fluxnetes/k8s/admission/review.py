@@ -6,7 +6,7 @@ Mutating (CREATE):
   DaemonSet pods, pods of another scheduler and pods labelled ``fluxnetes.io/enabled=false``
   are left alone: the operator counts them as foreign allocations instead. A pod (or
   template) naming ``schedulerName: fluxnetes`` is held already: checked and labelled only
-  (the operator takes it even where no webhook saw it, k8s/hold.py).
+  (the operator takes it even where no webhook saw it, k8s/admission/hold.py).
 - A pod bound by hand (``spec.nodeName`` set at creation; also a workload whose pod template
   sets it) is refused, opted out or not: it would skip both kube-scheduler and the queue and
   take resources fluxnetes may have promised to other work (which fluxnetes could then not
@@ -40,8 +40,8 @@ from typing import Any
 
 from fluxnetes.jobspec.packing import PackingError, packing_from_annotations
 from fluxnetes.k8s import names
+from fluxnetes.k8s.admission.hold import GATE, hold_ops, names_fluxnetes
 from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
-from fluxnetes.k8s.hold import GATE, hold_ops, names_fluxnetes
 from fluxnetes.k8s.workloads import any_kind_of, kind_of, made_for
 from fluxnetes.k8s.workloads.base import JsonPatch, WorkloadKind, managed_label_ops
 
@@ -100,7 +100,7 @@ def _skip_pod(pod: Mapping[str, Any]) -> bool:
 
 
 def mutate_pod(pod: Mapping[str, Any], hold: str = GATE) -> JsonPatch:
-    """JSON patch holding a pod (see k8s/hold.py); raises GroupError for bad grouping input
+    """JSON patch holding a pod (see k8s/admission/hold.py); raises GroupError for bad grouping input
     and Refused for a pod bound by hand."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -178,7 +178,7 @@ def mutate_multi_role(obj: Mapping[str, Any], kind: WorkloadKind, *, suspend: bo
 
 def mutate(review: Mapping[str, Any], *, job_mode: str = "suspend", hold: str = GATE) -> dict[str, Any]:
     """The mutating webhook: AdmissionReview in, AdmissionReview out. ``job_mode``: which Jobs
-    are suspended (:func:`suspends`). ``hold``: how pods are held (k8s/hold.py: the gate,
+    are suspended (:func:`suspends`). ``hold``: how pods are held (k8s/admission/hold.py: the gate,
     fluxnetes' scheduler name, or auto: per pod)."""
     req = review.get("request") or {}
     uid = str(req.get("uid", ""))

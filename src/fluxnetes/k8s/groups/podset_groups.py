@@ -31,10 +31,8 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import shares
+from fluxnetes.k8s.admission.hold import template_is_ours
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import (
     GroupError,
     GroupSpec,
@@ -44,11 +42,13 @@ from fluxnetes.k8s.groups import (
     object_name,
     request_of,
 )
-from fluxnetes.k8s.grouptable import GroupTable
-from fluxnetes.k8s.hold import template_is_ours
+from fluxnetes.k8s.groups.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.informer import Informer
 from fluxnetes.k8s.kube import ApiError, Kube, Resource
 from fluxnetes.k8s.objects import _meta
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.workloads import (
     ADDON_KINDS,
     PodRoute,

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fluxnetes.k8s import accounts as acc
+from fluxnetes.k8s.fairshare import accounts as acc
 from fluxnetes.k8s.kube import Resource
 from fluxnetes.queue.accounts import ROOT
 from fluxnetes.queue.limits import held_jobs
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from fluxnetes.store.store import Store
     from fluxnetes.store.usage import UsageRecord
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fluxnetes.k8s.fairshare.fairshare_book")  # its name from before the sub-packages
 
 FLUXACCOUNTS = Resource("fluxnetes.io/v1alpha1", acc.PLURAL, namespaced=False)
 
@@ -426,7 +426,7 @@ class FairShareBook:
 
     def statuses(self, now: int) -> dict[str, dict[str, Any]]:
         """FluxAccount name -> the status to write (``error`` set on the refused one)."""
-        from fluxnetes.k8s.fluxjob import rfc3339
+        from fluxnetes.k8s.persistence.fluxjob import rfc3339
 
         rows = {r.name: r for r in self.snapshot(now)}
         out: dict[str, dict[str, Any]] = {}

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from fluxnetes.k8s.fluxjob import Phase
+from fluxnetes.k8s.persistence.fluxjob import Phase
 
 if TYPE_CHECKING:
-    from fluxnetes.k8s.group import Group
+    from fluxnetes.k8s.groups.group import Group
 
 Key = tuple[str, str]
 

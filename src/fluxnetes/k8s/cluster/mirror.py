@@ -15,15 +15,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import nodefit, shares
+from fluxnetes.k8s.cluster import nodefit
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, controller_of, request_of
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _ended, _gated, _meta, _node_down
-from fluxnetes.k8s.placement import assigned_node
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.resources import PodResources
+from fluxnetes.k8s.scheduling import shares
+from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.metrics import METRICS
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -90,14 +91,14 @@ class ClusterMirror(Context):
         self.scheduler: Any = None
         # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
         self.node_view = nodefit.NodeView()
-        from fluxnetes.k8s.topology import Topologies, TopologySource
+        from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
 
-        self.topologies = Topologies()  # NodeResourceTopology by node (k8s/topology.py)
+        self.topologies = Topologies()  # NodeResourceTopology by node (k8s/cluster/topology.py)
         self.topology_source = TopologySource(self.kube, self.queue)
 
     # ---------------------------------------------------------------- matcher
     def build_matcher(self) -> None:
-        from fluxnetes.k8s.topology import build_graph
+        from fluxnetes.k8s.cluster.topology import build_graph
         from fluxnetes.match.matcher import Matcher
         from fluxnetes.queue.cycle import Scheduler
         from fluxnetes.queue.policy import QueuePolicy
@@ -223,7 +224,7 @@ class ClusterMirror(Context):
         self.dirty = True
 
     def on_topology(self, etype: str, obj: dict[str, Any]) -> None:
-        from fluxnetes.k8s.topology import replace_node
+        from fluxnetes.k8s.cluster.topology import replace_node
 
         name = str(_meta(obj).get("name", ""))
         if not self.topologies.update(etype, obj) or name not in self.nodes or self.matcher is None:

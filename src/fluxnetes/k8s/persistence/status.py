@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import fluxjob
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import OwnerRef
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
+from fluxnetes.k8s.persistence import fluxjob
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
 
@@ -135,7 +135,7 @@ class Status(Context):
 
     def group_record(self, g: Group) -> Any:
         """A snapshot of the group for the store (see journal.GroupRecord)."""
-        from fluxnetes.k8s.journal import GroupRecord
+        from fluxnetes.k8s.persistence.journal import GroupRecord
 
         if not g.store_uid:
             g.store_uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
@@ -174,7 +174,7 @@ class Status(Context):
 
     @staticmethod
     def pod_sets_status(g: Group) -> dict[str, Any]:
-        """A multi-role workload's pod sets (k8s/podset_groups.py): name, pods, and once
+        """A multi-role workload's pod sets (k8s/groups/podset_groups.py): name, pods, and once
         started the node of each of its slots. Nothing for a one-template group."""
         if not g.sets:
             return {}

@@ -10,9 +10,10 @@ import contextlib
 import logging
 from typing import Any
 
-from fluxnetes.k8s import certs, fluxjob, webhook_config
+from fluxnetes.k8s import certs
+from fluxnetes.k8s.admission import webhook_config
+from fluxnetes.k8s.admission.hold import is_held
 from fluxnetes.k8s.config import OperatorConfig
-from fluxnetes.k8s.hold import is_held
 from fluxnetes.k8s.kube import (
     CRDS,
     MUTATING,
@@ -28,6 +29,7 @@ from fluxnetes.k8s.kube import (
     short,
     transient,
 )
+from fluxnetes.k8s.persistence import fluxjob
 
 log = logging.getLogger("fluxnetes.k8s.operator")
 
@@ -90,7 +92,7 @@ async def ensure_accounts_crd(kube: Kube, cfg: OperatorConfig) -> None:
     """Fair share watches FluxAccounts: their CRD (installed by the chart) is created when it
     is missing and may be; otherwise fair share is off for this run (logged), since a watch
     of a resource the API server does not serve would never sync."""
-    from fluxnetes.k8s import accounts
+    from fluxnetes.k8s.fairshare import accounts
 
     crd = accounts.crd_manifest()
     name = crd["metadata"]["name"]

@@ -14,17 +14,18 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import names, shares
+from fluxnetes.k8s import names
+from fluxnetes.k8s.admission.hold import is_ours, template_is_ours
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of, object_name
-from fluxnetes.k8s.grouptable import GroupTable
-from fluxnetes.k8s.hold import is_ours, template_is_ours
+from fluxnetes.k8s.groups.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
+from fluxnetes.k8s.groups.scaling import SCALE_SEP
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
-from fluxnetes.k8s.placement import ANN_SLOT, assigned_node, placed_jobid
+from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.resources import GPU, PodResources
-from fluxnetes.k8s.scaling import SCALE_SEP
+from fluxnetes.k8s.scheduling import shares
+from fluxnetes.k8s.scheduling.placement import ANN_SLOT, assigned_node, placed_jobid
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split

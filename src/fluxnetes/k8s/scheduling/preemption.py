@@ -41,14 +41,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s.accounts import SYSTEM_PRIORITY
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import QUEUED, Group
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.fairshare.accounts import SYSTEM_PRIORITY
+from fluxnetes.k8s.groups.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
+from fluxnetes.k8s.persistence.fluxjob import Phase
 
 if TYPE_CHECKING:
-    from fluxnetes.k8s.fairshare_book import FairShareBook
+    from fluxnetes.k8s.fairshare.fairshare_book import FairShareBook
     from fluxnetes.k8s.groups import OwnerRef
     from fluxnetes.queue.preempt import RunningGroup
 

@@ -24,7 +24,7 @@ class Phase(enum.StrEnum):
     FAILED = "Failed"
     CANCELLED = "Cancelled"
     UNSATISFIABLE = "Unsatisfiable"
-    # evicted to let higher-QoS work start (k8s/preemption.py): its pods are going; once they
+    # evicted to let higher-QoS work start (k8s/scheduling/preemption.py): its pods are going; once they
     # are gone it is queued again (Pending) or failed, by --preemption-on-preempt
     PREEMPTED = "Preempted"
 

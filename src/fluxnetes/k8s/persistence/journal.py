@@ -29,17 +29,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.shares import Share
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling.shares import Share
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fluxnetes.k8s.persistence.journal")  # its name from before the sub-packages
 
 _STATE = {
     Phase.PROVISIONAL: "provisional", Phase.PENDING: "pending", Phase.RESERVED: "reserved",
     Phase.RUNNING: "running", Phase.COMPLETED: "completed", Phase.FAILED: "failed",
     Phase.CANCELLED: "cancelled", Phase.UNSATISFIABLE: "unsatisfiable",
     # a victim of preemption holds its resources until its pods are gone: still running for
-    # the store (k8s/preemption.py ends the row once they are)
+    # the store (k8s/scheduling/preemption.py ends the row once they are)
     Phase.PREEMPTED: "running",
 }
 LIVE = ("provisional", "pending", "reserved", "running")

@@ -19,12 +19,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups import GroupSpec, controller_of, object_name
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.groupbook import QUEUED, Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _dump_jobspec, _gated, _meta, _terminal
-from fluxnetes.k8s.placement import assigned_node
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split

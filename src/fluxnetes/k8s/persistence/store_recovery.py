@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fluxnetes.k8s import shares
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.fluxjob import Phase
-from fluxnetes.k8s.groupbook import Group
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of
-from fluxnetes.k8s.grouptable import GroupTable
+from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _meta
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -132,7 +132,7 @@ class StoreRecovery(Context):
         saw them end (their last status write was lost with the leader, e.g. during an API
         server outage): they are over. Their surviving pods, if any (a group failed by node
         loss), count as foreign pods; nothing is queued or held for them again."""
-        from fluxnetes.k8s.journal import TERMINAL
+        from fluxnetes.k8s.persistence.journal import TERMINAL
 
         for g in list(self.groups.values()):
             if g.store_id is not None or g.phase.final or not g.fj_exists or g.spec.owner is None:
@@ -192,7 +192,7 @@ class StoreRecovery(Context):
         written since (a decision of this process) was written by that decision already."""
         if self.journal is None:
             return
-        from fluxnetes.k8s.journal import _STATE
+        from fluxnetes.k8s.persistence.journal import _STATE
 
         now = self.now()
         for g in self.groups.values():
