@@ -58,9 +58,9 @@ async def main() -> None:
     running = [g for g in c.groups.values() if str(g.phase) == "Running"]
     for g in running[:int(ended * len(running))]:
         c.release_all(g)
-        c.set_phase(g, Phase.COMPLETED, "its pods ended")
+        c.status.set_phase(g, Phase.COMPLETED, "its pods ended")
     while c.groups.fj_dirty:  # their last FluxJob status written: only the Job keeps them
-        await c.flush_fluxjobs(float("inf"))
+        await c.status.flush_fluxjobs(float("inf"))
     c.run_cycle()
     await asyncio.sleep(0)
     phases = {}
@@ -73,8 +73,8 @@ async def main() -> None:
         t = time.process_time()
         c.handle(("Job", "ADDED", j))
         c.run_cycle()
-        c.fluxjobs_due(time.monotonic())
-        c.update_queue_gauge()
+        c.status.fluxjobs_due(time.monotonic())
+        c.status.update_queue_gauge()
         times.append(time.process_time() - t)
         await asyncio.sleep(0)
     print(json.dumps({"phases": phases, "cpu_s": times}))

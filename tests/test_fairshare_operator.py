@@ -65,7 +65,7 @@ def controller(store: str | None = None, clock: Clock | None = None, **cfg: Any)
 async def settle(c: Controller) -> None:
     c.run_cycle()
     await asyncio.sleep(0)
-    await c.flush_fluxjobs()
+    await c.status.flush_fluxjobs()
     while c._tasks:
         await asyncio.gather(*list(c._tasks), return_exceptions=True)
 

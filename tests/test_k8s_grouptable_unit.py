@@ -137,7 +137,7 @@ def test_fair_share_charges_follow_touched_groups_exactly() -> None:
                 name = lost.pop()
                 c.handle(("Node", "ADDED", node(name)))
             if rnd.random() < 0.5:
-                c.fluxjobs_due(float(step))
+                c.status.fluxjobs_due(float(step))
             check(c)
             if rnd.random() < 0.5:
                 await settle(c)

@@ -262,7 +262,7 @@ def test_a_group_recovered_after_a_restart_gets_its_pod_sets_back() -> None:
         await settle(c)
         g = c.groups[("ns", "mpijob-pi")]
         assert g.phase == Phase.RUNNING
-        body = fj_mod.manifest(g.spec, jobspec=c.jobspec_text(g), match_policy=c.config.match_policy)
+        body = fj_mod.manifest(g.spec, jobspec=c.status.jobspec_text(g), match_policy=c.config.match_policy)
         body["metadata"]["uid"] = "fj-1"
         body["status"] = kube.fluxjob_status[("ns", "mpijob-pi")]
         # a new operator: the FluxJob, then the (resumed) MPIJob and its pods as the watch replays them

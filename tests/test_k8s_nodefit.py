@@ -299,7 +299,7 @@ def test_unrestricted_groups_keep_todays_jobspec() -> None:
         before = g.jobspec
         await settle(c)
         assert g.jobspec is before and g.jobspec.constraint is None
-        assert "nodefit" not in c.jobspec_text(g)
+        assert "nodefit" not in c.status.jobspec_text(g)
         assert str(g.phase) == "Running"
 
     asyncio.run(main())
@@ -314,7 +314,7 @@ def test_a_node_selector_group_runs_only_on_matching_nodes() -> None:
         await settle(c)
         assert str(g.phase) == "Running", g.reason
         assert set(g.slots) <= {"n1", "n3"} and len(g.slots) == 4  # 2-cpu pods, 16-cpu nodes
-        assert "hostlist" in c.jobspec_text(g) and "nodeSelector disktype=ssd" in c.jobspec_text(g)
+        assert "hostlist" in c.status.jobspec_text(g) and "nodeSelector disktype=ssd" in c.status.jobspec_text(g)
 
     asyncio.run(main())
 
@@ -377,11 +377,11 @@ def test_node_changes_refit_waiting_groups() -> None:
         c.handle(("Node", "MODIFIED", labelled("n0", {"pool": "x"})))
         await settle(c)
         g = c.groups[("ns", "job-any")]
-        assert str(g.phase) in ("Pending", "Reserved") and "n0" in c.jobspec_text(g)
+        assert str(g.phase) in ("Pending", "Reserved") and "n0" in c.status.jobspec_text(g)
         c.handle(("Node", "MODIFIED", labelled("n0")))
         c.handle(("Node", "MODIFIED", labelled("n1", {"pool": "x"})))
         c.run_cycle()
-        assert "n1" in c.jobspec_text(g) and "n0" not in c.jobspec_text(g).split("nodefit")[0]
+        assert "n1" in c.status.jobspec_text(g) and "n0" not in c.status.jobspec_text(g).split("nodefit")[0]
 
     asyncio.run(main())
 
@@ -395,14 +395,14 @@ def test_a_jobspec_read_back_after_a_restart_is_fitted_to_todays_nodes() -> None
         c.handle(("Job", "ADDED", selector_job("any", 1, {**big, "nodeSelector": {"pool": "x"}})))
         await settle(c)
         g = c.groups[("ns", "job-any")]
-        text = c.jobspec_text(g)
+        text = c.status.jobspec_text(g)
         assert "hostlist" in text and "- n0" in text
         # as recover() does with the FluxJob's spec.jobspec; meanwhile the pool moved to n1
         g.jobspec = parse_jobspec(text)
         c.nodes["n0"], c.nodes["n1"] = labelled("n0"), labelled("n1", {"pool": "x"})
         c.node_view.reset(c.nodes.values())
         c.run_cycle()
-        after = c.jobspec_text(g)
+        after = c.status.jobspec_text(g)
         assert "- n1" in after and "- n0" not in after and after.count("hostlist") == 1, after
 
     asyncio.run(main())

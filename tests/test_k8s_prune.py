@@ -126,7 +126,7 @@ async def settle(c: Controller) -> None:
     """One turn of the operator's loop: cycle, then FluxJob writes and API calls done."""
     c.run_cycle()
     await asyncio.sleep(0)
-    await c.flush_fluxjobs()
+    await c.status.flush_fluxjobs()
     while c._tasks:
         await asyncio.gather(*list(c._tasks), return_exceptions=True)
 
@@ -185,7 +185,7 @@ def test_finished_groups_are_forgotten_and_fluxjobs_keep_the_result() -> None:
         assert sizes(c) == baseline
         assert kube.fluxjob_status[("ns", "job-j39")]["phase"] == "Completed"
         assert kube.fluxjob_status[("ns", "g39")]["phase"] == "Completed"
-        c.update_queue_gauge()
+        c.status.update_queue_gauge()
         assert c.pruned == {"Completed": 80}  # the queue gauge still counts them
         # a name used again later is a new group, queued from scratch
         again = pod("again-0", labels={names.LABEL_GROUP: "g0", names.LABEL_GROUP_SIZE: "1"})

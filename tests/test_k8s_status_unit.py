@@ -1,4 +1,5 @@
-"""Unit level (no cluster): status (k8s/persistence/status.py) on its own: the Event rate limit, FluxJob
+"""Unit level (no cluster): the status writer (k8s/persistence/status.py) alone, with a fake of
+the group book it meets: the Event rate limit, FluxJob
 write coalescing, and every phase kept as a condition even when writes are coalesced."""
 
 from __future__ import annotations
@@ -7,12 +8,13 @@ import asyncio
 from typing import Any
 
 from fluxnetes.k8s.config import OperatorConfig
-from fluxnetes.k8s.groups import GroupSpec
-from fluxnetes.k8s.groups.groupbook import Group, GroupBook
-from fluxnetes.k8s.groups.scaling import Scaling
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.groups import GroupSpec, OwnerRef
+from fluxnetes.k8s.groups.group import Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.kube import ApiError
 from fluxnetes.k8s.persistence.fluxjob import Phase
-from fluxnetes.k8s.persistence.status import EVENT_BURST, Status
+from fluxnetes.k8s.persistence.status import EVENT_BURST, StatusWriter
 from fluxnetes.k8s.resources import PodResources
 from test_k8s_prune import RecordingKube
 
@@ -28,17 +30,36 @@ class Events(RecordingKube):
         return await super().create(res, body, namespace, **kw)
 
 
-class Book(Status, Scaling, GroupBook):
-    """Status with the group book it writes for (no matcher, no queue)."""
+class FakeBook:
+    """The group book as the status writer sees it (StatusBook): a table of groups, the ended
+    groups it is told about; no workloads (``owner_obj`` finds none)."""
+
+    def __init__(self) -> None:
+        self.groups: GroupTable = GroupTable()
+        self.pruned: dict[str, int] = {}
+        self.finished: set[tuple[str, str]] = set()
+        self.names_spent: list[str] = []
+        self.rechecked: list[str] = []
+
+    def spend_name(self, g: Group) -> None:
+        self.names_spent.append(g.qid)
+
+    def mark_finished(self, key: tuple[str, str]) -> None:
+        self.finished.add(key)
+
+    def recheck_prune(self, g: Group) -> None:
+        self.rechecked.append(g.qid)
+
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
+        return None
 
 
-def book(kube: Events | None = None, **config: Any) -> tuple[Book, Events]:
+def book(kube: Events | None = None, **config: Any) -> tuple[StatusWriter, FakeBook, Events]:
+    """The status writer alone, with a fake book and a recording API server."""
     kube = kube if kube is not None else Events()
-    b = Book(kube, OperatorConfig(**config), clock=lambda: 1_000)  # type: ignore[arg-type]
-    b.init_status()
-    b.init_groupbook()
-    b.init_scaling()
-    return b, kube
+    ctx = Context(kube, OperatorConfig(**config), clock=lambda: 1_000)  # type: ignore[arg-type]
+    fake = FakeBook()
+    return StatusWriter(ctx, fake), fake, kube
 
 
 def group(name: str = "g") -> Group:
@@ -47,14 +68,15 @@ def group(name: str = "g") -> Group:
     return Group(spec=spec)
 
 
-async def drain(b: Book) -> None:
-    while b._tasks:
-        await asyncio.gather(*list(b._tasks), return_exceptions=True)
+async def drain(w: StatusWriter) -> None:
+    ctx = w._ctx  # (the test looks at the background tasks it started)
+    while ctx._tasks:
+        await asyncio.gather(*list(ctx._tasks), return_exceptions=True)
 
 
 def test_normal_events_are_capped_warnings_never_dropped() -> None:
     async def main() -> None:
-        b, kube = book(event_rate=0)  # no refill: only the burst goes out
+        b, _, kube = book(event_rate=0)  # no refill: only the burst goes out
         ref = {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ns", "uid": "u"}
         for i in range(int(EVENT_BURST) + 10):
             b.event(ref, "Normal", "Test", f"normal {i}")
@@ -70,8 +92,8 @@ def test_normal_events_are_capped_warnings_never_dropped() -> None:
 
 def test_status_writes_wait_the_interval_then_go_out_once() -> None:
     async def main() -> None:
-        b, kube = book(status_interval=5.0)
-        g = b.groups[("ns", "g")] = group()
+        b, fake, kube = book(status_interval=5.0)
+        g = fake.groups[("ns", "g")] = group()
         assert b.fluxjobs_due(100.0) == 5.0  # first needed now: due in 5 s
         assert b.fluxjobs_due(103.0) == 2.0
         await b.flush_fluxjobs(now=103.0)
@@ -86,15 +108,15 @@ def test_status_writes_wait_the_interval_then_go_out_once() -> None:
 
 def test_a_phase_between_two_writes_stays_a_condition() -> None:
     async def main() -> None:
-        b, kube = book(status_interval=0.0)
-        g = b.groups[("ns", "g")] = group()
+        b, fake, kube = book(status_interval=0.0)
+        g = fake.groups[("ns", "g")] = group()
         b.set_phase(g, Phase.PENDING, "queued")
         b.fluxjobs_due(0.0)
         await b.flush_fluxjobs(now=0.0)
         g.start = 990
         b.set_phase(g, Phase.RUNNING, "allocated on n0")
         b.set_phase(g, Phase.COMPLETED, "all pods finished")  # Running was never written
-        assert g.key in b.finished
+        assert g.key in fake.finished and fake.names_spent == ["ns/g"]  # the book is told
         b.fluxjobs_due(1.0)
         await b.flush_fluxjobs(now=1.0)
         st = kube.fluxjob_status[("ns", "g")]
@@ -102,6 +124,7 @@ def test_a_phase_between_two_writes_stays_a_condition() -> None:
         running = [c for c in st["conditions"] if c["type"] == str(Phase.RUNNING)]
         assert len(running) == 1 and running[0]["status"] == "False"
         assert running[0]["message"] == "allocated on n0"
+        assert fake.rechecked == ["ns/g", "ns/g"]  # after each write, the book may forget it
 
     asyncio.run(main())
 
@@ -129,8 +152,8 @@ def test_a_status_write_lost_to_an_api_server_outage_is_written_again() -> None:
     stayed Running (the write failed with a connection error, the group was no longer due)."""
     async def main() -> None:
         kube = Refusing()
-        b, _ = book(kube, status_interval=0.0)
-        g = b.groups[("ns", "g")] = group()
+        b, fake, _ = book(kube, status_interval=0.0)
+        g = fake.groups[("ns", "g")] = group()
         b.set_phase(g, Phase.COMPLETED, "all pods finished")
         b.fluxjobs_due(100.0)
         await b.flush_fluxjobs(now=100.0)  # refused: no exception escapes, still due
@@ -148,8 +171,8 @@ def test_a_fluxjob_is_created_with_its_status_in_one_write() -> None:
     interval costs one FluxJob write (the create carries the status; the CRD has no status
     subresource); a later change is one merge patch."""
     async def main() -> None:
-        b, kube = book(status_interval=1.0)
-        g = b.groups[("ns", "g")] = group()
+        b, fake, kube = book(status_interval=1.0)
+        g = fake.groups[("ns", "g")] = group()
         b.set_phase(g, Phase.PENDING, "queued")
         b.fluxjobs_due(100.0)
         b.set_phase(g, Phase.RUNNING, "allocated")
@@ -191,8 +214,8 @@ def test_a_fluxjob_refused_by_a_namespace_being_deleted_is_not_retried() -> None
     it is tried again only when the group changes."""
     async def main() -> None:
         kube = Terminating()
-        b, _ = book(kube, status_interval=0.0)
-        g = b.groups[("ns", "g")] = group()
+        b, fake, _ = book(kube, status_interval=0.0)
+        g = fake.groups[("ns", "g")] = group()
         b.set_phase(g, Phase.PENDING, "queued")
         for t in (100.0, 101.0, 102.0):
             b.fluxjobs_due(t)

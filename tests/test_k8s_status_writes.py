@@ -71,26 +71,26 @@ def test_a_burst_of_transitions_is_one_status_write() -> None:
         c, kube = controller(1.0)
         t0 = 1000.0
         pods = arrive(c)
-        assert c.fluxjobs_due(t0) == 1.0  # dirty from now on, due in a second
+        assert c.status.fluxjobs_due(t0) == 1.0  # dirty from now on, due in a second
         c.run_cycle()  # Pending -> Running, placement patches sent
         await drain(c)
         for p in pods:
             c.handle(("Pod", "MODIFIED", bound(p, "n0")))
-        assert c.fluxjobs_due(t0 + 0.5) == 0.5
-        await c.flush_fluxjobs(now=t0 + 0.5)
+        assert c.status.fluxjobs_due(t0 + 0.5) == 0.5
+        await c.status.flush_fluxjobs(now=t0 + 0.5)
         assert kube.creates == [] and kube.statuses == []  # not yet
-        assert c.fluxjobs_due(t0 + 1.0) == 0.0
-        await c.flush_fluxjobs(now=t0 + 1.0)
+        assert c.status.fluxjobs_due(t0 + 1.0) == 0.0
+        await c.status.flush_fluxjobs(now=t0 + 1.0)
         assert kube.creates == ["g"]
         assert kube.statuses == [("g", "Running")]  # the latest state, written once
         assert kube.patches == 0  # by the create itself: one write
-        assert c.fluxjobs_due(t0 + 2.0) is None  # nothing left to write
+        assert c.status.fluxjobs_due(t0 + 2.0) is None  # nothing left to write
 
         # a later change waits its own interval
         for p in pods:
             c.handle(("Pod", "MODIFIED", {**bound(p, "n0"), "status": {"phase": "Succeeded"}}))
-        assert c.fluxjobs_due(t0 + 5.0) == 1.0
-        await c.flush_fluxjobs(now=t0 + 6.0)
+        assert c.status.fluxjobs_due(t0 + 5.0) == 1.0
+        await c.status.flush_fluxjobs(now=t0 + 6.0)
         assert kube.statuses == [("g", "Running"), ("g", "Completed")]
 
     asyncio.run(main())
@@ -101,12 +101,12 @@ def test_interval_zero_writes_every_flush() -> None:
         c, kube = controller(0.0)
         t0 = 50.0
         arrive(c)
-        assert c.fluxjobs_due(t0) == 0.0
-        await c.flush_fluxjobs(now=t0)
+        assert c.status.fluxjobs_due(t0) == 0.0
+        await c.status.flush_fluxjobs(now=t0)
         c.run_cycle()
         await drain(c)
-        c.fluxjobs_due(t0)
-        await c.flush_fluxjobs(now=t0)
+        c.status.fluxjobs_due(t0)
+        await c.status.flush_fluxjobs(now=t0)
         assert kube.creates == ["g"]
         assert [phase for _, phase in kube.statuses] == ["Pending", "Running"]
 

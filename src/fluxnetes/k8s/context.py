@@ -61,6 +61,10 @@ class Context:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_failure)
 
+    def wake(self) -> None:
+        """Something changed: the main loop looks again now."""
+        self._wake.set()
+
     async def until_answered(self, call: Callable[[], Awaitable[T]], still: Callable[[], bool],
                              what: str) -> T | None:
         """``call()``, sent again while the API server is away (refused, reset, timeout, 5xx,

@@ -74,7 +74,7 @@ from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube
 from fluxnetes.k8s.objects import OWNER_RESOURCES, _ended, _event_time, _gated, _meta, _terminal
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.persistence.recovery import Recovery
-from fluxnetes.k8s.persistence.status import EVENT_BURST, EVENT_RATE, Status
+from fluxnetes.k8s.persistence.status import EVENT_BURST, EVENT_RATE, StatusWriter
 from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
 from fluxnetes.k8s.scheduling.allocation import Allocation
 from fluxnetes.k8s.scheduling.cycle import Scheduling
@@ -90,7 +90,7 @@ __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUE
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreRecovery, Allocation, Status,
+class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreRecovery, Allocation,
                  Scheduling, Preemption, PodSetGroups):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
@@ -112,10 +112,11 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                                Informer(kube, NAMESPACES, "Namespace", self.queue)]
         self._informer_runs: list[asyncio.Task[Any]] = []
         self.standby = False  # informers muted: a replica waiting to lead (watch, end_standby)
+        # the components (each owns its state; what it needs of the others is a typed Protocol)
+        self.status = StatusWriter(self, self)
         self.init_mirror()
         self.init_groupbook()
         self.init_scaling()
-        self.init_status()
         self.init_allocation()
         self.init_recovery()
         self.init_store_recovery()
@@ -154,7 +155,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
             try:
                 spec = self.group_for_workload(kind, obj)
             except GroupError as exc:
-                self.event({"apiVersion": kind.api_version, "kind": kind_name, "name": name, "namespace": ns,
+                self.status.event({"apiVersion": kind.api_version, "kind": kind_name, "name": name, "namespace": ns,
                             "uid": uid}, "Warning", "InvalidGroup", str(exc))
                 return
             if spec.size < 1:
@@ -418,14 +419,13 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
                 chores_skipped = True
                 continue  # the O(groups) chores below run at most once per window
             last_chores, chores_skipped = now, False
-            if self._counts_dirty:
-                self.update_queue_gauge()
+            if self.status.counts_dirty:
+                self.status.update_queue_gauge()
             if self.journal is not None:
                 self.store_ok = self.journal.ok
-            status_wait = self.fluxjobs_due(now)
-            if not self._flushing and status_wait == 0.0:
-                self._flushing = True
-                self.spawn(self._flush_once())
+            status_wait = self.status.fluxjobs_due(now)
+            if status_wait == 0.0:
+                self.status.start_flush()
 
     async def stop(self) -> None:
         if self.ready.is_set():

@@ -27,6 +27,9 @@ from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.metrics import METRICS
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -65,17 +68,14 @@ class ClusterMirror(Context):
     """Nodes and foreign pods -> graph; node loss."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         groups: GroupTable
         member_of: dict[str, tuple[str, str]]
-
-        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
         async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
-        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
         def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
         def release_idle_slots(self, g: Group) -> None: ...
         def recheck_prune(self, g: Group) -> None: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
 
     def init_mirror(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -231,7 +231,7 @@ class ClusterMirror(Context):
             return
         res = replace_node(self.matcher, self.nodes[name], self.topologies.get(name), rack_label=self.config.rack_label)
         for note in res.notes:
-            self.event({"apiVersion": "v1", "kind": "Node", "name": name}, "Warning", "TopologyMismatch", note)
+            self.status.event({"apiVersion": "v1", "kind": "Node", "name": name}, "Warning", "TopologyMismatch", note)
         if res.lost:  # the node shrank under running work: re-record everything from the groups
             log.warning("node %s: topology change lost %s; rebuilding the graph", name, res.lost)
             self.rebuild()
@@ -268,14 +268,14 @@ class ClusterMirror(Context):
                 self.spawn(self.evict(g, [*survivors, *g.members.values()]))
                 g.failed_pods = g.deleted_pods = 0  # counted again for the next run
                 g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
-                self.set_phase(g, Phase.PENDING, f"{what}; requeued")
-                self.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
+                self.status.set_phase(g, Phase.PENDING, f"{what}; requeued")
+                self.status.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
             else:
                 self.lose_share(g, name)
                 self.release_idle_slots(g)  # a slot with no pod holds a share no pod will ever use
                 g.end = self.now()
-                self.set_phase(g, Phase.FAILED, what)
-                self.group_event(g, "Warning", "NodeLost", g.reason)
+                self.status.set_phase(g, Phase.FAILED, what)
+                self.status.group_event(g, "Warning", "NodeLost", g.reason)
 
     def lose_share(self, g: Group, name: str) -> None:
         """The group's share on lost node ``name`` is gone with the node (and its slots)."""

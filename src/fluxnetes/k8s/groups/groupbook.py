@@ -37,6 +37,9 @@ from fluxnetes.k8s.objects import _ended, _gated, _meta
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -47,7 +50,7 @@ class GroupBook(Context):
     """Pod -> group membership, group specs from workload kinds, pruning."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        _counts_dirty: bool
+        status: StatusWriter
         scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
         scheduler: Any
         store_only: dict[tuple[str, str], Any]
@@ -58,19 +61,15 @@ class GroupBook(Context):
         @staticmethod
         def capacity(g: Group) -> int: ...
         def claim_store_record(self, g: Group) -> None: ...
-        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
         def family(self, base: tuple[str, str]) -> list[Group]: ...
         def finish_group(self, g: Group) -> None: ...
-        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
         def index_scale_group(self, g: Group) -> None: ...
-        def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
         def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
         def survivors_to_foreign(self, g: Group) -> list[dict[str, Any]]: ...
         def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
         def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
                               obj: Mapping[str, Any]) -> Group | None: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
         def name_for_new_group(self, spec: GroupSpec) -> GroupSpec: ...
         def join_addon(self, uid: str, pod: dict[str, Any]) -> bool: ...
 
@@ -131,7 +130,7 @@ class GroupBook(Context):
         except Exception as exc:
             g.phase, g.reason = Phase.UNSATISFIABLE, f"invalid jobspec: {exc}"
             self.mark_finished(spec.key)
-            self.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
+            self.status.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
         self.groups[spec.key] = g
         self.index_scale_group(g)
         return g
@@ -144,13 +143,13 @@ class GroupBook(Context):
             if g.phase != Phase.PROVISIONAL:
                 return  # allocated before the restart (the store knew): running again
         g.submit = g.submit or self.now()
-        self.set_phase(g, Phase.PENDING, "queued")
+        self.status.set_phase(g, Phase.PENDING, "queued")
         # one Event for the group (on its FluxJob), not one per pod as well: the API server's
         # writes per pod (issue 17); the pods' own Events come with placement. None for a
         # group of one pod: its FluxJob's conditions say it, and its pod's Scheduled Event
         # is then all the Events it costs, as on kube-scheduler's path
         if g.spec.size > 1:
-            self.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued", pods=False)
+            self.status.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued", pods=False)
         self.dirty = True
 
     def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec:
@@ -205,10 +204,10 @@ class GroupBook(Context):
         failed = kind.failed(obj)
         g.end = self.now()
         phase = Phase.FAILED if failed else Phase.COMPLETED
-        self.set_phase(g, phase, f"{kind.kind} {_meta(obj).get('name', '')} "
+        self.status.set_phase(g, phase, f"{kind.kind} {_meta(obj).get('name', '')} "
                                  f"{'failed' if failed else 'completed'} before this operator allocated it "
                                  f"(it ran before a restart); nothing is held")
-        self.group_event(g, "Warning" if failed else "Normal", str(phase), g.reason, pods=False)
+        self.status.group_event(g, "Warning" if failed else "Normal", str(phase), g.reason, pods=False)
         self.dirty = True
 
     def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
@@ -220,9 +219,9 @@ class GroupBook(Context):
             reason = (f"{kind.kind} {_meta(obj).get('name', '')} is suspended by its user "
                       f"(spec.suspend=true): waiting until it is resumed")
             if g.phase != Phase.PROVISIONAL or g.reason != reason:
-                self.set_phase(g, Phase.PROVISIONAL, reason)
+                self.status.set_phase(g, Phase.PROVISIONAL, reason)
                 g.fj_dirty = True
-                self.group_event(g, "Normal", "SuspendedByUser", reason, pods=False)
+                self.status.group_event(g, "Normal", "SuspendedByUser", reason, pods=False)
             return
         if g.phase == Phase.PROVISIONAL:
             self.enqueue(g)
@@ -308,7 +307,7 @@ class GroupBook(Context):
         if self.journal is not None and g.store_uid:
             self.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
         self.pruned[str(g.phase)] = self.pruned.get(str(g.phase), 0) + 1
-        self._counts_dirty = True
+        self.status.counts_changed()
 
     def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec:
         ns = _meta(pod).get("namespace") or "default"
@@ -353,7 +352,7 @@ class GroupBook(Context):
         try:
             spec = self.pod_group_spec(pod)
         except GroupError as exc:
-            self.event(self.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
+            self.status.event(self.status.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
             return
         g = self.groups.get(spec.key)
         if g is None or (g.phase.final and not g.members):
@@ -379,7 +378,7 @@ class GroupBook(Context):
         elif g.phase == Phase.RUNNING:
             self.assign(g)
         elif g.phase == Phase.UNSATISFIABLE:
-            self.event(self.pod_ref(pod), "Warning", "Unsatisfiable", g.reason)
+            self.status.event(self.status.pod_ref(pod), "Warning", "Unsatisfiable", g.reason)
 
     def member_gone(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
         self.member_of.pop(uid, None)

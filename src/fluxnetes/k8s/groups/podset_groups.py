@@ -64,6 +64,9 @@ from fluxnetes.k8s.workloads import (
 )
 from fluxnetes.k8s.workloads import route_pod as route_addon_pod
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 DISCOVERY_EVERY = "FLUXNETES_ADDON_DISCOVERY_SECONDS"
@@ -142,6 +145,7 @@ class PodSetGroups(Context):
     """Multi-role kinds: discovery, their informers, their groups, pods into pod-set slots."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         owners: dict[tuple[str, str, str], dict[str, Any]]
         groups: GroupTable
         parked: dict[str, dict[str, Any]]
@@ -154,7 +158,6 @@ class PodSetGroups(Context):
         def cancel_group(self, g: Group, reason: str) -> None: ...
         def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
         def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
         def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
         def on_pod(self, etype: str, pod: dict[str, Any]) -> None: ...
         def priority_of(self, spec: Mapping[str, Any]) -> int: ...
@@ -316,7 +319,7 @@ class PodSetGroups(Context):
             spec, sets = self.podset_group_spec(kind, obj, base)
         except (GroupError, ValueError) as exc:  # JobspecError / PackingError are ValueErrors
             meta = _meta(obj)
-            self.event({"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name", ""),
+            self.status.event({"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name", ""),
                         "namespace": meta.get("namespace") or "default", "uid": meta.get("uid", "")},
                        "Warning", "InvalidGroup", str(exc))
             return None

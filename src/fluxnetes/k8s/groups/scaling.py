@@ -27,6 +27,9 @@ from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -38,23 +41,20 @@ class Scaling(Context):
     """A workload's family of groups (base + "-scale-N"): rescale, resize, route new pods."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         groups: GroupTable
         foreign_per_owner: Counter[str]
         member_of: dict[str, tuple[str, str]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
         scheduler: Any
-
-        async def _patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None: ...
         def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
         def cancel_group(self, g: Group, reason: str) -> None: ...
         def enqueue(self, g: Group) -> None: ...
-        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
         def finish_group(self, g: Group) -> None: ...
         def join_group(self, uid: str, pod: dict[str, Any]) -> None: ...
         def make_jobspec(self, g: Group) -> Any: ...
         def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
         @staticmethod
         def same_owner(g: Group, uid: str) -> bool: ...
 
@@ -212,12 +212,12 @@ class Scaling(Context):
         try:
             g.jobspec = self.make_jobspec(g)
         except Exception as exc:
-            self.set_phase(g, Phase.UNSATISFIABLE, f"invalid jobspec: {exc}")
+            self.status.set_phase(g, Phase.UNSATISFIABLE, f"invalid jobspec: {exc}")
             return
         g.fj_dirty = True
         self.dirty = True
         if g.fj_exists:  # the FluxJob's spec is written once: say the new size there too
-            self.spawn(self._patch_fluxjob_spec(g, {"size": size, "jobspec": _dump_jobspec(g.jobspec)}))
+            self.spawn(self.status.patch_fluxjob_spec(g, {"size": size, "jobspec": _dump_jobspec(g.jobspec)}))
         if len(g.members) >= size or (g.kind is not None and g.kind.resume_patch({}) is not None):
             self.enqueue(g)
         else:
@@ -228,7 +228,7 @@ class Scaling(Context):
         spec = replace(like.spec, name=self.next_scale_name(base, owner_uid), size=size)
         g = self.new_group(spec, kind)
         g.reason = f"waiting for the group: 0/{size} pods"
-        self.event(like.ref(), "Normal", "ScaledUp",
+        self.status.event(like.ref(), "Normal", "ScaledUp",
                    f"{size} added pod(s) form group {spec.name}, queued all-or-nothing")
         # pods that arrived before the new replica count was seen wait in a running group
         # without a slot: they belong to the new group

@@ -28,6 +28,9 @@ from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.scheduling.placement import ANN_SLOT, assigned_node, placed_jobid
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -38,8 +41,8 @@ class Recovery(Context):
     """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
-        _counts_dirty: bool
         groups: GroupTable
         matcher: Any
         member_of: dict[str, tuple[str, str]]
@@ -55,9 +58,7 @@ class Recovery(Context):
         def cancel_group(self, g: Group, reason: str) -> None: ...
         def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
         def finish_group(self, g: Group) -> None: ...
-        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
         def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec: ...
-        def group_record(self, g: Group) -> Any: ...
         def index_scale_group(self, g: Group) -> None: ...
         def make_jobspec(self, g: Group) -> Any: ...
         def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
@@ -77,7 +78,6 @@ class Recovery(Context):
         async def resume(self, g: Group) -> None: ...
         @staticmethod
         def same_owner(g: Group, uid: str) -> bool: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
         def shares_of_pods(self, g: Group, pods: list[dict[str, Any]]) -> list[shares.Share]: ...
         def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
@@ -113,8 +113,8 @@ class Recovery(Context):
         g.held, g.alloc = {}, []
         reason = g.note = (f"its allocation from before the restart is on nodes that are gone "
                            f"({', '.join(gone)}); matched again")
-        self.set_phase(g, Phase.PENDING, reason)
-        self.group_event(g, "Warning", "Requeued", reason, pods=False)
+        self.status.set_phase(g, Phase.PENDING, reason)
+        self.status.group_event(g, "Warning", "Requeued", reason, pods=False)
         self.dirty = True
         return True
 
@@ -365,10 +365,11 @@ class Recovery(Context):
             self.member_of[uid] = g.key
         g.resumed = g.recovered = True
         g.fj_dirty = True
-        self._counts_dirty = self.dirty = True
+        self.status.counts_changed()
+        self.dirty = True
         if self.journal is not None:
-            self.journal.record(self.group_record(g), self.now())
-        self.group_event(g, "Normal", "Recovered",
+            self.journal.record(self.status.group_record(g), self.now())
+        self.status.group_event(g, "Normal", "Recovered",
                          f"{g.reason}: job {g.jobid} on {','.join(sorted(set(g.held)))}", pods=False)
         log.info("%s: %s (job %s on %s)", g.qid, g.reason, g.jobid, ",".join(sorted(g.held)))
         return True
@@ -417,7 +418,7 @@ class Recovery(Context):
                 if not g.members:
                     self.cancel_group(g, "all pods of the group were deleted")
                 else:
-                    self.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
+                    self.status.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
         for g in self.unrecorded:
             # what ended during the outage is given back now: record what could not be before
             if g.phase == Phase.RUNNING and g.held and g.jobid is not None and g.jobid not in self.matcher.jobs \

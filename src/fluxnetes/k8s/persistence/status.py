@@ -2,8 +2,8 @@
 transition, every phase kept as a FluxJob condition), Kubernetes Events (a token bucket caps
 Normal ones at --event-rate), FluxJob create/status/spec writes (coalesced: a status is
 written once it waited --status-interval, ``fluxjobs_due`` / ``flush_fluxjobs``), the store
-record of a group, and the queue gauge. Owned state: the event bucket, ``_flushing``,
-``_counts_dirty``."""
+record of a group, and the queue gauge. Owned state (private): the event bucket,
+``_flushing``, ``_counts_dirty``; what it needs of the group book is ``StatusBook``."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import OwnerRef
-from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.group import Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
@@ -35,27 +35,50 @@ EVENT_RATE, EVENT_BURST = 20.0, 200.0
 FLUSH_BATCH = 64
 
 
-class Status(Context):
-    """Phases, Events, FluxJob writes, store records."""
+class StatusBook(Protocol):
+    """What the status writer uses of the group book: the groups (and the count of those
+    forgotten), and what it tells the book when a group ends or its last status is written."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        def spend_name(self, g: Group) -> None: ...
-        def mark_finished(self, key: tuple[str, str]) -> None: ...
-        def recheck_prune(self, g: Group) -> None: ...
-        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        groups: GroupTable
-        pruned: dict[str, int]
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def pruned(self) -> dict[str, int]: ...
+    def spend_name(self, g: Group) -> None: ...
+    def mark_finished(self, key: tuple[str, str]) -> None: ...
+    def recheck_prune(self, g: Group) -> None: ...
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
 
-    def init_status(self) -> None:
+
+class StatusWriter:
+    """Phases, Events, FluxJob writes, store records: a component of its own (its state is
+    private); the operator's other parts reach it as ``status``."""
+
+    def __init__(self, ctx: Context, book: StatusBook) -> None:
+        self._ctx, self._book = ctx, book
         self._counts_dirty = True
         self._flushing = False
         self._tokens, self._tokens_at, self.events_dropped = float(EVENT_BURST), time.monotonic(), 0
+
+    # ---------------------------------------------------------------- told by the other parts
+    @property
+    def counts_dirty(self) -> bool:
+        """Groups changed phase (or came or went) since the queue gauge was last set."""
+        return self._counts_dirty
+
+    def counts_changed(self) -> None:
+        self._counts_dirty = True
+
+    def start_flush(self) -> None:
+        """Write the due FluxJobs in the background, unless such a flush is running."""
+        if not self._flushing:
+            self._flushing = True
+            self._ctx.spawn(self._flush_once())
 
     def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         # a token bucket (like client-go's event recorder) keeps a burst of thousands of jobs
         # from flooding the API server; every decision is also in the FluxJob's conditions
         now = time.monotonic()
-        self._tokens = min(EVENT_BURST, self._tokens + (now - self._tokens_at) * self.config.event_rate)
+        self._tokens = min(EVENT_BURST, self._tokens + (now - self._tokens_at) * self._ctx.config.event_rate)
         self._tokens_at = now
         if self._tokens < 1 and etype == "Normal":
             self.events_dropped += 1
@@ -69,18 +92,18 @@ class Status(Context):
             "involvedObject": {k: ref[k] for k in ("apiVersion", "kind", "name", "namespace", "uid") if ref.get(k)},
             "type": etype, "reason": reason, "message": message[:1024],
             "source": {"component": "fluxnetes"}, "reportingComponent": "fluxnetes",
-            "reportingInstance": self.config.identity,
+            "reportingInstance": self._ctx.config.identity,
             "firstTimestamp": ts, "lastTimestamp": ts, "eventTime": None, "count": 1,
         }
         del body["eventTime"]
 
         async def post() -> None:
             try:
-                await self.kube.create(EVENTS, body, ns, background=True)
+                await self._ctx.kube.create(EVENTS, body, ns, background=True)
             except Exception as exc:
                 log.debug("event not recorded: %r", exc)
 
-        self.spawn(post())
+        self._ctx.spawn(post())
 
     def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]:
         m = _meta(pod)
@@ -102,9 +125,9 @@ class Status(Context):
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
             if phase.final:
-                self.mark_finished(g.key)
-                self.spend_name(g)
-            self._wake.set()
+                self._book.mark_finished(g.key)
+                self._book.spend_name(g)
+            self._ctx.wake()
             self._counts_dirty = True
             if changed and before == Phase.RUNNING:
                 METRICS.releases.labels(kind="full").inc()  # the group gave everything back
@@ -113,8 +136,8 @@ class Status(Context):
                     log.info("%s: %s -> %s: %s", g.qid, before, phase, reason,
                              extra={"phase": str(phase), "previous": str(before), "reason": reason,
                                     "size": g.spec.size, "jobid": g.jobid})
-            if changed and self.journal is not None:
-                self.journal.record(self.group_record(g), self.now())
+            if changed and self._ctx.journal is not None:
+                self._ctx.journal.record(self.group_record(g), self._ctx.now())
 
     def keep_condition(self, g: Group, phase: Phase, reason: str) -> None:
         """The group leaves ``phase``: if no status write showed it yet (status writes are
@@ -127,7 +150,7 @@ class Status(Context):
         if g.fj_status.get("phase") == str(phase) or any(
                 c.get("type") == str(phase) and c.get("message") == reason for c in conds):
             return
-        at = g.start if phase == Phase.RUNNING and g.start else self.now()
+        at = g.start if phase == Phase.RUNNING and g.start else self._ctx.now()
         conds = [c for c in conds if c.get("type") != str(phase)]
         conds.append({"type": str(phase), "status": "False", "reason": str(phase), "message": reason,
                       "lastTransitionTime": fluxjob.rfc3339(at)})
@@ -142,7 +165,7 @@ class Status(Context):
         return GroupRecord(
             namespace=g.spec.namespace, name=g.spec.name, uid=g.store_uid,
             kind=g.spec.owner.kind if g.spec.owner else "Pod", jobspec=self.jobspec_text(g),
-            size=g.spec.size, duration=g.spec.duration, priority=g.spec.priority, submit=g.submit or self.now(),
+            size=g.spec.size, duration=g.spec.duration, priority=g.spec.priority, submit=g.submit or self._ctx.now(),
             phase=g.phase, reason=g.reason, start=g.start or 0,
             shares=tuple(g.held.values()) if g.held else tuple(g.alloc), store_id=g.store_id)
 
@@ -153,9 +176,9 @@ class Status(Context):
             g.jobspec_yaml = _dump_jobspec(g.jobspec)
         return g.jobspec_yaml
 
-    async def _patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None:
+    async def patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None:
         try:
-            await self.kube.patch(FLUXJOBS, g.spec.name, {"spec": spec, "metadata": fluxjob.write_meta()},
+            await self._ctx.kube.patch(FLUXJOBS, g.spec.name, {"spec": spec, "metadata": fluxjob.write_meta()},
                                   g.spec.namespace, background=True)
         except ApiError as exc:
             log.info("FluxJob %s spec: %s", g.qid, exc)
@@ -165,7 +188,7 @@ class Status(Context):
         return fluxjob.status(
             g.phase, reason=g.reason, jobid=g.jobid if isinstance(g.jobid, int) else None,
             submit_time=g.submit, expected_start=g.expected_start if g.phase == Phase.RESERVED else None,
-            start_time=g.start, end_time=g.end, nodes=g.slots, pods_seen=len(g.members), now=self.now(),
+            start_time=g.start, end_time=g.end, nodes=g.slots, pods_seen=len(g.members), now=self._ctx.now(),
             previous=g.fj_status,
         ) | ({"shares": [s.as_dict() for s in g.held.values()], "released": sorted(g.released)}
              # a group that ended while some of its pods run on (node lost, cancelled) still
@@ -194,7 +217,7 @@ class Status(Context):
         ns, name = g.spec.namespace, g.spec.name
         owner = g.spec.owner
         if g.phase.final and g.kind is not None and owner is not None and owner.uid \
-                and self.owner_obj(owner, ns) is None:
+                and self._book.owner_obj(owner, ns) is None:
             # its workload was deleted: its FluxJob goes too. Deleted here rather than left to
             # the garbage collector (owner reference), which after a mass delete takes minutes
             # while `kubectl get fluxjobs` shows the group Running; the collector then finds
@@ -203,13 +226,13 @@ class Status(Context):
                 await self.delete_fluxjob(g)
             g.fj_exists = False
             return
-        if self.crash_point("fluxjob-write", g.qid):
+        if self._ctx.crash_point("fluxjob-write", g.qid):
             return  # a restart test's hook drops it
         st = self.fluxjob_status(g)
         try:
             if not g.fj_exists:
                 body = fluxjob.manifest(g.spec, jobspec=self.jobspec_text(g),
-                                        match_policy=self.config.match_policy)
+                                        match_policy=self._ctx.config.match_policy)
                 body["status"] = st
                 if g.spec.owner is None and g.spec.size == 1 and len(g.members) == 1:
                     # a lone pod owns its FluxJob: deleting the pod cleans it up
@@ -217,7 +240,7 @@ class Status(Context):
                     body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": ref["name"],
                                                             "uid": ref["uid"], "blockOwnerDeletion": False}]
                 try:
-                    created = await self.kube.create(FLUXJOBS, body, ns, background=True)
+                    created = await self._ctx.kube.create(FLUXJOBS, body, ns, background=True)
                     g.fj_uid = str(_meta(created).get("uid", ""))
                     written = True
                 except ApiError as exc:
@@ -229,15 +252,15 @@ class Status(Context):
                         return
                     written = taken
                 g.fj_exists = True
-                self.crash_point("fluxjob-created", g.qid)
+                self._ctx.crash_point("fluxjob-created", g.qid)
                 if written:
                     g.fj_status = st
-                    self.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))
+                    self._ctx.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))
                     return
             body_st = {"status": st, "metadata": fluxjob.write_meta(g.fj_uid)}
-            await self.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
+            await self._ctx.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
             g.fj_status = st
-            self.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))
+            self._ctx.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))
         except ApiError as exc:
             if exc.namespace_terminating:
                 # no write can land there, and the namespace's deletion takes the workload and
@@ -267,7 +290,7 @@ class Status(Context):
     async def delete_fluxjob(self, g: Group) -> None:
         """Delete the group's own FluxJob (uid precondition: never a newer group's of that name)."""
         try:
-            await self.kube.request("DELETE", FLUXJOBS.path(g.spec.namespace, g.spec.name),
+            await self._ctx.kube.request("DELETE", FLUXJOBS.path(g.spec.namespace, g.spec.name),
                                     {"preconditions": {"uid": g.fj_uid}}, background=True)
         except ApiError as exc:
             if exc.status not in (404, 409):  # gone already, or another group's now
@@ -285,7 +308,7 @@ class Status(Context):
         garbage collector has not removed its FluxJob yet): delete that one and create ours
         (True: created with its status). None: try again later."""
         ns, name = g.spec.namespace, g.spec.name
-        cur = await self.kube.get_or_none(FLUXJOBS, name, ns)
+        cur = await self._ctx.kube.get_or_none(FLUXJOBS, name, ns)
         if cur is not None:
             theirs = str(((cur.get("spec") or {}).get("workload") or {}).get("uid", ""))
             ours = g.spec.owner.uid if g.spec.owner else ""
@@ -293,12 +316,12 @@ class Status(Context):
                 g.fj_uid = str(_meta(cur).get("uid", ""))
                 return False
             with contextlib.suppress(ApiError):
-                await self.kube.request("DELETE", FLUXJOBS.path(ns, name),
+                await self._ctx.kube.request("DELETE", FLUXJOBS.path(ns, name),
                                         {"preconditions": {"uid": _meta(cur).get("uid")}})
             log.info("FluxJob %s/%s belonged to an earlier %s of that name: replaced", ns, name,
                      g.spec.owner.kind if g.spec.owner else "object")
         try:
-            created = await self.kube.create(FLUXJOBS, body, ns, background=True)
+            created = await self._ctx.kube.create(FLUXJOBS, body, ns, background=True)
         except ApiError as exc:
             if exc.status != 409:
                 raise
@@ -318,7 +341,7 @@ class Status(Context):
         ``status_interval``: in a burst a group goes Pending, Running and placed within a
         second, and one status write instead of three or four halves the API server's work
         per job (each CRD status write costs it about 2 ms of CPU)."""
-        dirty = self.groups.fj_dirty
+        dirty = self._book.groups.fj_dirty
         # in the order they came to need a write: those noted already come first, the new
         # ones at the end (the scan stops at the first one noted before)
         for g in reversed(dirty.values()):
@@ -329,7 +352,7 @@ class Status(Context):
         if first is None:
             return None
         since = now if first.fj_since is None else first.fj_since
-        return max(0.0, since + self.config.status_interval - now)
+        return max(0.0, since + self._ctx.config.status_interval - now)
 
     async def flush_fluxjobs(self, now: float | None = None) -> None:
         """Write the most urgent due FluxJobs, at most ``FLUSH_BATCH`` (the rest stay due: the
@@ -337,8 +360,8 @@ class Status(Context):
         changes of live groups first, then other changes of live groups, then the ended; a
         bounded flush keeps a change made meanwhile from waiting behind thousands of writes
         (a mass delete: FluxJobs lagged minutes behind the queue after a restart)."""
-        cutoff = (time.monotonic() if now is None else now) - self.config.status_interval
-        due = [g for g in self.groups.fj_dirty.values() if (g.fj_since or 0.0) <= cutoff]
+        cutoff = (time.monotonic() if now is None else now) - self._ctx.config.status_interval
+        due = [g for g in self._book.groups.fj_dirty.values() if (g.fj_since or 0.0) <= cutoff]
         if len(due) > FLUSH_BATCH:
             due.sort(key=lambda g: (g.phase.final, g.fj_status.get("phase") == str(g.phase)))
             due = due[:FLUSH_BATCH]
@@ -347,11 +370,11 @@ class Status(Context):
         if due:
             await asyncio.gather(*(self.write_fluxjob(g) for g in due))
             for g in due:
-                self.recheck_prune(g)  # (an ended group whose last status is written can go)
+                self._book.recheck_prune(g)  # (an ended group whose last status is written can go)
 
     def update_queue_gauge(self) -> None:
-        counts: dict[str, int] = dict(self.pruned)  # groups over and forgotten still count
-        for phase, n in self.groups.phase_counts().items():
+        counts: dict[str, int] = dict(self._book.pruned)  # groups over and forgotten still count
+        for phase, n in self._book.groups.phase_counts().items():
             counts[phase] = counts.get(phase, 0) + n
         METRICS.set_queue_lengths(counts)
         self._counts_dirty = False

@@ -20,6 +20,9 @@ from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -28,22 +31,19 @@ class StoreRecovery(Context):
     """What the store says after a restart, matched with the groups read back."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         def spend_name(self, g: Group) -> None: ...
         def mark_finished(self, key: tuple[str, str]) -> None: ...
         groups: GroupTable
         matcher: Any
         scheduler: Any
         unrecorded: list[Group]
-
-        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
-        def group_record(self, g: Group) -> Any: ...
         def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
         def nodes_gone(self, held: Any) -> list[str]: ...
         def record_group(self, g: Group) -> bool: ...
         def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
 
     def init_store_recovery(self) -> None:
         # live store rows no group has claimed yet (after a restart): (namespace, name) -> record
@@ -66,7 +66,7 @@ class StoreRecovery(Context):
             g.reason = g.note = (f"allocated on {', '.join(sorted(s.node for s in held))} before the restart, "
                                  f"but {', '.join(gone)} is gone or down; matched again")
             g.fj_dirty = True
-            self.group_event(g, "Warning", "Requeued", g.reason, pods=False)
+            self.status.group_event(g, "Warning", "Requeued", g.reason, pods=False)
             return False
         g.phase, g.reason = Phase.RUNNING, reason
         g.held, g.alloc = {s.node: s for s in held}, held
@@ -76,9 +76,9 @@ class StoreRecovery(Context):
         g.expected_start = None
         g.jobid = self.matcher.next_jobid
         self.record_group(g)
-        self._counts_dirty = True
+        self.status.counts_changed()
         self.dirty = True
-        self.group_event(g, "Normal", "Recovered",
+        self.status.group_event(g, "Normal", "Recovered",
                          f"{reason}: job {g.jobid} on {','.join(sorted(set(g.slots)))}", pods=False)
         return True
 
@@ -200,7 +200,7 @@ class StoreRecovery(Context):
                 continue
             if g.store_id is not None and self.stored_state.get(g.store_id) == _STATE[g.phase]:
                 continue
-            self.journal.record(self.group_record(g), now)
+            self.journal.record(self.status.group_record(g), now)
         for rec in self.store_only.values():
             self.journal.cancel(rec.id, now, "its objects are gone (found after a restart)")
         self.store_only.clear()

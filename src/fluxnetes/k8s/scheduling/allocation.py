@@ -25,6 +25,9 @@ from fluxnetes.k8s.scheduling.placement import binding, place_patch
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -33,15 +36,10 @@ class Allocation(Context):
     """Start, place, resume, evict, release."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         matcher: Any
         scheduler: Any
-
-        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
-        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
-        def group_record(self, g: Group) -> Any: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        def pod_ref(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
         def slots_of_sets(self, g: Group, res: Any) -> None: ...
         def set_slots(self, g: Group, pod: Mapping[str, Any], free: list[int]) -> tuple[list[int], int | None]: ...
         def slot_share(self, g: Group, slot: int, held: shares.Share) -> shares.Share: ...
@@ -66,10 +64,10 @@ class Allocation(Context):
         g.recovered = False
         METRICS.allocations.inc()
         nodes = ",".join(sorted(set(g.slots)))
-        self.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
+        self.status.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
         g.note = ""
         if g.spec.size > 1:  # (a group of one pod: its pod's Scheduled Event says it; see enqueue)
-            self.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
+            self.status.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
         self.crash_point("allocated", g.qid)  # the store has the allocation; nothing else does
         if self.crash_point("placement", g.qid):
             self._hold_placement = True  # a restart test's hook: no pod placed, the Job not resumed
@@ -136,7 +134,7 @@ class Allocation(Context):
         METRICS.allocated_pods.inc()
         self.crash_point("pod-placed", g.qid, pod=uid, size=g.spec.size)
         if not hold.gated(pod):  # a pinned pod gets its Scheduled Event from kube-scheduler
-            self.event(self.pod_ref(pod), "Normal", "Scheduled",
+            self.status.event(self.status.pod_ref(pod), "Normal", "Scheduled",
                        f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
 
     async def resume(self, g: Group) -> None:
@@ -198,7 +196,7 @@ class Allocation(Context):
         if rest.empty:
             g.held.pop(node, None)
             if g.held and self.journal is not None:
-                self.journal.release_nodes(self.group_record(g), [node], self.now(), "its pods ended")
+                self.journal.release_nodes(self.status.group_record(g), [node], self.now(), "its pods ended")
         else:
             g.held[node] = rest
         if not g.held:
@@ -262,12 +260,12 @@ class Allocation(Context):
         if ok and g.deleted_pods and not complete:
             # its pods were deleted while they ran: the work was stopped, not finished
             reason = f"pods deleted: {g.deleted_pods} pod(s) of the group were deleted before they finished"
-            self.set_phase(g, Phase.CANCELLED, reason)
-            self.group_event(g, "Normal", "Cancelled", reason, pods=False)
+            self.status.set_phase(g, Phase.CANCELLED, reason)
+            self.status.group_event(g, "Normal", "Cancelled", reason, pods=False)
             return
         phase = Phase.COMPLETED if ok else Phase.FAILED
-        self.set_phase(g, phase, "all pods finished" if ok else why)
-        self.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
+        self.status.set_phase(g, phase, "all pods finished" if ok else why)
+        self.status.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
 
     def cancel_group(self, g: Group, reason: str) -> None:
         if g.phase == Phase.RUNNING:
@@ -275,8 +273,8 @@ class Allocation(Context):
         elif g.phase in QUEUED:
             self.scheduler.withdraw(g.qid)
         g.end = self.now()
-        self.set_phase(g, Phase.CANCELLED, reason)
-        self.group_event(g, "Normal", "Cancelled", reason, pods=False)
+        self.status.set_phase(g, Phase.CANCELLED, reason)
+        self.status.group_event(g, "Normal", "Cancelled", reason, pods=False)
         self.dirty = True
 
 

@@ -34,6 +34,9 @@ from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.scheduling.satisfiable import Judge
 from fluxnetes.metrics import METRICS
 
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.status import StatusWriter
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -56,21 +59,16 @@ class Scheduling(Context):
     """The cycle: fit, judge, queue cycle, record its outcome."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         groups: GroupTable
         matcher: Any
         node_view: nodefit.NodeView
         nodes: dict[str, dict[str, Any]]
         scheduler: Any
-
-        async def _patch_fluxjob_spec(self, g: Group, spec: dict[str, Any]) -> None: ...
         def flush_foreign(self) -> None: ...
-        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
-        def jobspec_text(self, g: Group) -> str: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def prune_finished(self) -> None: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
         def start_group(self, g: Group, res: Any) -> None: ...
-        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
         def preemption_step(self, now: int) -> str | None: ...
         def consider_preemption(self, head: Any, started: set[str], now: int) -> None: ...
         priority_classes: dict[str, int]
@@ -123,7 +121,7 @@ class Scheduling(Context):
             was = book.enabled
             for notice in book.configure(self.fluxaccounts.values(), self.namespaces_seen.values(), now):
                 log.warning("fair share: %s", notice.message)
-                self.event(notice.ref, "Warning", notice.reason, notice.message)
+                self.status.event(notice.ref, "Warning", notice.reason, notice.message)
             if book.enabled != was:
                 log.info("fair share %s (%d FluxAccounts)", "on" if book.enabled else "off", len(book.listed))
                 self.scheduler.invalidate()
@@ -288,8 +286,8 @@ class Scheduling(Context):
                     self.fitted.pop(g.key, None)
                     self.scheduler.withdraw(g.qid)
                     g.end = self.now()
-                    self.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {f.reason}")
-                    self.group_event(g, "Warning", "Unsatisfiable", g.reason)
+                    self.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {f.reason}")
+                    self.status.group_event(g, "Warning", "Unsatisfiable", g.reason)
                 continue  # provisional: judged once it is queued
             js = nodefit.constrain(base, f)
             if js.constraint == g.jobspec.constraint and js.attributes == g.jobspec.attributes:
@@ -298,7 +296,7 @@ class Scheduling(Context):
                 g.jobspec, g.jobspec_yaml = js, None
                 changed = True
                 if g.fj_exists:  # the FluxJob's spec says what the matcher is asked
-                    self.spawn(self._patch_fluxjob_spec(g, {"jobspec": self.jobspec_text(g)}))
+                    self.spawn(self.status.patch_fluxjob_spec(g, {"jobspec": self.status.jobspec_text(g)}))
             self.fitted[g.key] = (view.version, base, js)
         # forget the answers of groups gone or no longer waiting, once they outnumber the rest
         # (a sweep per cycle over every group ever fitted cost as much as the fitting)
@@ -362,8 +360,8 @@ class Scheduling(Context):
             at = int(res.at)
             if g.expected_start != at or g.phase != Phase.RESERVED:
                 g.expected_start = at
-                self.set_phase(g, Phase.RESERVED, f"reserved; expected to start at {fluxjob.rfc3339(at)}")
-                self.group_event(g, "Normal", "Reserved", g.reason)
+                self.status.set_phase(g, Phase.RESERVED, f"reserved; expected to start at {fluxjob.rfc3339(at)}")
+                self.status.group_event(g, "Normal", "Reserved", g.reason)
         for job, reason in result.unsatisfiable:
             self.unsatisfiable(by_id[job.id], reason)
         for job in result.blocked:
@@ -374,9 +372,9 @@ class Scheduling(Context):
                 continue
             if g.phase == Phase.RESERVED:
                 g.expected_start = None
-                self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
+                self.status.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
             elif g.reason == "queued" or g.reason.startswith(HELD):
-                self.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
+                self.status.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
         if order and only is None:
             self.consider_preemption(order[0], started, now)
 
@@ -387,8 +385,8 @@ class Scheduling(Context):
             self.scheduler.withdraw(g.qid)
             g.expected_start = None
         if g.phase != Phase.PENDING or g.reason != reason:
-            self.set_phase(g, Phase.PENDING, reason)
-            self.group_event(g, "Normal", "Held", why, pods=False)
+            self.status.set_phase(g, Phase.PENDING, reason)
+            self.status.group_event(g, "Normal", "Held", why, pods=False)
 
     def unsatisfiable(self, g: Group, reason: str) -> None:
         """A queued group that can never run on this cluster as it is: out of the queue, the
@@ -397,8 +395,8 @@ class Scheduling(Context):
             self.scheduler.withdraw(g.qid)
         g.end = self.now()
         g.expected_start = None
-        self.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
-        self.group_event(g, "Warning", "Unsatisfiable", g.reason)
+        self.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
+        self.status.group_event(g, "Warning", "Unsatisfiable", g.reason)
 
     def reexamine_unsatisfiable(self) -> None:
         """Nodes were added, removed or resized, or their labels/taints changed: an
@@ -427,7 +425,7 @@ class Scheduling(Context):
             if js is not g.jobspec:
                 g.jobspec, g.jobspec_yaml = js, None
                 if g.fj_exists:
-                    self.spawn(self._patch_fluxjob_spec(g, {"jobspec": self.jobspec_text(g)}))
+                    self.spawn(self.status.patch_fluxjob_spec(g, {"jobspec": self.status.jobspec_text(g)}))
             self.fitted.pop(g.key, None)
             if self.journal is not None:
                 if g.store_uid:
@@ -437,8 +435,8 @@ class Scheduling(Context):
                 g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
                 g.store_id = None
             g.end, g.expected_start = None, None
-            self.set_phase(g, Phase.PENDING, "queued again: the cluster changed and the group can run on it now")
-            self.group_event(g, "Normal", "Requeued", g.reason, pods=False)
+            self.status.set_phase(g, Phase.PENDING, "queued again: the cluster changed and the group can run on it now")
+            self.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
             self.dirty = True
 
     def still_waits(self, g: Group) -> bool:

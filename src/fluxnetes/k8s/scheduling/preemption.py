@@ -50,6 +50,7 @@ from fluxnetes.k8s.persistence.fluxjob import Phase
 if TYPE_CHECKING:
     from fluxnetes.k8s.fairshare.fairshare_book import FairShareBook
     from fluxnetes.k8s.groups import OwnerRef
+    from fluxnetes.k8s.persistence.status import StatusWriter
     from fluxnetes.queue.preempt import RunningGroup
 
 # one logger for every part of the state machine
@@ -67,6 +68,7 @@ class Preemption(Context):
     """Plan and carry out preemptions for the head of the queue."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        status: StatusWriter
         groups: GroupTable
         matcher: Any
         scheduler: Any
@@ -74,12 +76,8 @@ class Preemption(Context):
         priority_classes: dict[str, int]
 
         async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
-        def event(self, ref: Mapping[str, Any], etype: str, reason: str, message: str) -> None: ...
-        def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None: ...
-        def group_record(self, g: Group) -> Any: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None: ...
-        def set_phase(self, g: Group, phase: Phase, reason: str) -> None: ...
 
     def init_preemption(self) -> None:
         self.preempting: InFlight | None = None
@@ -135,12 +133,12 @@ class Preemption(Context):
         requeue = self.config.preemption_on_preempt == "requeue" and self._requeueable(g)
         if not requeue:
             g.end = now
-            self.set_phase(g, Phase.FAILED, by_text)
-            self.group_event(g, "Warning", "Failed", g.reason, pods=False)
+            self.status.set_phase(g, Phase.FAILED, by_text)
+            self.status.group_event(g, "Warning", "Failed", g.reason, pods=False)
             return
         if self.journal is not None:
             # the run that was preempted ends in the store; the group goes on under a new row
-            rec = self.group_record(g)
+            rec = self.status.group_record(g)
             self.journal.record(replace(rec, phase=Phase.CANCELLED, reason=f"{by_text}; queued again"), now)
             self.journal.forget(rec.key)
             base = g.store_uid or rec.uid
@@ -152,8 +150,8 @@ class Preemption(Context):
         g.start = g.end = g.expected_start = None
         g.resumed = g.recovered = False
         g.failed_pods = g.deleted_pods = 0
-        self.set_phase(g, Phase.PENDING, f"queued again: {by_text}")
-        self.group_event(g, "Normal", "Requeued", g.reason, pods=False)
+        self.status.set_phase(g, Phase.PENDING, f"queued again: {by_text}")
+        self.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
         self.dirty = True
 
     def _requeueable(self, g: Group) -> bool:
@@ -239,7 +237,7 @@ class Preemption(Context):
         log.info("preemption for %s: %d group(s) evicted (%s; %d core-seconds of work lost, %d matcher questions)",
                  head.id, len(plan.victims), ", ".join(plan.victims), plan.work_lost, plan.trials)
         cores = sum(by_id[v].cores or 0 for v in plan.victims)
-        self.group_event(g, "Normal", "Preempting",
+        self.status.group_event(g, "Normal", "Preempting",
                          f"evicting {len(plan.victims)} lower-QoS group(s) ({cores} cores) to start now: "
                          f"{', '.join(plan.victims)}", pods=False)
         self.dirty = True
@@ -248,8 +246,8 @@ class Preemption(Context):
         """Phase Preempted, a Warning Event naming the preemptor, and its pods sent away."""
         # the store row stays "running" while the pods go (journal._STATE): it holds its
         # resources until then; after_preemption ends the row
-        self.set_phase(g, Phase.PREEMPTED, message)
-        self.group_event(g, "Warning", "Preempted", message)
+        self.status.set_phase(g, Phase.PREEMPTED, message)
+        self.status.group_event(g, "Warning", "Preempted", message)
         self.preempted[g.qid] = by
         if g.kind is not None and g.spec.owner is not None:
             self.spawn(self.evict(g))
