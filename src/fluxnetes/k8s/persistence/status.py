@@ -57,13 +57,18 @@ class StatusWriter:
         self._ctx, self._book = ctx, book
         self._counts_dirty = True
         self._flushing = False
-        self._tokens, self._tokens_at, self.events_dropped = float(EVENT_BURST), time.monotonic(), 0
+        self._tokens, self._tokens_at, self._events_dropped = float(EVENT_BURST), time.monotonic(), 0
 
     # ---------------------------------------------------------------- told by the other parts
     @property
     def counts_dirty(self) -> bool:
         """Groups changed phase (or came or went) since the queue gauge was last set."""
         return self._counts_dirty
+
+    @property
+    def events_dropped(self) -> int:
+        """Normal Events not sent (over --event-rate)."""
+        return self._events_dropped
 
     def counts_changed(self) -> None:
         self._counts_dirty = True
@@ -81,7 +86,7 @@ class StatusWriter:
         self._tokens = min(EVENT_BURST, self._tokens + (now - self._tokens_at) * self._ctx.config.event_rate)
         self._tokens_at = now
         if self._tokens < 1 and etype == "Normal":
-            self.events_dropped += 1
+            self._events_dropped += 1
             return
         self._tokens -= 1
         ns = ref.get("namespace") or "default"
