@@ -190,7 +190,7 @@ def test_pending_fluxjob_whose_pod_runs_is_running_again_exactly() -> None:
         assert c.foreign_node == {}  # its pod is the group's, not foreign
         await settle(c)
         assert kube.fluxjobs[("ns", "job-b")]["status"]["phase"] == "Running"
-        check = await c.accounting_check()
+        check = await c.accounting.accounting_check()
         assert check is not None and check["ok"] and check["unbound"] == 0, check
         # the queue never matched it a second time
         await settle(c)
@@ -350,14 +350,14 @@ def test_accounting_check_sees_a_leak() -> None:
         pl = placed(p, g.slots[0], 0, g.jobid, "job-k")
         c.handle(("Pod", "MODIFIED", pl))
         kube.pods = [pl]
-        res = c.check_accounting(kube.pods)
+        res = c.accounting.check_accounting(kube.pods)
         assert res["ok"] and res["bound"] == 1 and res["unbound"] == 0, res
         kube.pods = [finished(pl)]  # the API server says it ended; the operator has not seen it
-        res = c.check_accounting(kube.pods)
+        res = c.accounting.check_accounting(kube.pods)
         assert res["unbound"] == 1 and res["bound"] == 0  # held for no bound pod: a leak at rest
         kube.pods = []
         c.matcher.cancel(g.jobid)  # the graph forgot a pod that is bound
-        res = c.check_accounting([pl])
+        res = c.accounting.check_accounting([pl])
         assert not res["ok"] and g.slots[0] in res["problems"][0]
 
     asyncio.run(main())

@@ -61,7 +61,7 @@ from typing import Any
 from fluxnetes.graph.model import gc_paused
 from fluxnetes.k8s import names
 from fluxnetes.k8s.admission.hold import is_ours, template_is_ours
-from fluxnetes.k8s.cluster.accounting import CHECK_EVERY, Accounting
+from fluxnetes.k8s.cluster.accounting import CHECK_EVERY, AccountingCheck
 from fluxnetes.k8s.cluster.mirror import ClusterMirror, TimedMatcher
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.context import Context
@@ -90,8 +90,8 @@ __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUE
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreRecovery, Allocation,
-                 Scheduling, Preemption, PodSetGroups):
+class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, Allocation, Scheduling, Preemption,
+                 PodSetGroups):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
 
@@ -114,6 +114,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         self.standby = False  # informers muted: a replica waiting to lead (watch, end_standby)
         # the components (each owns its state; what it needs of the others is a typed Protocol)
         self.status = StatusWriter(self, self)
+        self.accounting = AccountingCheck(self, self)
         self.init_mirror()
         self.init_groupbook()
         self.init_scaling()
@@ -344,7 +345,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Accounting, Recovery, StoreR
         self.recover_from_cluster(next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod"), fjs)
         every = os.environ.get(CHECK_EVERY, "")
         if every:  # tests and soaks: the accounting check, logged periodically
-            self.spawn(self._check_every(float(every)))
+            self.spawn(self.accounting.check_every(float(every)))
         self.ready.set()
         log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import GroupError, request_of
-from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.group import Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.kube import PODS, ApiError, short, transient
 from fluxnetes.k8s.objects import _ended, _meta
@@ -21,6 +21,9 @@ from fluxnetes.k8s.resources import PodResources
 from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.scheduling.placement import assigned_node
 
+if TYPE_CHECKING:
+    from fluxnetes.match.matcher import Matcher
+
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -28,16 +31,33 @@ log = logging.getLogger("fluxnetes.k8s.controller")
 CHECK_EVERY = "FLUXNETES_DEBUG_CHECK_SECONDS"
 
 
-class Accounting(Context):
-    """The graph against the bound pods."""
+class AccountingView(Protocol):
+    """What the accounting check reads: the cluster view's nodes, matcher and foreign pods not
+    recorded yet, and the group book's groups."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        foreign_dirty: set[str]
-        groups: GroupTable
-        matcher: Any
-        nodes: dict[str, dict[str, Any]]
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def matcher(self) -> Matcher: ...
+    @property
+    def nodes(self) -> dict[str, dict[str, Any]]: ...
+    @property
+    def foreign_dirty(self) -> set[str]: ...
+    def flush_foreign(self) -> None: ...
 
-        def flush_foreign(self) -> None: ...
+
+class AccountingCheck:
+    """The graph against the bound pods: a component of its own (its last answer is private);
+    the other parts reach it as ``accounting``."""
+
+    def __init__(self, ctx: Context, view: AccountingView) -> None:
+        self._ctx, self._view = ctx, view
+        self._last_check: dict[str, Any] | None = None
+
+    @property
+    def last_check(self) -> dict[str, Any] | None:
+        """The last answer ``accounting_check`` logged."""
+        return self._last_check
 
     def pod_share(self, g: Group, node: str) -> shares.Share:
         """What one pod of the group holds on ``node``, in the matcher's units (as the
@@ -79,7 +99,7 @@ class Accounting(Context):
                 c[k] += v
 
         graph: dict[str, Counter[str]] = {}
-        for rec in self.matcher.jobs.values():
+        for rec in self._view.matcher.jobs.values():
             if rec.reserved:
                 continue
             for ns_ in rec.nodes:
@@ -88,7 +108,7 @@ class Accounting(Context):
         foreign: dict[str, list[PodResources]] = {}
         bound_uids: set[str] = set()
         slot_of: dict[str, tuple[Group, int]] = {}
-        for g in self.groups.values():
+        for g in self._view.groups.values():
             if g.phase == Phase.RUNNING or (g.phase.final and g.held):  # (ended: slots kept for pods that run on)
                 for i, u in enumerate(g.slot_pod):
                     if u and i not in g.released:
@@ -96,7 +116,7 @@ class Accounting(Context):
         bound = 0
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
-            if not node or _ended(pod) or node not in self.nodes:  # (being deleted: still there)
+            if not node or _ended(pod) or node not in self._view.nodes:  # (being deleted: still there)
                 continue
             bound += 1
             uid = str(_meta(pod).get("uid", ""))
@@ -116,7 +136,7 @@ class Accounting(Context):
         for node, reqs in foreign.items():
             add(expected, shares.of_pods(node, reqs))
         unbound = 0
-        for g in self.groups.values():
+        for g in self._view.groups.values():
             if g.phase != Phase.RUNNING and not (g.phase.final and g.held):
                 continue
             for i, node in enumerate(g.slots):
@@ -130,7 +150,7 @@ class Accounting(Context):
             a, b = graph.get(node, Counter()), expected.get(node, Counter())
             if +a != +b:
                 problems.append(f"{node}: graph {dict(+a)} != pods {dict(+b)}")
-        return {"ok": not problems, "problems": problems, "nodes": len(self.nodes), "bound": bound,
+        return {"ok": not problems, "problems": problems, "nodes": len(self._view.nodes), "bound": bound,
                 "unbound": unbound}
 
     async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None:
@@ -142,14 +162,14 @@ class Accounting(Context):
             # the list is a moment older than the state it is compared with: while pods come
             # and go a difference may be that moment; only one seen three times is reported
             try:
-                pods, _ = await self.kube.list(PODS)
+                pods, _ = await self._ctx.kube.list(PODS)
             except Exception as exc:
                 if not (isinstance(exc, ApiError) or transient(exc)):
                     raise
                 log.info("accounting check: pods not listed: %s", short(exc))
                 return None
-            if self.foreign_dirty:
-                self.flush_foreign()  # what the cluster shows now is what the graph must hold
+            if self._view.foreign_dirty:
+                self._view.flush_foreign()  # what the cluster shows now is what the graph must hold
             res = self.check_accounting(pods)
             if res["ok"]:
                 break
@@ -160,11 +180,11 @@ class Accounting(Context):
                      res["nodes"], res["bound"], res["unbound"], extra={"accounting": res})
         else:
             log.warning("accounting check: MISMATCH %s", "; ".join(res["problems"][:20]), extra={"accounting": res})
-        self.last_check = res
+        self._last_check = res
         return res
 
-    async def _check_every(self, seconds: float) -> None:
+    async def check_every(self, seconds: float) -> None:
         while True:
             await asyncio.sleep(seconds)
-            if self.reconciled:
+            if self._ctx.reconciled:
                 await self.accounting_check()

@@ -29,6 +29,7 @@ from fluxnetes.k8s.scheduling.placement import ANN_SLOT, assigned_node, placed_j
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.accounting import AccountingCheck
     from fluxnetes.k8s.persistence.status import StatusWriter
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -41,6 +42,7 @@ class Recovery(Context):
     """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        accounting: AccountingCheck
         status: StatusWriter
         def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
         groups: GroupTable
@@ -262,7 +264,7 @@ class Recovery(Context):
             g = self.new_group(spec, kind)
             ran = [p for p in by_owner.get(uid, []) if assigned_node(p)]
             g.slots = sorted(str(assigned_node(p)) for p in ran)
-            g.alloc = [s for s in self.shares_of_pods(g, ran) if not s.empty]
+            g.alloc = [s for s in self.accounting.shares_of_pods(g, ran) if not s.empty]
             g.released = set(range(len(g.slots)))
             g.fj_dirty = True
             st = obj.get("status") or {}
@@ -344,7 +346,7 @@ class Recovery(Context):
         if any(assigned_node(p) not in self.nodes or self.node_down.get(str(assigned_node(p)), False)
                for p in live.values()):
             return False  # a node is gone or down: the node-loss rules apply to foreign pods
-        held = self.shares_of_pods(g, list(live.values()))
+        held = self.accounting.shares_of_pods(g, list(live.values()))
         jobid = self.matcher.next_jobid
         start = min((_parse_time(_meta(p).get("creationTimestamp")) or self.now()) for p in live.values())
         try:
@@ -427,7 +429,7 @@ class Recovery(Context):
         self.unrecorded.clear()
         # logged: the graph's use against the bound pods; a few seconds on, so that its list of
         # every pod (and its decoding) does not hold up the first cycles and binds of a restart
-        self.spawn(self.accounting_check(delay=ACCOUNTING_CHECK_DELAY))
+        self.spawn(self.accounting.accounting_check(delay=ACCOUNTING_CHECK_DELAY))
 
 
 class _DerivedTexts:
