@@ -307,7 +307,7 @@ def test_preemption_never_touches_protected_or_equal_qos_work() -> None:
         c.handle(("Job", "ADDED", job("h0", "ns", size=16, cpu="1", pc="high")))
         await settle(c)
         assert not any(g.phase == Phase.PREEMPTED for g in c.groups.values())
-        assert "no running work of lower QoS" in c.preempt_notes.get("ns/job-h0", "")
+        assert "no running work of lower QoS" in c.preemption.preempt_notes.get("ns/job-h0", "")
 
     asyncio.run(main())
 

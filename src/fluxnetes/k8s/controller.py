@@ -90,8 +90,7 @@ __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUE
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, Allocation, Scheduling, Preemption,
-                 PodSetGroups):
+class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, Allocation, Scheduling, PodSetGroups):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
 
@@ -115,6 +114,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, All
         # the components (each owns its state; what it needs of the others is a typed Protocol)
         self.status = StatusWriter(self, self)
         self.accounting = AccountingCheck(self, self)
+        self.preemption = Preemption(self, self)
         self.init_mirror()
         self.init_groupbook()
         self.init_scaling()
@@ -122,7 +122,6 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, All
         self.init_recovery()
         self.init_store_recovery()
         self.init_scheduling()
-        self.init_preemption()
         self.init_podset_groups()
 
     def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from fluxnetes.metrics import METRICS
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.k8s.scheduling.preemption import Preemption
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -59,6 +60,7 @@ class Scheduling(Context):
     """The cycle: fit, judge, queue cycle, record its outcome."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        preemption: Preemption
         status: StatusWriter
         groups: GroupTable
         matcher: Any
@@ -69,8 +71,6 @@ class Scheduling(Context):
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def prune_finished(self) -> None: ...
         def start_group(self, g: Group, res: Any) -> None: ...
-        def preemption_step(self, now: int) -> str | None: ...
-        def consider_preemption(self, head: Any, started: set[str], now: int) -> None: ...
         priority_classes: dict[str, int]
 
     def init_scheduling(self) -> None:
@@ -318,7 +318,7 @@ class Scheduling(Context):
         book = self.fairshare
         self.configure_fairshare(now)
         self.sync_fairshare_usage(now)
-        only = self.preemption_step(now)  # a preemption in flight: only its preemptor may start
+        only = self.preemption.preemption_step(now)  # a preemption in flight: only its preemptor may start
         pending = []
         by_id: dict[str, Group] = {}
         for g in self.groups.in_phase(*QUEUED):
@@ -376,7 +376,7 @@ class Scheduling(Context):
             elif g.reason == "queued" or g.reason.startswith(HELD):
                 self.status.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
         if order and only is None:
-            self.consider_preemption(order[0], started, now)
+            self.preemption.consider_preemption(order[0], started, now)
 
     def hold(self, g: Group, why: str) -> None:
         """An account limit holds the group: Pending, the limit named (no reservation)."""

@@ -29,8 +29,9 @@ equal or higher QoS, pods fluxnetes does not manage (they are not groups). A pla
 nothing is remembered for the same head and running set, so a blocked head does not ask the
 matcher again every cycle; its reason is logged and shown by ``explain``.
 
-Owned state: ``preempting`` (the preemption in flight), ``preempted`` (victim -> preemptor,
-until requeued), ``preempt_notes`` (head -> why it could not preempt), ``preemptions``.
+Owned state (private): ``_preempting`` (the preemption in flight), ``_preempted`` (victim ->
+preemptor, until requeued), ``_preempt_notes`` (head -> why it could not preempt),
+``_preemptions``; what it needs of the others is ``PreemptionSide``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.fairshare.accounts import SYSTEM_PRIORITY
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from fluxnetes.k8s.fairshare.fairshare_book import FairShareBook
     from fluxnetes.k8s.groups import OwnerRef
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.match.matcher import Matcher
+    from fluxnetes.queue.cycle import Scheduler
     from fluxnetes.queue.preempt import RunningGroup
 
 # one logger for every part of the state machine
@@ -64,28 +67,42 @@ class InFlight:
     since: float  # monotonic
 
 
-class Preemption(Context):
-    """Plan and carry out preemptions for the head of the queue."""
+class PreemptionSide(Protocol):
+    """What preemption uses of the other parts: the groups, the cluster view's matcher and the
+    queue's scheduler, fair share (QoS), the status writer, and eviction (allocation)."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        status: StatusWriter
-        groups: GroupTable
-        matcher: Any
-        scheduler: Any
-        fairshare: FairShareBook
-        priority_classes: dict[str, int]
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def matcher(self) -> Matcher: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def fairshare(self) -> FairShareBook: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
+    def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None: ...
 
-        async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
-        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None: ...
 
-    def init_preemption(self) -> None:
-        self.preempting: InFlight | None = None
-        self.preempted: dict[str, str] = {}  # victim qid -> preemptor qid
-        self.preempt_notes: dict[str, str] = {}  # head qid -> why it could not preempt
-        self.preemptions = 0
+class Preemption:
+    """Plan and carry out preemptions for the head of the queue: a component of its own (its
+    state is private); the scheduling cycle reaches it as ``preemption``."""
+
+    def __init__(self, ctx: Context, side: PreemptionSide) -> None:
+        self._ctx, self._side = ctx, side
+        self._preempting: InFlight | None = None
+        self._preempted: dict[str, str] = {}  # victim qid -> preemptor qid
+        self._preempt_notes: dict[str, str] = {}  # head qid -> why it could not preempt
+        self._preemptions = 0
         self._tried: tuple[str, frozenset[str]] | None = None  # (head, running groups) planned last
         self._preempt_scanned = False
+
+    @property
+    def preempt_notes(self) -> Mapping[str, str]:
+        """Head of the queue -> why it could not preempt (shown by ``explain``)."""
+        return self._preempt_notes
 
     # ---------------------------------------------------------------- each cycle
     def preemption_step(self, now: int) -> str | None:
@@ -94,35 +111,35 @@ class Preemption(Context):
         if not self._preempt_scanned:
             # after a restart: groups shown Preempted by their FluxJob are still to requeue
             self._preempt_scanned = True
-            for found in self.groups.values():
+            for found in self._side.groups.values():
                 if found.phase == Phase.PREEMPTED:
-                    self.preempted.setdefault(found.qid, "")
-        for qid, by in list(self.preempted.items()):
-            g = self.groups.get(_key(qid))
+                    self._preempted.setdefault(found.qid, "")
+        for qid, by in list(self._preempted.items()):
+            g = self._side.groups.get(_key(qid))
             if g is None or g.phase != Phase.PREEMPTED:
-                del self.preempted[qid]
+                del self._preempted[qid]
                 continue
             if g.held:
                 continue  # some of its pods still run
-            del self.preempted[qid]
+            del self._preempted[qid]
             self.after_preemption(g, by, now)
-        for qid in [q for q in self.preempt_notes if (self.groups.get(_key(q)) or _GONE).phase not in QUEUED]:
-            del self.preempt_notes[qid]
-        fl = self.preempting
+        for qid in [q for q in self._preempt_notes if (self._side.groups.get(_key(q)) or _GONE).phase not in QUEUED]:
+            del self._preempt_notes[qid]
+        fl = self._preempting
         if fl is None:
             return None
-        head = self.groups.get(_key(fl.preemptor))
+        head = self._side.groups.get(_key(fl.preemptor))
         if head is None or head.phase not in QUEUED:
-            self.preempting = None  # it started, or left the queue
+            self._preempting = None  # it started, or left the queue
             return None
-        if not any(v in self.preempted for v in fl.victims):
-            self.preempting = None  # every victim is gone: this cycle starts it
+        if not any(v in self._preempted for v in fl.victims):
+            self._preempting = None  # every victim is gone: this cycle starts it
             return None
-        if time.monotonic() - fl.since > self.config.preemption_grace_seconds:
+        if time.monotonic() - fl.since > self._ctx.config.preemption_grace_seconds:
             log.warning("preemption for %s: victims still running after %.0f s (%s); the queue goes on",
-                        fl.preemptor, self.config.preemption_grace_seconds,
-                        ", ".join(v for v in fl.victims if v in self.preempted))
-            self.preempting = None
+                        fl.preemptor, self._ctx.config.preemption_grace_seconds,
+                        ", ".join(v for v in fl.victims if v in self._preempted))
+            self._preempting = None
             self._tried = None
             return None
         return fl.preemptor
@@ -130,17 +147,17 @@ class Preemption(Context):
     def after_preemption(self, g: Group, by: str, now: int) -> None:
         """A victim's pods are all gone (it holds nothing): queue it again, or fail it."""
         by_text = f"preempted by {by}" if by else "preempted"
-        requeue = self.config.preemption_on_preempt == "requeue" and self._requeueable(g)
+        requeue = self._ctx.config.preemption_on_preempt == "requeue" and self._requeueable(g)
         if not requeue:
             g.end = now
-            self.status.set_phase(g, Phase.FAILED, by_text)
-            self.status.group_event(g, "Warning", "Failed", g.reason, pods=False)
+            self._side.status.set_phase(g, Phase.FAILED, by_text)
+            self._side.status.group_event(g, "Warning", "Failed", g.reason, pods=False)
             return
-        if self.journal is not None:
+        if self._ctx.journal is not None:
             # the run that was preempted ends in the store; the group goes on under a new row
-            rec = self.status.group_record(g)
-            self.journal.record(replace(rec, phase=Phase.CANCELLED, reason=f"{by_text}; queued again"), now)
-            self.journal.forget(rec.key)
+            rec = self._side.status.group_record(g)
+            self._ctx.journal.record(replace(rec, phase=Phase.CANCELLED, reason=f"{by_text}; queued again"), now)
+            self._ctx.journal.forget(rec.key)
             base = g.store_uid or rec.uid
             stem, _, n = base.rpartition("~requeue-")
             g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
@@ -150,32 +167,32 @@ class Preemption(Context):
         g.start = g.end = g.expected_start = None
         g.resumed = g.recovered = False
         g.failed_pods = g.deleted_pods = 0
-        self.status.set_phase(g, Phase.PENDING, f"queued again: {by_text}")
-        self.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
-        self.dirty = True
+        self._side.status.set_phase(g, Phase.PENDING, f"queued again: {by_text}")
+        self._side.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
+        self._ctx.dirty = True
 
     def _requeueable(self, g: Group) -> bool:
         """A Job (suspended again by fluxnetes: resumed when allocated) whose object is still
         there and not finished."""
         if g.kind is None or g.spec.owner is None or g.kind.resume_patch({}) is None:
             return False
-        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        owner = self._side.owner_obj(g.spec.owner, g.spec.namespace)
         return owner is not None and not g.kind.finished(owner)
 
     # ---------------------------------------------------------------- deciding
     def qos_name(self, g: Group) -> str:
-        spec = self.pod_spec_of(g) or {}
+        spec = self._side.pod_spec_of(g) or {}
         return str(spec.get("priorityClassName") or "")
 
     def running_groups(self, now: int) -> list[RunningGroup]:
         """Every running group as the planner sees it (foreign pods are no group: never here)."""
         from fluxnetes.queue.preempt import RunningGroup, over_share
 
-        book = self.fairshare
+        book = self._side.fairshare
         rows = book.fs.rows(now) if book.enabled else {}
-        protected = set(self.config.preemption_protected)
+        protected = set(self._ctx.config.preemption_protected)
         out = []
-        for g in self.groups.values():
+        for g in self._side.groups.values():
             if g.phase != Phase.RUNNING or not isinstance(g.jobid, int) or not g.held:
                 continue
             name = self.qos_name(g)
@@ -185,7 +202,7 @@ class Preemption(Context):
                 id=g.qid, jobids=(g.jobid,), qos=g.spec.priority, start=g.start or now, qos_name=name,
                 account=account, over_share=row is not None and over_share(row),
                 # only Jobs can be queued again; other groups only when victims fail
-                managed=self.config.preemption_on_preempt == "fail" or self._requeueable(g),
+                managed=self._ctx.config.preemption_on_preempt == "fail" or self._requeueable(g),
                 protected=name in protected or g.spec.priority >= SYSTEM_PRIORITY,
                 cores=sum(s.cores for s in g.held.values()),
             ))
@@ -195,16 +212,16 @@ class Preemption(Context):
         """After a cycle: may the head of the queue (a QueuedJob) preempt? (module docstring)"""
         from fluxnetes.queue.preempt import Preemptor, may_preempt, plan_preemption
 
-        if not self.config.preemption or head.id in started or self.preempting is not None:
+        if not self._ctx.config.preemption or head.id in started or self._preempting is not None:
             return
-        if head.priority < self.config.preemption_min_priority:
+        if head.priority < self._ctx.config.preemption_min_priority:
             return
-        g = self.groups.get(_key(head.id))
+        g = self._side.groups.get(_key(head.id))
         if g is None or g.phase not in QUEUED:
             return
         running = self.running_groups(now)
         if not may_preempt(head.priority, running):
-            self.preempt_notes[head.id] = (
+            self._preempt_notes[head.id] = (
                 f"no running work of lower QoS than {self.qos_name(g) or head.priority} that may be preempted "
                 "(protected and unmanaged work never is)")
             return
@@ -213,46 +230,46 @@ class Preemption(Context):
             return  # nothing changed since it was planned for
         self._tried = tried
         # the planner must not collide with the head's own reservation (queue/preempt.py)
-        self.scheduler.withdraw(head.id)
+        self._side.scheduler.withdraw(head.id)
         if g.phase == Phase.RESERVED:
             g.expected_start = None
         qos_name = self.qos_name(g)
-        account = self.fairshare.account_of(head.id) if self.fairshare.enabled else ""
-        matcher = getattr(self.matcher, "_m", self.matcher)  # the plain matcher (not timed)
+        account = self._side.fairshare.account_of(head.id) if self._side.fairshare.enabled else ""
+        matcher = getattr(self._side.matcher, "_m", self._side.matcher)  # the plain matcher (not timed)
         plan = plan_preemption(matcher, Preemptor(head.id, head.jobspec, head.priority, qos_name, account),
                                running, now)
         if not plan.victims:
             if plan.victims is None:
-                self.preempt_notes[head.id] = plan.reason
+                self._preempt_notes[head.id] = plan.reason
                 log.info("preemption for %s: not possible: %s", head.id, plan.reason)
-            self.dirty = True
+            self._ctx.dirty = True
             return
-        self.preempt_notes.pop(head.id, None)
-        self.preempting = InFlight(head.id, tuple(plan.victims), time.monotonic())
-        self.preemptions += 1
+        self._preempt_notes.pop(head.id, None)
+        self._preempting = InFlight(head.id, tuple(plan.victims), time.monotonic())
+        self._preemptions += 1
         by_id = {r.id: r for r in running}
         for vid in plan.victims:
-            v = self.groups[_key(vid)]
+            v = self._side.groups[_key(vid)]
             self.preempt_group(v, head.id, plan.events.get(vid) or f"preempted by {head.id}")
         log.info("preemption for %s: %d group(s) evicted (%s; %d core-seconds of work lost, %d matcher questions)",
                  head.id, len(plan.victims), ", ".join(plan.victims), plan.work_lost, plan.trials)
         cores = sum(by_id[v].cores or 0 for v in plan.victims)
-        self.status.group_event(g, "Normal", "Preempting",
+        self._side.status.group_event(g, "Normal", "Preempting",
                          f"evicting {len(plan.victims)} lower-QoS group(s) ({cores} cores) to start now: "
                          f"{', '.join(plan.victims)}", pods=False)
-        self.dirty = True
+        self._ctx.dirty = True
 
     def preempt_group(self, g: Group, by: str, message: str) -> None:
         """Phase Preempted, a Warning Event naming the preemptor, and its pods sent away."""
         # the store row stays "running" while the pods go (journal._STATE): it holds its
         # resources until then; after_preemption ends the row
-        self.status.set_phase(g, Phase.PREEMPTED, message)
-        self.status.group_event(g, "Warning", "Preempted", message)
-        self.preempted[g.qid] = by
+        self._side.status.set_phase(g, Phase.PREEMPTED, message)
+        self._side.status.group_event(g, "Warning", "Preempted", message)
+        self._preempted[g.qid] = by
         if g.kind is not None and g.spec.owner is not None:
-            self.spawn(self.evict(g))
+            self._ctx.spawn(self._side.evict(g))
         else:
-            self.spawn(self._delete_pods(g))
+            self._ctx.spawn(self._delete_pods(g))
 
     async def _delete_pods(self, g: Group) -> None:
         from fluxnetes.k8s.kube import PODS, ApiError
@@ -260,7 +277,7 @@ class Preemption(Context):
 
         for pod in list(g.members.values()):
             try:
-                await self.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
+                await self._ctx.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
             except ApiError as exc:
                 log.warning("preemption of %s: %s", g.qid, exc)
 
