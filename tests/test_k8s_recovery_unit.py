@@ -89,7 +89,7 @@ def restart(kube: Kube, owners: list[dict[str, Any]], fluxjobs: list[dict[str, A
         c.owners[(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])] = o
     c.recover(fluxjobs)
     if c.journal is not None:
-        c.recover_store()
+        c.store_recovery.recover_store()
     c.recover_from_cluster(pods, fluxjobs)
     for p in pods:
         c.handle(("Pod", "ADDED", p))

@@ -58,7 +58,7 @@ def count_records(c: Controller) -> list[str]:
         real(rec, now)
 
     journal.record = record
-    c.reconcile_store()
+    c.store_recovery.reconcile_store()
     journal.record = real
     return seen
 

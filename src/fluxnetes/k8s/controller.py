@@ -90,7 +90,7 @@ __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUE
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, Allocation, Scheduling, PodSetGroups):
+class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Scheduling, PodSetGroups):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
 
@@ -115,12 +115,12 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, All
         self.status = StatusWriter(self, self)
         self.accounting = AccountingCheck(self, self)
         self.preemption = Preemption(self, self)
+        self.store_recovery = StoreRecovery(self, self)
         self.init_mirror()
         self.init_groupbook()
         self.init_scaling()
         self.init_allocation()
         self.init_recovery()
-        self.init_store_recovery()
         self.init_scheduling()
         self.init_podset_groups()
 
@@ -339,7 +339,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, All
                 and assigned_node(p) and not _ended(p)}
         self.recover(fjs, live)
         if self.journal is not None:
-            self.recover_store()
+            self.store_recovery.recover_store()
         # what neither the FluxJobs nor the store recorded, the cluster shows (exact recovery)
         self.recover_from_cluster(next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod"), fjs)
         every = os.environ.get(CHECK_EVERY, "")
@@ -405,7 +405,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, StoreRecovery, All
             if self.replay_left <= later and not self.reconciled:
                 self.reconciled = True
                 self.reconcile()
-                self.reconcile_store()
+                self.store_recovery.reconcile_store()
             now = time.monotonic()
             since = now - last_cycle
             if since >= self.config.cycle_interval or ((self.dirty or self.foreign_dirty) and since >= coalesce):

@@ -39,6 +39,7 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -50,17 +51,16 @@ class GroupBook(Context):
     """Pod -> group membership, group specs from workload kinds, pruning."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        store_recovery: StoreRecovery
         status: StatusWriter
         scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
         scheduler: Any
-        store_only: dict[tuple[str, str], Any]
 
         def assign(self, g: Group) -> None: ...
         def base_key(self, g: Group) -> tuple[str, str] | None: ...
         def cancel_group(self, g: Group, reason: str) -> None: ...
         @staticmethod
         def capacity(g: Group) -> int: ...
-        def claim_store_record(self, g: Group) -> None: ...
         def family(self, base: tuple[str, str]) -> list[Group]: ...
         def finish_group(self, g: Group) -> None: ...
         def index_scale_group(self, g: Group) -> None: ...
@@ -138,8 +138,8 @@ class GroupBook(Context):
     def enqueue(self, g: Group) -> None:
         if g.phase != Phase.PROVISIONAL:
             return
-        if self.store_only:
-            self.claim_store_record(g)
+        if self.store_recovery.unclaimed():
+            self.store_recovery.claim_store_record(g)
             if g.phase != Phase.PROVISIONAL:
                 return  # allocated before the restart (the store knew): running again
         g.submit = g.submit or self.now()

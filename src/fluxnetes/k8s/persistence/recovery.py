@@ -31,6 +31,7 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 if TYPE_CHECKING:
     from fluxnetes.k8s.cluster.accounting import AccountingCheck
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -42,6 +43,7 @@ class Recovery(Context):
     """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        store_recovery: StoreRecovery
         accounting: AccountingCheck
         status: StatusWriter
         def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
@@ -52,7 +54,6 @@ class Recovery(Context):
         nodes: dict[str, dict[str, Any]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
         scheduler: Any
-        store_only: dict[tuple[str, str], Any]
         scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
 
         async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None: ...
@@ -71,8 +72,6 @@ class Recovery(Context):
         def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
         def record_group(self, g: Group) -> bool: ...
         def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-        def group_from_store(self, pod: dict[str, Any], key: tuple[str, str]) -> Group | None: ...
-        def claim_store_record(self, g: Group) -> None: ...
         def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
         def base_key(self, g: Group) -> tuple[str, str] | None: ...
         def release_all(self, g: Group) -> None: ...
@@ -125,8 +124,8 @@ class Recovery(Context):
         meta = _meta(pod)
         fj = (meta.get("annotations") or {}).get(names.ANN_FLUXJOB)
         g = self.groups.get((meta.get("namespace") or "default", fj or ""))
-        if g is None and fj and self.store_only:
-            g = self.group_from_store(pod, (meta.get("namespace") or "default", fj))
+        if g is None and fj and self.store_recovery.unclaimed():
+            g = self.store_recovery.group_from_store(pod, (meta.get("namespace") or "default", fj))
         if g is None or g.phase != Phase.RUNNING:
             return False
         jid = placed_jobid(pod)
@@ -270,8 +269,8 @@ class Recovery(Context):
             st = obj.get("status") or {}
             g.start = _parse_time(st.get("startTime"))
             g.submit = _parse_time(_meta(obj).get("creationTimestamp"))
-            if self.store_only:
-                self.claim_store_record(g)
+            if self.store_recovery.unclaimed():
+                self.store_recovery.claim_store_record(g)
             self.workload_finished(g, kind, obj)
             log.info("%s finished while fluxnetes was away: FluxJob recorded as %s", g.qid, g.phase)
         # 2. groups whose pods were placed but whose allocation no record shows
@@ -318,8 +317,8 @@ class Recovery(Context):
         if spec.key != key or spec.key in self.groups:
             return self.groups.get(key)
         g = self.new_group(spec, kind)
-        if self.store_only:
-            self.claim_store_record(g)  # the store may know the allocation (then it is running)
+        if self.store_recovery.unclaimed():
+            self.store_recovery.claim_store_record(g)  # the store may know the allocation (then it is running)
         return g
 
     def adopt_placed(self, g: Group, pods: list[dict[str, Any]]) -> bool:

@@ -3,17 +3,18 @@ groups read back from FluxJobs (``recover_store``; the queue's order and allocat
 FluxJob status was not written), rows claimed by groups re-created from their objects
 (``claim_store_record``, ``group_from_store``), groups the store saw end while their FluxJob
 still says they live (``end_as_stored``), and after the reconcile the store following the
-cluster (``reconcile_store``). Owned state: ``store_only`` (live rows no group has claimed
-yet) and ``store_allocs``."""
+cluster (``reconcile_store``). Owned state (private): ``_store_only`` (live
+rows no group has claimed yet), ``_store_allocs``, ``_stored_state``; what it needs of the
+others is ``StoreSide``."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of
-from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.group import Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _meta
 from fluxnetes.k8s.persistence.fluxjob import Phase
@@ -22,36 +23,52 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.match.matcher import Matcher
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 
-class StoreRecovery(Context):
-    """What the store says after a restart, matched with the groups read back."""
+class StoreSide(Protocol):
+    """What recovery from the store uses of the other parts: the group book (groups, making
+    one, its names and finished groups), the cluster view (matcher, nodes gone, recording an
+    allocation), recovery's list of groups whose allocation is not recorded yet, the status
+    writer, and the controller's handling of a workload."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        status: StatusWriter
-        def spend_name(self, g: Group) -> None: ...
-        def mark_finished(self, key: tuple[str, str]) -> None: ...
-        groups: GroupTable
-        matcher: Any
-        scheduler: Any
-        unrecorded: list[Group]
-        def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
-        def nodes_gone(self, held: Any) -> list[str]: ...
-        def record_group(self, g: Group) -> bool: ...
-        def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
-        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def matcher(self) -> Matcher: ...
+    @property
+    def unrecorded(self) -> list[Group]: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    def spend_name(self, g: Group) -> None: ...
+    def mark_finished(self, key: tuple[str, str]) -> None: ...
+    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
+    def nodes_gone(self, held: Any) -> list[str]: ...
+    def record_group(self, g: Group) -> bool: ...
+    def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
+    def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
 
-    def init_store_recovery(self) -> None:
+
+class StoreRecovery:
+    """What the store says after a restart, matched with the groups read back: a component of
+    its own (its state is private); the other parts reach it as ``store_recovery``."""
+
+    def __init__(self, ctx: Context, side: StoreSide) -> None:
+        self._ctx, self._side = ctx, side
         # live store rows no group has claimed yet (after a restart): (namespace, name) -> record
-        self.store_only: dict[tuple[str, str], Any] = {}
-        self.store_allocs: dict[int, Any] = {}  # store allocations read at start, by store id
+        self._store_only: dict[tuple[str, str], Any] = {}
+        self._store_allocs: dict[int, Any] = {}  # store allocations read at start, by store id
         # the state of each row taken over at start, by store id: reconcile_store skips the
         # groups whose phase is still that state (the journal would read the row and do nothing)
-        self.stored_state: dict[int, str] = {}
+        self._stored_state: dict[int, str] = {}
+
+    def unclaimed(self) -> bool:
+        """Are there live store rows no group has claimed yet (after a restart)?"""
+        return bool(self._store_only)
 
     def adopt_allocation(self, g: Group, alloc: Any, reason: str) -> bool:
         """The store recorded an allocation (made before a crash) the cluster does not show
@@ -61,12 +78,12 @@ class StoreRecovery(Context):
 
         held = [shares.Share(node=n.name, cores=n.cores, gpus=n.gpus, memory=n.memory, extra=dict(n.extra))
                 for n in alloc.nodes]
-        gone = self.nodes_gone(s.node for s in held)
+        gone = self._side.nodes_gone(s.node for s in held)
         if gone:
             g.reason = g.note = (f"allocated on {', '.join(sorted(s.node for s in held))} before the restart, "
                                  f"but {', '.join(gone)} is gone or down; matched again")
             g.fj_dirty = True
-            self.status.group_event(g, "Warning", "Requeued", g.reason, pods=False)
+            self._side.status.group_event(g, "Warning", "Requeued", g.reason, pods=False)
             return False
         g.phase, g.reason = Phase.RUNNING, reason
         g.held, g.alloc = {s.node: s for s in held}, held
@@ -74,11 +91,11 @@ class StoreRecovery(Context):
         g.slot_pod, g.released = [None] * len(g.slots), set()
         g.start, g.resumed, g.fj_dirty, g.recovered = alloc.at, True, True, True
         g.expected_start = None
-        g.jobid = self.matcher.next_jobid
-        self.record_group(g)
-        self.status.counts_changed()
-        self.dirty = True
-        self.status.group_event(g, "Normal", "Recovered",
+        g.jobid = self._side.matcher.next_jobid
+        self._side.record_group(g)
+        self._side.status.counts_changed()
+        self._ctx.dirty = True
+        self._side.status.group_event(g, "Normal", "Recovered",
                          f"{reason}: job {g.jobid} on {','.join(sorted(set(g.slots)))}", pods=False)
         return True
 
@@ -86,22 +103,22 @@ class StoreRecovery(Context):
         """A pod placed before a crash that came before its FluxJob was created: the store row
         (with the allocation) is all that is left of its group. The group is made again from
         the pod (or its Job) and takes the row over, so the pod is adopted, not foreign."""
-        if key not in self.store_only:
+        if key not in self._store_only:
             return None
         owner = controller_of(_meta(pod))
         okind = kind_of(owner.kind) if owner else None
         if owner is not None and okind is not None and okind.resume_patch({}) is not None:
-            obj = self.owner_obj(owner, key[0])
+            obj = self._side.owner_obj(owner, key[0])
             if obj is not None:
-                self.on_owner(owner.kind, "ADDED", obj)  # a Job: its group comes from the Job
-            return self.groups.get(key)
+                self._side.on_owner(owner.kind, "ADDED", obj)  # a Job: its group comes from the Job
+            return self._side.groups.get(key)
         try:
-            spec = self.pod_group_spec(pod)
+            spec = self._side.pod_group_spec(pod)
         except GroupError:
             return None
         if spec.key != key:
             return None
-        g = self.new_group(spec, kind_of(spec.owner.kind) if spec.owner else None)
+        g = self._side.new_group(spec, kind_of(spec.owner.kind) if spec.owner else None)
         self.claim_store_record(g)
         return g
 
@@ -111,21 +128,21 @@ class StoreRecovery(Context):
         whose FluxJob status was not written before the crash; rows no group matches wait in
         ``store_only`` for their objects (replayed pods and owners) and are cancelled by
         ``reconcile_store`` if none shows up."""
-        assert self.journal is not None
-        allocs = self.store_allocs = self.journal.allocations()
-        for rec in self.journal.live_jobs():
+        assert self._ctx.journal is not None
+        allocs = self._store_allocs = self._ctx.journal.allocations()
+        for rec in self._ctx.journal.live_jobs():
             key = (rec.namespace, rec.name)
-            g = self.groups.get(key)
+            g = self._side.groups.get(key)
             if g is None or g.store_id is not None:
-                older = self.store_only.get(key)
+                older = self._store_only.get(key)
                 if older is not None:  # two live rows for one name: the newer one counts
-                    self.journal.cancel(older.id, self.now(), "superseded by a newer submission")
-                self.store_only[key] = rec
+                    self._ctx.journal.cancel(older.id, self._ctx.now(), "superseded by a newer submission")
+                self._store_only[key] = rec
                 continue
             self.adopt_store_record(g, rec, allocs.get(rec.id))
         self.end_as_stored()
         log.info("store: %d live jobs read back, %d wait for their objects",
-                 sum(1 for g in self.groups.values() if g.store_id is not None), len(self.store_only))
+                 sum(1 for g in self._side.groups.values() if g.store_id is not None), len(self._store_only))
 
     def end_as_stored(self) -> None:
         """Workload groups read back from FluxJobs that still say they live, while the store
@@ -134,33 +151,33 @@ class StoreRecovery(Context):
         loss), count as foreign pods; nothing is queued or held for them again."""
         from fluxnetes.k8s.persistence.journal import TERMINAL
 
-        for g in list(self.groups.values()):
+        for g in list(self._side.groups.values()):
             if g.store_id is not None or g.phase.final or not g.fj_exists or g.spec.owner is None:
                 continue
-            rec = self.journal.store.find(g.spec.namespace, g.spec.name, g.spec.owner.uid)
+            rec = self._ctx.journal.store.find(g.spec.namespace, g.spec.name, g.spec.owner.uid)
             if rec is None or str(rec.state) not in TERMINAL:
                 continue
-            if g.jobid is not None and g.jobid in self.matcher.jobs:
-                self.matcher.cancel(g.jobid)
-            if g in self.unrecorded:
-                self.unrecorded.remove(g)
+            if g.jobid is not None and g.jobid in self._side.matcher.jobs:
+                self._side.matcher.cancel(g.jobid)
+            if g in self._side.unrecorded:
+                self._side.unrecorded.remove(g)
             g.held, g.alloc, g.jobid = {}, [], None
             g.slot_pod = [None] * len(g.slots)
             g.store_id, g.store_uid = rec.id, rec.uid
             phase = {"completed": Phase.COMPLETED, "failed": Phase.FAILED, "cancelled": Phase.CANCELLED,
                      "unsatisfiable": Phase.UNSATISFIABLE}[str(rec.state)]
             g.phase, g.reason = phase, f"{rec.reason} (as the store recorded it before a restart)"
-            g.end = g.end or self.now()
+            g.end = g.end or self._ctx.now()
             g.fj_dirty = True
-            self.mark_finished(g.key)
-            self.spend_name(g)
+            self._side.mark_finished(g.key)
+            self._side.spend_name(g)
             log.info("%s: ended before the restart (store: %s); its FluxJob said %s", g.qid, rec.state,
                      (g.fj_status or {}).get("phase", "nothing"))
 
     def adopt_store_record(self, g: Group, rec: Any, alloc: Any) -> None:
         g.store_id, g.store_uid = rec.id, rec.uid
-        self.stored_state[rec.id] = str(rec.state)
-        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
+        self._stored_state[rec.id] = str(rec.state)
+        self._ctx.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
         g.submit = rec.submit_time  # the queue's order survives the restart
         if str(rec.state) == "running" and g.phase != Phase.RUNNING and alloc is not None and alloc.nodes:
             # allocated before the crash, FluxJob status not written yet: the store knows
@@ -168,17 +185,17 @@ class StoreRecovery(Context):
 
     def claim_store_record(self, g: Group) -> None:
         """A group re-created from cluster objects takes over its store row (same object)."""
-        rec = self.store_only.get(g.key)
+        rec = self._store_only.get(g.key)
         if rec is None:
             return
         uid = g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")
         if rec.uid != uid and g.spec.owner is not None:
             return  # another object with the same name: the old row is cancelled at reconcile
-        del self.store_only[g.key]
+        del self._store_only[g.key]
         g.store_id, g.store_uid, g.submit = rec.id, rec.uid, rec.submit_time
-        self.stored_state[rec.id] = str(rec.state)
-        self.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
-        alloc = self.store_allocs.get(rec.id)
+        self._stored_state[rec.id] = str(rec.state)
+        self._ctx.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
+        alloc = self._store_allocs.get(rec.id)
         if str(rec.state) == "running" and alloc is not None and alloc.nodes and g.phase == Phase.PROVISIONAL:
             # allocated before the crash, before its FluxJob was even created: the store knows
             self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
@@ -190,19 +207,19 @@ class StoreRecovery(Context):
         0.3 ms each): at 5,800 groups that was ~2 s of CPU on the event loop right before the
         first cycle after a restart, and 5,800 reads on the store thread (issue 17). A row
         written since (a decision of this process) was written by that decision already."""
-        if self.journal is None:
+        if self._ctx.journal is None:
             return
         from fluxnetes.k8s.persistence.journal import _STATE
 
-        now = self.now()
-        for g in self.groups.values():
+        now = self._ctx.now()
+        for g in self._side.groups.values():
             if g.phase == Phase.PROVISIONAL:
                 continue
-            if g.store_id is not None and self.stored_state.get(g.store_id) == _STATE[g.phase]:
+            if g.store_id is not None and self._stored_state.get(g.store_id) == _STATE[g.phase]:
                 continue
-            self.journal.record(self.status.group_record(g), now)
-        for rec in self.store_only.values():
-            self.journal.cancel(rec.id, now, "its objects are gone (found after a restart)")
-        self.store_only.clear()
-        self.store_allocs = {}  # only needed to take rows over during the replay
-        self.stored_state = {}
+            self._ctx.journal.record(self._side.status.group_record(g), now)
+        for rec in self._store_only.values():
+            self._ctx.journal.cancel(rec.id, now, "its objects are gone (found after a restart)")
+        self._store_only.clear()
+        self._store_allocs = {}  # only needed to take rows over during the replay
+        self._stored_state = {}
