@@ -10,12 +10,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fluxnetes.k8s import crashpoints
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.informer import Event
 from fluxnetes.k8s.kube import Kube, short, transient
+
+if TYPE_CHECKING:
+    from fluxnetes.k8s.persistence.journal import Journal
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -44,7 +47,7 @@ class Context:
         self.store_ok = True  # False while a configured store cannot be reached (/readyz)
         self.reconciled = False
         self.replay_left = 0  # initial-list events still to handle (Controller.run)
-        self.journal: Any = None
+        self.journal: Journal | None = None
         if config.store:
             from fluxnetes.k8s.persistence.journal import Journal
 

@@ -151,6 +151,7 @@ class StoreRecovery:
         loss), count as foreign pods; nothing is queued or held for them again."""
         from fluxnetes.k8s.persistence.journal import TERMINAL
 
+        assert self._ctx.journal is not None  # (only with --store)
         for g in list(self._side.groups.values()):
             if g.store_id is not None or g.phase.final or not g.fj_exists or g.spec.owner is None:
                 continue
@@ -175,6 +176,7 @@ class StoreRecovery:
                      (g.fj_status or {}).get("phase", "nothing"))
 
     def adopt_store_record(self, g: Group, rec: Any, alloc: Any) -> None:
+        assert self._ctx.journal is not None  # (only with --store)
         g.store_id, g.store_uid = rec.id, rec.uid
         self._stored_state[rec.id] = str(rec.state)
         self._ctx.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
@@ -192,6 +194,7 @@ class StoreRecovery:
         if rec.uid != uid and g.spec.owner is not None:
             return  # another object with the same name: the old row is cancelled at reconcile
         del self._store_only[g.key]
+        assert self._ctx.journal is not None  # (a row was read: there is a store)
         g.store_id, g.store_uid, g.submit = rec.id, rec.uid, rec.submit_time
         self._stored_state[rec.id] = str(rec.state)
         self._ctx.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
