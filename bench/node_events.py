@@ -116,10 +116,10 @@ def measure(n: int, jobs: int = 0) -> dict[str, Any]:
     c = Controller(kube, OperatorConfig())  # type: ignore[arg-type]
     t0 = time.perf_counter()
     for m in nodes:
-        c.nodes[m["metadata"]["name"]] = m
-    c.build_matcher()
+        c.cluster.nodes[m["metadata"]["name"]] = m
+    c.cluster.build_matcher()
     if hasattr(c, "node_view"):
-        c.node_view.reset(c.nodes.values())
+        c.cluster.node_view.reset(c.cluster.nodes.values())
     build = time.perf_counter() - t0
     t0 = time.perf_counter()
     for m in nodes:

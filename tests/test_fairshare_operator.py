@@ -56,8 +56,8 @@ def controller(store: str | None = None, clock: Clock | None = None, **cfg: Any)
     kube = Kube()
     c = Controller(kube, OperatorConfig(store=store, **cfg), clock=clock or Clock())  # type: ignore[arg-type]
     for n in ("n0", "n1", "n2", "n3"):  # 4 x 16 cores
-        c.nodes[n] = node(n)
-    c.build_matcher()
+        c.cluster.nodes[n] = node(n)
+    c.cluster.build_matcher()
     c.reconciled = True
     return c, kube
 
@@ -284,7 +284,7 @@ def test_a_high_qos_gang_preempts_whole_lower_qos_groups_which_run_again_later()
             assert v.phase in (Phase.PENDING, Phase.RESERVED), (v.qid, v.phase, v.reason)
             assert v.reason == "queued again: preempted by ns/job-urgent" or v.phase == Phase.RESERVED
             assert any(cond["type"] == "Preempted" for cond in v.fj_status.get("conditions") or [])
-        c.matcher.check_invariants()  # nothing double-booked
+        c.cluster.matcher.check_invariants()  # nothing double-booked
         held = sum(s.cores for g in c.groups.values() if g.phase == Phase.RUNNING for s in g.held.values())
         assert held == 64
         # the urgent job ends: the victims run again

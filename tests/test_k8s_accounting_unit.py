@@ -12,12 +12,12 @@ from test_k8s_prune import bound, finished, job, make_controller, pod, settle
 
 
 def test_foreign_pods_match_the_graph_and_a_pod_it_does_not_know_is_a_mismatch() -> None:
-    m = mirror("n0", "n1")  # the cluster view (with its groups), no controller
+    m = mirror("n0", "n1")  # the cluster view on its group book, no controller
     checked = AccountingCheck(m, m)
     a, b = other("a", "3", "n0"), other("b", "2", "n1")
     for p in (a, b):
-        m.add_foreign(p["metadata"]["uid"], p, p["spec"]["nodeName"])
-    m.flush_foreign()
+        m.cluster.add_foreign(p["metadata"]["uid"], p, p["spec"]["nodeName"])
+    m.cluster.flush_foreign()
     res = checked.check_accounting([a, b])
     assert res["ok"] and res["bound"] == 2 and res["unbound"] == 0 and res["nodes"] == 2
     surprise = other("c", "1", "n1")  # bound, but the mirror never saw it

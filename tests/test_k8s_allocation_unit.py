@@ -58,9 +58,9 @@ def test_pods_get_one_slot_each_pinned_to_its_node_and_release_their_share() -> 
         c.handle(("Pod", "MODIFIED", finished(bound(pods[0], g.slots[g.slot_pod.index("pod-g-0")]))))
         assert g.phase == Phase.RUNNING and len(g.released) == 1
         assert sum(s.cores for s in g.held.values()) == before - 2  # its 2 cpu went back
-        assert sum(n.cores for n in c.matcher.jobs[g.jobid].nodes) == before - 2
+        assert sum(n.cores for n in c.cluster.matcher.jobs[g.jobid].nodes) == before - 2
         c.handle(("Pod", "MODIFIED", finished(bound(pods[1], g.slots[g.slot_pod.index("pod-g-1")]))))
-        assert g.phase == Phase.COMPLETED and not g.held and g.jobid not in c.matcher.jobs
+        assert g.phase == Phase.COMPLETED and not g.held and g.jobid not in c.cluster.matcher.jobs
 
     asyncio.run(main())
 
@@ -86,9 +86,9 @@ def test_a_cancelled_job_gives_everything_back() -> None:
     async def main() -> None:
         c, _ = make_controller()
         j, g = await started_job(c, "j", 3)
-        assert g.phase == Phase.RUNNING and g.jobid in c.matcher.jobs and g.resumed
+        assert g.phase == Phase.RUNNING and g.jobid in c.cluster.matcher.jobs and g.resumed
         c.handle(("Job", "DELETED", j))
-        assert g.phase == Phase.CANCELLED and g.jobid not in c.matcher.jobs
+        assert g.phase == Phase.CANCELLED and g.jobid not in c.cluster.matcher.jobs
         assert not g.held and g.released == set(range(len(g.slots)))
 
     asyncio.run(main())
@@ -117,14 +117,14 @@ def test_a_deleted_jobs_room_goes_back_only_as_its_pods_go() -> None:
         cores = sum(s.cores for s in g.held.values())
         c.handle(("Job", "DELETED", j))
         assert g.phase == Phase.CANCELLED
-        assert sum(s.cores for s in g.held.values()) == cores and g.jobid in c.matcher.jobs  # both still run
+        assert sum(s.cores for s in g.held.values()) == cores and g.jobid in c.cluster.matcher.jobs  # both still run
         c.handle(("Pod", "MODIFIED", deleting(placed[0])))  # being deleted: still on its node
         assert sum(s.cores for s in g.held.values()) == cores
         c.handle(("Pod", "DELETED", deleting(placed[0])))
         assert sum(s.cores for s in g.held.values()) == cores - 2
-        assert sum(n.cores for n in c.matcher.jobs[g.jobid].nodes) == cores - 2
+        assert sum(n.cores for n in c.cluster.matcher.jobs[g.jobid].nodes) == cores - 2
         c.handle(("Pod", "MODIFIED", finished(deleting(placed[1]))))  # ended: its room is free
-        assert not g.held and g.jobid not in c.matcher.jobs
+        assert not g.held and g.jobid not in c.cluster.matcher.jobs
 
     asyncio.run(main())
 
@@ -137,9 +137,9 @@ def test_a_foreign_pod_being_deleted_keeps_its_room_until_it_is_gone() -> None:
         other["metadata"]["labels"] = {}
         c.handle(("Pod", "ADDED", other))
         c.handle(("Pod", "MODIFIED", deleting(other)))
-        assert "pod-other" in c.foreign["n0"]
+        assert "pod-other" in c.cluster.foreign["n0"]
         c.handle(("Pod", "DELETED", deleting(other)))
-        assert "pod-other" not in c.foreign.get("n0", {})
+        assert "pod-other" not in c.cluster.foreign.get("n0", {})
 
     asyncio.run(main())
 

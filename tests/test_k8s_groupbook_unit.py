@@ -72,11 +72,11 @@ def test_a_job_made_again_under_its_name_cancels_and_replaces_the_earlier_group(
         c.handle(("Job", "ADDED", old))
         await settle(c)
         first = c.groups[("ns", "job-j")]
-        assert first.phase == Phase.RUNNING and first.jobid in c.matcher.jobs
+        assert first.phase == Phase.RUNNING and first.jobid in c.cluster.matcher.jobs
         new = job("j", 1)
         new["metadata"]["uid"] = "job-j-again"
         c.handle(("Job", "ADDED", new))
-        assert first.phase == Phase.CANCELLED and first.jobid not in c.matcher.jobs
+        assert first.phase == Phase.CANCELLED and first.jobid not in c.cluster.matcher.jobs
         second = c.groups[("ns", "job-j")]
         assert second is not first and second.spec.size == 1
         assert second.spec.owner is not None and second.spec.owner.uid == "job-j-again"

@@ -88,8 +88,8 @@ def test_fair_share_charges_follow_touched_groups_exactly() -> None:
         rnd = random.Random(17)
         c, _kube = make_controller()  # n0..n3, 16 cpu each
         for extra in ("n4", "n5", "n6", "n7"):
-            c.nodes[extra] = node(extra)
-        c.build_matcher()
+            c.cluster.nodes[extra] = node(extra)
+        c.cluster.build_matcher()
         c.handle(("FluxAccount", "ADDED", account("a")))
         c.handle(("Namespace", "ADDED", namespace("ns", "a")))
         await settle(c)
@@ -130,7 +130,7 @@ def test_fair_share_charges_follow_touched_groups_exactly() -> None:
                 name = rnd.choice(sorted(jobs))
                 c.handle(("Job", "DELETED", jobs.pop(name)))
             elif r < 0.9 and len(lost) < 3:
-                name = rnd.choice(sorted(n for n in c.nodes if n not in lost))
+                name = rnd.choice(sorted(n for n in c.cluster.nodes if n not in lost))
                 lost.append(name)
                 c.handle(("Node", "DELETED", node(name)))
             elif lost:

@@ -1,7 +1,7 @@
 """Unit level (no cluster): the cluster mirror (k8s/cluster/mirror.py) on its own and in the Controller.
 
-The mirror is built alone (``ClusterMirror`` over the shared ``Context``, plus the empty group
-book that node loss looks at): Nodes become the graph, pods bound by anyone else become one
+The cluster view is built alone (``ClusterView`` over the shared ``Context``, with the empty group
+book that node loss looks at as the side it meets): Nodes become the graph, pods bound by anyone else become one
 allocation per node, node loss gives back exactly the lost node's share.
 """
 
@@ -10,32 +10,38 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fluxnetes.k8s.cluster.mirror import ClusterMirror
+from fluxnetes.k8s.cluster.mirror import ClusterView
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.groups.groupbook import GroupBook
 from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.persistence.status import StatusWriter
 from test_k8s_prune import RecordingKube, bound, job, make_controller, node, pod, settle
 
 
-class Mirror(ClusterMirror, GroupBook):
-    """The mirror and the (empty) group book node loss walks: no queue, no placement."""
+class Book(GroupBook):
+    """The (empty) group book node loss walks, with its status writer: no queue, no placement.
+    The cluster view is built on it (``cluster``)."""
+
+    cluster: ClusterView
 
 
-def mirror(*names: str, cls: type[Mirror] = Mirror) -> Mirror:
-    m = cls(RecordingKube(), OperatorConfig())  # type: ignore[arg-type]
-    m.init_mirror()
-    m.init_groupbook()
+def mirror(*names: str, cls: type[ClusterView] = ClusterView) -> Book:
+    b = Book(RecordingKube(), OperatorConfig())  # type: ignore[arg-type]
+    b.init_groupbook()
+    b.status = StatusWriter(b, b)
+    # (the book has no release or eviction: node loss here finds no group holding the node)
+    b.cluster = cls(b, b)  # type: ignore[arg-type]
     for n in names:
-        m.nodes[n] = node(n)
-    m.build_matcher()
-    return m
+        b.cluster.know_node(node(n))
+    b.cluster.build_matcher()
+    return b
 
 
-def foreign_cores(m: ClusterMirror) -> dict[str, int]:
+def foreign_cores(m: Book) -> dict[str, int]:
     """Cores recorded per node for foreign pods (the matcher's allocations of the mirror)."""
     out: dict[str, int] = {}
-    for node_name, jobid in m.foreign_jobs.items():
-        rec = m.matcher.jobs[jobid]
+    for node_name, jobid in m.cluster.foreign_jobs.items():
+        rec = m.cluster.matcher.jobs[jobid]
         assert not rec.reserved
         out[node_name] = sum(s.cores for s in rec.nodes)
     return out
@@ -51,38 +57,38 @@ def other(name: str, cpu: str, node_name: str) -> dict[str, Any]:
 
 def test_foreign_pods_are_one_allocation_per_node_and_follow_moves_and_deletes() -> None:
     m = mirror("n0", "n1")
-    m.add_foreign("a", other("a", "3", "n0"), "n0")
-    m.add_foreign("b", other("b", "2", "n0"), "n0")
-    m.flush_foreign()
+    m.cluster.add_foreign("a", other("a", "3", "n0"), "n0")
+    m.cluster.add_foreign("b", other("b", "2", "n0"), "n0")
+    m.cluster.flush_foreign()
     assert foreign_cores(m) == {"n0": 5}
-    assert not m.foreign_dirty
-    m.add_foreign("a", other("a", "3", "n0"), "n0")  # seen again unchanged: nothing to record
-    assert not m.foreign_dirty
-    m.add_foreign("b", other("b", "2", "n1"), "n1")  # moved (deleted, made again elsewhere)
-    m.flush_foreign()
+    assert not m.cluster.foreign_dirty
+    m.cluster.add_foreign("a", other("a", "3", "n0"), "n0")  # seen again unchanged: nothing to record
+    assert not m.cluster.foreign_dirty
+    m.cluster.add_foreign("b", other("b", "2", "n1"), "n1")  # moved (deleted, made again elsewhere)
+    m.cluster.flush_foreign()
     assert foreign_cores(m) == {"n0": 3, "n1": 2}
-    m.remove_foreign("a")
-    m.remove_foreign("b")
-    m.flush_foreign()
+    m.cluster.remove_foreign("a")
+    m.cluster.remove_foreign("b")
+    m.cluster.flush_foreign()
     assert foreign_cores(m) == {}
-    assert len(m.matcher.jobs) == 0
+    assert len(m.cluster.matcher.jobs) == 0
 
 
 def test_nodes_added_cordoned_and_removed_change_the_graph_in_place() -> None:
     m = mirror("n0")
-    m.on_node("ADDED", node("n1"))
-    assert set(m.nodes) == {"n0", "n1"} and m.node_down == {"n0": False, "n1": False}
-    m.add_foreign("a", other("a", "4", "n1"), "n1")
-    m.flush_foreign()
+    m.cluster.on_node("ADDED", node("n1"))
+    assert set(m.cluster.nodes) == {"n0", "n1"} and m.cluster.node_down == {"n0": False, "n1": False}
+    m.cluster.add_foreign("a", other("a", "4", "n1"), "n1")
+    m.cluster.flush_foreign()
     assert foreign_cores(m) == {"n1": 4}
     cordoned = node("n1")
     cordoned["spec"] = {"unschedulable": True}
-    m.on_node("MODIFIED", cordoned)
-    assert m.node_down["n1"] is True
-    m.on_node("DELETED", cordoned)
-    assert "n1" not in m.nodes and "n1" not in m.node_down
-    m.foreign_dirty.add("n1")
-    m.flush_foreign()
+    m.cluster.on_node("MODIFIED", cordoned)
+    assert m.cluster.node_down["n1"] is True
+    m.cluster.on_node("DELETED", cordoned)
+    assert "n1" not in m.cluster.nodes and "n1" not in m.cluster.node_down
+    m.cluster.foreign_dirty.add("n1")
+    m.cluster.flush_foreign()
     assert foreign_cores(m) == {}  # a foreign pod on a node that is gone holds nothing
 
 
@@ -106,7 +112,7 @@ def test_node_loss_fails_the_group_and_gives_back_only_the_lost_nodes_share() ->
         c.handle(("Node", "DELETED", node(lost)))
         assert g.phase == Phase.FAILED and "was removed" in g.reason
         assert set(g.held) == {kept}  # the surviving pod still runs: its share stays held
-        assert c.matcher.jobs[g.jobid].nodes[0].name == kept
+        assert c.cluster.matcher.jobs[g.jobid].nodes[0].name == kept
 
     asyncio.run(main())
 
@@ -120,30 +126,30 @@ def test_a_node_heartbeat_costs_nothing_a_cordon_or_a_resize_is_seen() -> None:
 
     synced: list[int] = []
 
-    class Counting(Mirror):
+    class Counting(ClusterView):
         def sync_node_cores(self) -> None:
             synced.append(1)
             super().sync_node_cores()
 
     m = mirror("n0", "n1", cls=Counting)
-    m.node_view.reset(m.nodes.values())
+    m.cluster.node_view.reset(m.cluster.nodes.values())
     m.dirty = False
-    beat = copy.deepcopy(m.nodes["n0"])
+    beat = copy.deepcopy(m.cluster.nodes["n0"])
     beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-26T14:00:00Z"
-    m.on_node("MODIFIED", beat)
-    m.on_node("ADDED", copy.deepcopy(m.nodes["n1"]))  # the replay of the initial list
+    m.cluster.on_node("MODIFIED", beat)
+    m.cluster.on_node("ADDED", copy.deepcopy(m.cluster.nodes["n1"]))  # the replay of the initial list
     assert synced == [] and not m.dirty
     cordoned = copy.deepcopy(beat)
     cordoned["spec"] = {"unschedulable": True}
-    m.on_node("MODIFIED", cordoned)
+    m.cluster.on_node("MODIFIED", cordoned)
     assert synced == [1] and m.dirty
     m.dirty = False
-    bigger = copy.deepcopy(m.nodes["n1"])
+    bigger = copy.deepcopy(m.cluster.nodes["n1"])
     bigger["status"]["allocatable"]["cpu"] = "32"
-    m.on_node("MODIFIED", bigger)
+    m.cluster.on_node("MODIFIED", bigger)
     assert synced == [1, 1] and m.dirty
     m.dirty = False
     labelled = copy.deepcopy(bigger)
     labelled["metadata"]["labels"]["team"] = "a"
-    m.on_node("MODIFIED", labelled)
+    m.cluster.on_node("MODIFIED", labelled)
     assert m.dirty

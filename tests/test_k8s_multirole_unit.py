@@ -388,6 +388,6 @@ def test_a_succeeded_mpijob_keeps_its_workers_nodes_until_they_end() -> None:
         assert g.phase == Phase.RUNNING and list(g.held) == [on[pods[2]["metadata"]["uid"]]]
         c.handle(("Pod", "DELETED", placed[2]))
         assert g.phase == Phase.COMPLETED and not g.held
-        c.matcher.check_invariants()
+        c.cluster.matcher.check_invariants()
 
     asyncio.run(main())

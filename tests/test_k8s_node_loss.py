@@ -59,7 +59,7 @@ def test_node_loss_gives_back_the_lost_share_and_keeps_the_survivors() -> None:
         await settle(c)
         assert str(g.phase) == "Failed" and lost in g.reason
         assert list(g.held) == [kept]  # the survivor's share is still held
-        c.matcher.check_invariants()
+        c.cluster.matcher.check_invariants()
         # three nodes are left, one of them still used by g-1: a gang of 3 waits
         wide = [cpu_pod(f"w-{i}", "16", "w", 3) for i in range(3)]
         for p in wide:
@@ -76,7 +76,7 @@ def test_node_loss_gives_back_the_lost_share_and_keeps_the_survivors() -> None:
         c.handle(("Pod", "DELETED", bound(gang[0], lost)))
         await settle(c)
         assert str(w.phase) == "Running" and len(set(w.slots)) == 3
-        c.matcher.check_invariants()
+        c.cluster.matcher.check_invariants()
 
     asyncio.run(main())
 
@@ -98,8 +98,8 @@ def test_a_second_lost_node_of_a_failed_group_gives_its_share_back() -> None:
         assert str(g.phase) == "Failed" and list(g.held) == [on[2]]
         c.handle(("Pod", "MODIFIED", {**bound(gang[2], on[2]), "status": {"phase": "Succeeded"}}))
         await settle(c)
-        assert not g.held and g.jobid not in c.matcher.jobs
-        c.matcher.check_invariants()
+        assert not g.held and g.jobid not in c.cluster.matcher.jobs
+        c.cluster.matcher.check_invariants()
 
     asyncio.run(main())
 
@@ -134,11 +134,11 @@ def test_requeue_keeps_the_survivors_nodes_until_their_pods_are_gone() -> None:
         g = c.groups[key]
         # matched again on the two nodes nobody uses: not on web-1's, which still runs there
         assert str(g.phase) == "Running" and on[1] not in g.slots and on[0] not in g.slots
-        assert c.foreign_node.get("pod-web-1") == on[1]
+        assert c.cluster.foreign_node.get("pod-web-1") == on[1]
         c.handle(("Pod", "DELETED", bound(web[1], on[1])))
         await settle(c)
-        assert "pod-web-1" not in c.foreign_node
-        c.matcher.check_invariants()
+        assert "pod-web-1" not in c.cluster.foreign_node
+        c.cluster.matcher.check_invariants()
 
     asyncio.run(main())
 
@@ -170,7 +170,7 @@ def test_a_node_gone_during_a_restart_keeps_the_survivors_shares() -> None:
         c.handle(("Pod", "DELETED", bound(cpu_pod("g-1", "16", "g", 2), "n0")))
         await settle(c)
         assert str(c.groups[("ns", "w")].phase) == "Running"
-        c.matcher.check_invariants()
+        c.cluster.matcher.check_invariants()
 
     asyncio.run(main())
 
@@ -293,7 +293,7 @@ def test_each_survivor_gives_its_node_back_when_it_ends() -> None:
         assert list(g.held) == [on[1]]  # only g-1 still holds
         assert str(b.phase) == "Running" and b.slots == [on[0]], (b.phase, b.reason)
         assert str(c.groups[("ns", "small")].phase) != "Running"  # not ahead of big
-        c.matcher.check_invariants()
+        c.cluster.matcher.check_invariants()
 
     asyncio.run(main())
 
@@ -303,7 +303,7 @@ def test_each_survivor_frees_its_node_when_it_ends_and_views_charge_it(k8s_clust
     """Issue #29.3, as a user drives it: a gang of 3 (3 of 4 cpu each) loses a node; a pod
     pinned to a survivor's node waits; that survivor ends and the pinned pod runs there at once,
     while the other survivor still runs. Meanwhile the plugin charges the survivors' nodes."""
-    from fluxnetes.cli.ctl.nodes import node_rows
+    from fluxnetes.cli.ctl.cluster.nodes import node_rows
 
     nodes = [f"kwok-surv-{RUN}-{i}-{op.placement}" for i in range(3)]  # type: ignore[attr-defined]
     add_nodes(k8s_cluster, nodes)

@@ -132,9 +132,9 @@ async def settle(c: Controller) -> None:
 
 
 def sizes(c: Controller) -> dict[str, int]:
-    sched = c.scheduler
+    sched = c.cluster.scheduler
     return {"groups": len(c.groups), "member_of": len(c.member_of), "finished": len(c.finished),
-            "scale_groups": len(c.scale_groups), "matcher_jobs": len(c.matcher.jobs),
+            "scale_groups": len(c.scale_groups), "matcher_jobs": len(c.cluster.matcher.jobs),
             "running": len(sched.running), "reservations": len(sched.reservations),
             "journal_ids": c.journal.tracked() if c.journal is not None else 0}
 
@@ -171,8 +171,8 @@ def make_controller(store: str | None = None) -> tuple[Controller, RecordingKube
     kube = RecordingKube()
     c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
     for n in ("n0", "n1", "n2", "n3"):
-        c.nodes[n] = node(n)
-    c.build_matcher()
+        c.cluster.nodes[n] = node(n)
+    c.cluster.build_matcher()
     c.reconciled = True
     return c, kube
 

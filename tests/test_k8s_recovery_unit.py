@@ -76,8 +76,8 @@ class Kube(RecordingKube):
 def controller(kube: Kube, store: str | None = None) -> Controller:
     c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
     for n in NODES:
-        c.nodes[n] = node(n)
-    c.build_matcher()
+        c.cluster.nodes[n] = node(n)
+    c.cluster.build_matcher()
     return c
 
 
@@ -136,7 +136,7 @@ def fluxjob(name: str, owner: dict[str, Any], status: dict[str, Any] | None) -> 
 def used(c: Controller) -> dict[str, int]:
     """Cores the graph holds, per node (allocations only)."""
     out: dict[str, int] = {}
-    for rec in c.matcher.jobs.values():
+    for rec in c.cluster.matcher.jobs.values():
         if not rec.reserved:
             for n in rec.nodes:
                 out[n.name] = out.get(n.name, 0) + n.cores
@@ -187,14 +187,14 @@ def test_pending_fluxjob_whose_pod_runs_is_running_again_exactly() -> None:
         g = c.groups[("ns", "job-b")]
         assert g.phase == Phase.RUNNING and g.slots == ["n2"] and g.slot_pod == ["pod-b-0"]
         assert used(c) == {"n2": 2}
-        assert c.foreign_node == {}  # its pod is the group's, not foreign
+        assert c.cluster.foreign_node == {}  # its pod is the group's, not foreign
         await settle(c)
         assert kube.fluxjobs[("ns", "job-b")]["status"]["phase"] == "Running"
         check = await c.accounting.accounting_check()
         assert check is not None and check["ok"] and check["unbound"] == 0, check
         # the queue never matched it a second time
         await settle(c)
-        assert len(c.matcher.jobs) == 1
+        assert len(c.cluster.matcher.jobs) == 1
         c.handle(("Pod", "MODIFIED", finished(p)))
         c.handle(("Job", "MODIFIED", complete(j)))
         await settle(c)
@@ -356,7 +356,7 @@ def test_accounting_check_sees_a_leak() -> None:
         res = c.accounting.check_accounting(kube.pods)
         assert res["unbound"] == 1 and res["bound"] == 0  # held for no bound pod: a leak at rest
         kube.pods = []
-        c.matcher.cancel(g.jobid)  # the graph forgot a pod that is bound
+        c.cluster.matcher.cancel(g.jobid)  # the graph forgot a pod that is bound
         res = c.accounting.check_accounting([pl])
         assert not res["ok"] and g.slots[0] in res["problems"][0]
 
@@ -402,8 +402,8 @@ def test_a_stale_running_fluxjob_never_takes_the_room_of_live_pods() -> None:
         c.reconcile()
         await settle(c)
         assert used(c) == {"n0": 16}
-        assert c.groups[("ns", "job-new")].jobid in c.matcher.jobs
-        assert c.matcher.next_jobid > 2  # job 1 and 2 are never handed out again
+        assert c.groups[("ns", "job-new")].jobid in c.cluster.matcher.jobs
+        assert c.cluster.matcher.next_jobid > 2  # job 1 and 2 are never handed out again
         assert str(c.groups[("ns", "job-old")].phase) == "Completed"
 
     asyncio.run(main(live_first=True))

@@ -285,7 +285,7 @@ def test_a_scale_group_placed_before_its_fluxjob_existed_is_recovered_from_its_p
         await settle(c2)
         g = c2.groups[SCALE1]
         assert str(g.phase) == "Running" and len(g.members) == 2
-        assert not c2.foreign_node  # none of them counted as a foreign pod
+        assert not c2.cluster.foreign_node  # none of them counted as a foreign pod
         assert sorted(held_nodes(c2)) == ["n0", "n1", "n2", "n3"]
         assert SCALE1[1] + "-scale-2" not in {k[1] for k in c2.groups}  # no second scale group
 
@@ -327,7 +327,7 @@ def test_a_group_the_store_saw_fail_is_not_matched_again_when_its_fluxjob_lags(t
         await settle(c)
         g = c.groups[BASE]
         assert str(g.phase) == "Failed" and "store" in g.reason
-        assert c.foreign_node == {survivor["metadata"]["uid"]: "n0"}
+        assert c.cluster.foreign_node == {survivor["metadata"]["uid"]: "n0"}
         assert not any(str(x.phase) in ("Pending", "Reserved", "Running") for x in c.groups.values())
         if c.journal is not None:
             c.journal.close()
@@ -356,7 +356,7 @@ def test_a_deployment_that_lost_a_node_gets_its_replacement_pod_placed() -> None
         c.handle(("ReplicaSet", "MODIFIED", rs(2)))  # a status update of the owner: nothing changes
         await settle(c)
         assert [k for k in c.groups if k[1].startswith(BASE[1])] == [BASE, SCALE1]
-        c.matcher.check_invariants()
+        c.cluster.matcher.check_invariants()
 
     asyncio.run(main())
 

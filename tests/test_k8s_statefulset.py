@@ -86,7 +86,7 @@ def test_an_ordered_set_scaled_down_gives_back_the_removed_pods_shares() -> None
             await settle(c)
             assert str(c.groups[key].phase) == "Completed" and not c.groups[key].held
         assert str(c.groups[("ns", "statefulset-db")].phase) == "Running"
-        held = [j for j in c.matcher.jobs.values() if not j.reserved]
+        held = [j for j in c.cluster.matcher.jobs.values() if not j.reserved]
         assert len(held) == 1  # only db-0's share is left
         assert kube.placed == ["db-0", "db-1", "db-2"]
 

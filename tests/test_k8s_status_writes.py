@@ -47,8 +47,8 @@ def controller(interval: float) -> tuple[Controller, CountingKube]:
     kube = CountingKube()
     c = Controller(kube, OperatorConfig(status_interval=interval, event_rate=0))  # type: ignore[arg-type]
     for n in ("n0", "n1"):
-        c.nodes[n] = node(n)
-    c.build_matcher()
+        c.cluster.nodes[n] = node(n)
+    c.cluster.build_matcher()
     c.reconciled = True
     return c, kube
 

@@ -23,7 +23,7 @@ def socket_pod(name: str, cpu: str) -> dict[str, Any]:
 
 
 def sockets_of(c: Any, node: str) -> list[str]:
-    return sorted(v.path for v in c.matcher.graph.vertices if v is not None and v.type == "socket"
+    return sorted(v.path for v in c.cluster.matcher.graph.vertices if v is not None and v.type == "socket"
                   and f"/{node}/" in v.path + "/")
 
 
@@ -53,16 +53,16 @@ def test_topology_events_shape_the_graph_and_keep_running_work() -> None:
         assert str(c.groups[("ns", "big")].phase) == "Unsatisfiable"
         # the object changes (zones of 8 -> the same, plus GPUs): the subtree is replaced and
         # the two running pods keep their shares
-        before = dict(c.matcher.jobs)
+        before = dict(c.cluster.matcher.jobs)
         changed = nrt_obj("n0", [(8, 32, 1), (8, 32, 1)])
         c.handle(("NodeResourceTopology", "MODIFIED", changed))
-        assert set(c.matcher.jobs) == set(before)
+        assert set(c.cluster.matcher.jobs) == set(before)
         assert str(groups["s2"].phase) != "Running"  # still no room for a third
         # the node's topology manager stops aligning: the node goes flat, work kept
         unaligned = copy.deepcopy(changed)
         unaligned["attributes"][0]["value"] = "best-effort"
         c.handle(("NodeResourceTopology", "MODIFIED", unaligned))
-        assert sockets_of(c, "n0") == [] and set(c.matcher.jobs) == set(before)
+        assert sockets_of(c, "n0") == [] and set(c.cluster.matcher.jobs) == set(before)
         c.handle(("NodeResourceTopology", "DELETED", unaligned))
         assert sockets_of(c, "n0") == []
 

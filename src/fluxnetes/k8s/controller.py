@@ -62,7 +62,7 @@ from fluxnetes.graph.model import gc_paused
 from fluxnetes.k8s import names
 from fluxnetes.k8s.admission.hold import is_ours, template_is_ours
 from fluxnetes.k8s.cluster.accounting import CHECK_EVERY, AccountingCheck
-from fluxnetes.k8s.cluster.mirror import ClusterMirror, TimedMatcher
+from fluxnetes.k8s.cluster.mirror import ClusterView, TimedMatcher
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import GroupError, controller_of, object_name
@@ -90,7 +90,7 @@ __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUE
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Scheduling, PodSetGroups):
+class Controller(GroupBook, Scaling, Recovery, Allocation, Scheduling, PodSetGroups):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
 
@@ -112,11 +112,11 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
         self._informer_runs: list[asyncio.Task[Any]] = []
         self.standby = False  # informers muted: a replica waiting to lead (watch, end_standby)
         # the components (each owns its state; what it needs of the others is a typed Protocol)
+        self.cluster = ClusterView(self, self)
         self.status = StatusWriter(self, self)
         self.accounting = AccountingCheck(self, self)
         self.preemption = Preemption(self, self)
         self.store_recovery = StoreRecovery(self, self)
-        self.init_mirror()
         self.init_groupbook()
         self.init_scaling()
         self.init_allocation()
@@ -208,13 +208,13 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
             return
         if gone:
             self.parked.pop(uid, None)
-            self.remove_foreign(uid)
+            self.cluster.remove_foreign(uid)
             return
         if managed and _gated(pod) and not node:
             self.join_group(uid, pod)
             return
         if node:
-            self.add_foreign(uid, pod, str(node))
+            self.cluster.add_foreign(uid, pod, str(node))
 
     # ---------------------------------------------------------------- main loop
     def handle(self, ev: Event) -> None:
@@ -240,9 +240,9 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
         if kind == "Pod":
             self.on_pod(etype, obj)
         elif kind == "Node":
-            self.on_node(etype, obj)
+            self.cluster.on_node(etype, obj)
         elif kind == "NodeResourceTopology":
-            self.on_topology(etype, obj)
+            self.cluster.on_topology(etype, obj)
         elif kind == "PriorityClass":
             name = str(_meta(obj).get("name", ""))
             if etype == "DELETED":
@@ -321,7 +321,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
         for inf in self.informers:
             if inf.kind == "Node":
                 for obj in inf.cache.values():
-                    self.nodes[str(_meta(obj).get("name"))] = obj
+                    self.cluster.know_node(obj)
             elif inf.kind == "PriorityClass":
                 for obj in inf.cache.values():
                     self.handle(("PriorityClass", "ADDED", obj))
@@ -329,9 +329,9 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
                 for obj in inf.cache.values():
                     m = _meta(obj)
                     self.owners[(inf.kind, m.get("namespace") or "default", m.get("name", ""))] = obj
-        await self.topology_source.load(self.topologies)  # the first graph is built with them
-        self.spawn(self.topology_source.run())
-        self.build_matcher()
+        await self.cluster.topology_source.load(self.cluster.topologies)  # the first graph is built with them
+        self.spawn(self.cluster.topology_source.run())
+        self.cluster.build_matcher()
         fjs = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "FluxJob")
         pods = next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod")
         live = {(str(_meta(p).get("namespace") or "default"), str((_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB)))
@@ -346,7 +346,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
         if every:  # tests and soaks: the accounting check, logged periodically
             self.spawn(self.accounting.check_every(float(every)))
         self.ready.set()
-        log.info("operator ready: %d nodes, %d groups recovered", len(self.nodes), len(self.groups))
+        log.info("operator ready: %d nodes, %d groups recovered", len(self.cluster.nodes), len(self.groups))
 
     def order_replay(self) -> int:
         """The initial lists wait in the queue, to be handled as ADDED events; placing waits
@@ -381,7 +381,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
             # a burst of arrivals is matched in one cycle (at most one per `coalesce` seconds)
             # instead of one cycle per event: fewer passes over the queue, starts written together
             timeout = self.config.cycle_interval
-            if self.dirty or self.foreign_dirty:
+            if self.dirty or self.cluster.foreign_dirty:
                 timeout = max(0.0, last_cycle + coalesce - time.monotonic())
             if status_wait is not None:
                 timeout = min(timeout, max(status_wait, coalesce))
@@ -408,7 +408,7 @@ class Controller(GroupBook, Scaling, ClusterMirror, Recovery, Allocation, Schedu
                 self.store_recovery.reconcile_store()
             now = time.monotonic()
             since = now - last_cycle
-            if since >= self.config.cycle_interval or ((self.dirty or self.foreign_dirty) and since >= coalesce):
+            if since >= self.config.cycle_interval or ((self.dirty or self.cluster.foreign_dirty) and since >= coalesce):
                 try:
                     self.run_cycle()
                 except Exception:

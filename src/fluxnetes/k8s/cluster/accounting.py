@@ -22,7 +22,7 @@ from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.scheduling.placement import assigned_node
 
 if TYPE_CHECKING:
-    from fluxnetes.match.matcher import Matcher
+    from fluxnetes.k8s.cluster.mirror import ClusterView
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -32,18 +32,13 @@ CHECK_EVERY = "FLUXNETES_DEBUG_CHECK_SECONDS"
 
 
 class AccountingView(Protocol):
-    """What the accounting check reads: the cluster view's nodes, matcher and foreign pods not
-    recorded yet, and the group book's groups."""
+    """What the accounting check reads: the cluster view (nodes, matcher, foreign pods not
+    recorded yet) and the group book's groups."""
 
     @property
     def groups(self) -> GroupTable: ...
     @property
-    def matcher(self) -> Matcher: ...
-    @property
-    def nodes(self) -> dict[str, dict[str, Any]]: ...
-    @property
-    def foreign_dirty(self) -> set[str]: ...
-    def flush_foreign(self) -> None: ...
+    def cluster(self) -> ClusterView: ...
 
 
 class AccountingCheck:
@@ -99,7 +94,7 @@ class AccountingCheck:
                 c[k] += v
 
         graph: dict[str, Counter[str]] = {}
-        for rec in self._view.matcher.jobs.values():
+        for rec in self._view.cluster.matcher.jobs.values():
             if rec.reserved:
                 continue
             for ns_ in rec.nodes:
@@ -116,7 +111,7 @@ class AccountingCheck:
         bound = 0
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
-            if not node or _ended(pod) or node not in self._view.nodes:  # (being deleted: still there)
+            if not node or _ended(pod) or node not in self._view.cluster.nodes:  # (being deleted: still there)
                 continue
             bound += 1
             uid = str(_meta(pod).get("uid", ""))
@@ -150,7 +145,7 @@ class AccountingCheck:
             a, b = graph.get(node, Counter()), expected.get(node, Counter())
             if +a != +b:
                 problems.append(f"{node}: graph {dict(+a)} != pods {dict(+b)}")
-        return {"ok": not problems, "problems": problems, "nodes": len(self._view.nodes), "bound": bound,
+        return {"ok": not problems, "problems": problems, "nodes": len(self._view.cluster.nodes), "bound": bound,
                 "unbound": unbound}
 
     async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None:
@@ -168,8 +163,8 @@ class AccountingCheck:
                     raise
                 log.info("accounting check: pods not listed: %s", short(exc))
                 return None
-            if self._view.foreign_dirty:
-                self._view.flush_foreign()  # what the cluster shows now is what the graph must hold
+            if self._view.cluster.foreign_dirty:
+                self._view.cluster.flush_foreign()  # what the cluster shows now is what the graph must hold
             res = self.check_accounting(pods)
             if res["ok"]:
                 break

@@ -13,12 +13,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.cluster import nodefit
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import GroupError, controller_of, request_of
-from fluxnetes.k8s.groups.groupbook import Group
+from fluxnetes.k8s.groups.group import Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _ended, _gated, _meta, _node_down
 from fluxnetes.k8s.persistence.fluxjob import Phase
@@ -28,7 +28,10 @@ from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.metrics import METRICS
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.match.matcher import Matcher
+    from fluxnetes.queue.cycle import Scheduler
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -64,37 +67,101 @@ class TimedMatcher:
         return self._timed(self._m.allocate_orelse_reserve, *args, **kwargs)
 
 
-class ClusterMirror(Context):
-    """Nodes and foreign pods -> graph; node loss."""
+class MirrorSide(Protocol):
+    """What the cluster view uses of the other parts: the groups and pod membership (node
+    loss, survivors turned foreign), the status writer, and allocation's release and eviction."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        status: StatusWriter
-        groups: GroupTable
-        member_of: dict[str, tuple[str, str]]
-        async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
-        def release_all(self, g: Group) -> None: ...
-        def release_slot(self, g: Group, slot: int) -> None: ...
-        def release_idle_slots(self, g: Group) -> None: ...
-        def recheck_prune(self, g: Group) -> None: ...
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def member_of(self) -> dict[str, tuple[str, str]]: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
+    def release_all(self, g: Group) -> None: ...
+    def release_slot(self, g: Group, slot: int) -> None: ...
+    def release_idle_slots(self, g: Group) -> None: ...
+    def recheck_prune(self, g: Group) -> None: ...
 
-    def init_mirror(self) -> None:
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.node_down: dict[str, bool] = {}
-        self.foreign: dict[str, dict[str, PodResources]] = {}  # node -> uid -> request
-        self.foreign_node: dict[str, str] = {}  # uid -> node
-        self.foreign_owner: dict[str, str] = {}  # uid -> its controller's uid
+
+class ClusterView:
+    """Nodes and foreign pods -> graph; node loss: a component of its own (its state is
+    private, read through the properties below); the other parts reach it as ``cluster``."""
+
+    def __init__(self, ctx: Context, side: MirrorSide) -> None:
+        self._ctx, self._side = ctx, side
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._node_down: dict[str, bool] = {}
+        self._foreign: dict[str, dict[str, PodResources]] = {}  # node -> uid -> request
+        self._foreign_node: dict[str, str] = {}  # uid -> node
+        self._foreign_owner: dict[str, str] = {}  # uid -> its controller's uid
         # controller uid -> its foreign pods (scaling.survivors asks it on every routed pod)
-        self.foreign_per_owner: Counter[str] = Counter()
-        self.foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
-        self.foreign_dirty: set[str] = set()
-        self.matcher: Any = None
-        self.scheduler: Any = None
+        self._foreign_per_owner: Counter[str] = Counter()
+        self._foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
+        self._foreign_dirty: set[str] = set()
+        self._matcher: Any = None  # (built by build_matcher)
+        self._scheduler: Any = None
         # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
-        self.node_view = nodefit.NodeView()
+        self._node_view = nodefit.NodeView()
         from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
 
-        self.topologies = Topologies()  # NodeResourceTopology by node (k8s/cluster/topology.py)
-        self.topology_source = TopologySource(self.kube, self.queue)
+        self._topologies = Topologies()  # NodeResourceTopology by node (k8s/cluster/topology.py)
+        self._topology_source = TopologySource(self._ctx.kube, self._ctx.queue)
+
+    # ---------------------------------------------------------------- read by the other parts
+    @property
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        return self._nodes
+
+    @property
+    def node_down(self) -> dict[str, bool]:
+        return self._node_down
+
+    @property
+    def matcher(self) -> Matcher:
+        it: Matcher = self._matcher  # (None until build_matcher: start builds it first)
+        return it
+
+    @property
+    def scheduler(self) -> Scheduler:
+        it: Scheduler = self._scheduler  # (None until build_matcher: start builds it first)
+        return it
+
+    @property
+    def node_view(self) -> nodefit.NodeView:
+        return self._node_view
+
+    @property
+    def topologies(self) -> Topologies:
+        return self._topologies
+
+    @property
+    def topology_source(self) -> TopologySource:
+        return self._topology_source
+
+    @property
+    def foreign_dirty(self) -> set[str]:
+        return self._foreign_dirty
+
+    @property
+    def foreign_per_owner(self) -> Counter[str]:
+        return self._foreign_per_owner
+
+    @property
+    def foreign(self) -> dict[str, dict[str, PodResources]]:
+        return self._foreign
+
+    @property
+    def foreign_jobs(self) -> dict[str, Any]:
+        return self._foreign_jobs
+
+    @property
+    def foreign_node(self) -> dict[str, str]:
+        return self._foreign_node
+
+    def know_node(self, node: dict[str, Any]) -> None:
+        """A Node listed at start (before the first graph is built)."""
+        self._nodes[str(_meta(node).get("name"))] = node
 
     # ---------------------------------------------------------------- matcher
     def build_matcher(self) -> None:
@@ -104,12 +171,12 @@ class ClusterMirror(Context):
         from fluxnetes.queue.policy import QueuePolicy
         from fluxnetes.queue.satisfy import node_cores
 
-        graph, _ = build_graph(list(self.nodes.values()), self.topologies, rack_label=self.config.rack_label)
-        self.matcher = Matcher(graph, policy=self.config.match_policy)
+        graph, _ = build_graph(list(self._nodes.values()), self._topologies, rack_label=self._ctx.config.rack_label)
+        self._matcher = Matcher(graph, policy=self._ctx.config.match_policy)
         # node_cores: a job parked as blocked wakes only when something it could use is freed
-        self.scheduler = Scheduler(TimedMatcher(self.matcher), QueuePolicy.parse(self.config.policy),
+        self._scheduler = Scheduler(TimedMatcher(self._matcher), QueuePolicy.parse(self._ctx.config.policy),
                                    node_cores=node_cores(graph))
-        self.node_down = {n: _node_down(obj) for n, obj in self.nodes.items()}
+        self._node_down = {n: _node_down(obj) for n, obj in self._nodes.items()}
         self.update_node_gauge()
 
     # ---------------------------------------------------------------- foreign pods
@@ -118,76 +185,76 @@ class ClusterMirror(Context):
             req = request_of(pod.get("spec") or {})
         except GroupError:
             req = PodResources()
-        if self.foreign_node.get(uid) == node and self.foreign.get(node, {}).get(uid) == req:
+        if self._foreign_node.get(uid) == node and self._foreign.get(node, {}).get(uid) == req:
             return
         self.remove_foreign(uid)
-        self.foreign.setdefault(node, {})[uid] = req
-        self.foreign_node[uid] = node
+        self._foreign.setdefault(node, {})[uid] = req
+        self._foreign_node[uid] = node
         owner = controller_of(_meta(pod))
         if owner is not None and owner.uid:
-            self.foreign_owner[uid] = owner.uid  # a replicated workload's pods still running (scaling.survivors)
-            self.foreign_per_owner[owner.uid] += 1
-        self.foreign_dirty.add(node)
+            self._foreign_owner[uid] = owner.uid  # a replicated workload's pods still running (scaling.survivors)
+            self._foreign_per_owner[owner.uid] += 1
+        self._foreign_dirty.add(node)
         METRICS.foreign_allocations.inc()
-        METRICS.foreign_pods.set(len(self.foreign_node))
+        METRICS.foreign_pods.set(len(self._foreign_node))
 
     def remove_foreign(self, uid: str) -> None:
-        node = self.foreign_node.pop(uid, None)
-        gone_owner = self.foreign_owner.pop(uid, None)
+        node = self._foreign_node.pop(uid, None)
+        gone_owner = self._foreign_owner.pop(uid, None)
         if gone_owner is not None:
-            self.foreign_per_owner[gone_owner] -= 1
-            if self.foreign_per_owner[gone_owner] <= 0:
-                del self.foreign_per_owner[gone_owner]
+            self._foreign_per_owner[gone_owner] -= 1
+            if self._foreign_per_owner[gone_owner] <= 0:
+                del self._foreign_per_owner[gone_owner]
         if node is not None:
-            self.foreign.get(node, {}).pop(uid, None)
-            self.foreign_dirty.add(node)
-            METRICS.foreign_pods.set(len(self.foreign_node))
+            self._foreign.get(node, {}).pop(uid, None)
+            self._foreign_dirty.add(node)
+            METRICS.foreign_pods.set(len(self._foreign_node))
 
     def flush_foreign(self) -> None:
         """Re-record the foreign allocation of every node whose foreign pods changed."""
-        if not self.foreign_dirty or self.matcher is None:
+        if not self._foreign_dirty or self._matcher is None:
             return
-        now = self.now()
-        for node in sorted(self.foreign_dirty):
-            old = self.foreign_jobs.pop(node, None)
+        now = self._ctx.now()
+        for node in sorted(self._foreign_dirty):
+            old = self._foreign_jobs.pop(node, None)
             if old is not None:
                 with contextlib.suppress(Exception):
-                    self.matcher.cancel(old)
-            pods = self.foreign.get(node) or {}
-            if not pods or node not in self.nodes:
+                    self._matcher.cancel(old)
+            pods = self._foreign.get(node) or {}
+            if not pods or node not in self._nodes:
                 continue
             share = shares.of_pods(node, pods.values())
             if share.empty:
                 continue
-            jobid = self.matcher.next_jobid
+            jobid = self._matcher.next_jobid
             try:
-                self.matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
-                self.foreign_jobs[node] = jobid
+                self._matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
+                self._foreign_jobs[node] = jobid
             except Exception as exc:
                 log.warning("foreign pods on %s (%s) could not be recorded: %s", node, share, exc)
-        freed = sorted(self.foreign_dirty)
-        self.foreign_dirty.clear()
-        self.scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
-        self.dirty = True
+        freed = sorted(self._foreign_dirty)
+        self._foreign_dirty.clear()
+        self._scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
+        self._ctx.dirty = True
 
     # ---------------------------------------------------------------- nodes
     def on_node(self, etype: str, node: dict[str, Any]) -> None:
         name = str(_meta(node).get("name", ""))
-        eligibility = self.node_view.update(name, None if etype == "DELETED" else node)
+        eligibility = self._node_view.update(name, None if etype == "DELETED" else node)
         if eligibility:
-            self.dirty = True  # labels/taints changed: waiting groups are fitted again
+            self._ctx.dirty = True  # labels/taints changed: waiting groups are fitted again
         if etype == "DELETED":
-            self.nodes.pop(name, None)
-            self.node_down.pop(name, None)
+            self._nodes.pop(name, None)
+            self._node_down.pop(name, None)
             self.update_node_gauge()
-            if self.matcher is not None:
+            if self._matcher is not None:
                 with contextlib.suppress(Exception):
-                    self.matcher.remove_subgraph(name)
+                    self._matcher.remove_subgraph(name)
                 self.node_lost(name)
             return
-        old = self.nodes.get(name)
-        self.nodes[name] = node
-        if self.matcher is None:
+        old = self._nodes.get(name)
+        self._nodes[name] = node
+        if self._matcher is None:
             return
         down = _node_down(node)
         changed = True
@@ -195,24 +262,24 @@ class ClusterMirror(Context):
             try:
                 from fluxnetes.graph.topology import node_graph
 
-                added = self.matcher.add_subgraph(
-                    node_graph(node, self.topologies.get(name), rack_label=self.config.rack_label)[0])
+                added = self._matcher.add_subgraph(
+                    node_graph(node, self._topologies.get(name), rack_label=self._ctx.config.rack_label)[0])
                 if not any(p.rstrip("/").endswith("/" + name) for p in added):
                     raise RuntimeError("the node's vertices were not attached")
             except Exception as exc:
                 log.warning("node %s could not be attached (%s); rebuilding the graph", name, exc)
                 self.rebuild()
-            self.foreign_dirty.add(name)
-        elif self.node_down.get(name) != down:
+            self._foreign_dirty.add(name)
+        elif self._node_down.get(name) != down:
             # cordoned / NotReady: nothing new goes there; running pods stay until Kubernetes
             # evicts them (their deletion releases their share like any ending pod)
             with contextlib.suppress(Exception):
-                self.matcher.set_status(name, not down)
+                self._matcher.set_status(name, not down)
         elif (old.get("status") or {}).get("allocatable") != (node.get("status") or {}).get("allocatable"):
             self.rebuild()
         else:
             changed = eligibility
-        self.node_down[name] = down
+        self._node_down[name] = down
         if not changed:
             # a heartbeat (conditions' times, images, annotations): nothing the graph or the
             # queue sees. Each node reports one every few seconds: at 5,000 nodes the O(nodes)
@@ -220,30 +287,30 @@ class ClusterMirror(Context):
             return
         self.update_node_gauge()
         self.sync_node_cores()
-        self.scheduler.invalidate()
-        self.dirty = True
+        self._scheduler.invalidate()
+        self._ctx.dirty = True
 
     def on_topology(self, etype: str, obj: dict[str, Any]) -> None:
         from fluxnetes.k8s.cluster.topology import replace_node
 
         name = str(_meta(obj).get("name", ""))
-        if not self.topologies.update(etype, obj) or name not in self.nodes or self.matcher is None:
+        if not self._topologies.update(etype, obj) or name not in self._nodes or self._matcher is None:
             return
-        res = replace_node(self.matcher, self.nodes[name], self.topologies.get(name), rack_label=self.config.rack_label)
+        res = replace_node(self._matcher, self._nodes[name], self._topologies.get(name), rack_label=self._ctx.config.rack_label)
         for note in res.notes:
-            self.status.event({"apiVersion": "v1", "kind": "Node", "name": name}, "Warning", "TopologyMismatch", note)
+            self._side.status.event({"apiVersion": "v1", "kind": "Node", "name": name}, "Warning", "TopologyMismatch", note)
         if res.lost:  # the node shrank under running work: re-record everything from the groups
             log.warning("node %s: topology change lost %s; rebuilding the graph", name, res.lost)
             self.rebuild()
         self.sync_node_cores()
-        self.scheduler.invalidate()
-        self.dirty = True
+        self._scheduler.invalidate()
+        self._ctx.dirty = True
 
     def sync_node_cores(self) -> None:
         """The queue's per-node core counts (its parking wake rule) follow the graph."""
         from fluxnetes.queue.satisfy import node_cores
 
-        self.scheduler.set_node_cores(node_cores(self.matcher.graph))
+        self._scheduler.set_node_cores(node_cores(self._matcher.graph))
 
     def node_lost(self, name: str) -> None:
         """Node ``name`` is gone (the matcher already dropped its vertices, and with them
@@ -253,29 +320,29 @@ class ClusterMirror(Context):
         until those pods end (member_gone gives them back as usual): they still run, and
         nothing new may be placed on what they use."""
         what = f"node {name} was removed"
-        for g in list(self.groups.values()):
+        for g in list(self._side.groups.values()):
             if name not in g.held:
                 continue
             if g.phase != Phase.RUNNING:
                 self.lose_share(g, name)  # failed earlier, its survivors still hold shares
                 continue
-            if self.config.on_node_lost == "requeue" and g.kind is not None and g.spec.owner is not None:
+            if self._ctx.config.on_node_lost == "requeue" and g.kind is not None and g.spec.owner is not None:
                 # restart the whole gang: its surviving pods go (a Job is suspended again, the
                 # pods of a ReplicaSet/StatefulSet are deleted and come back gated); until they
                 # are gone they count as foreign pods, so nothing is placed on what they use
-                self.release_all(g)
+                self._side.release_all(g)
                 survivors = self.survivors_to_foreign(g)
-                self.spawn(self.evict(g, [*survivors, *g.members.values()]))
+                self._ctx.spawn(self._side.evict(g, [*survivors, *g.members.values()]))
                 g.failed_pods = g.deleted_pods = 0  # counted again for the next run
                 g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
-                self.status.set_phase(g, Phase.PENDING, f"{what}; requeued")
-                self.status.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
+                self._side.status.set_phase(g, Phase.PENDING, f"{what}; requeued")
+                self._side.status.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
             else:
                 self.lose_share(g, name)
-                self.release_idle_slots(g)  # a slot with no pod holds a share no pod will ever use
-                g.end = self.now()
-                self.status.set_phase(g, Phase.FAILED, what)
-                self.status.group_event(g, "Warning", "NodeLost", g.reason)
+                self._side.release_idle_slots(g)  # a slot with no pod holds a share no pod will ever use
+                g.end = self._ctx.now()
+                self._side.status.set_phase(g, Phase.FAILED, what)
+                self._side.status.group_event(g, "Warning", "NodeLost", g.reason)
 
     def lose_share(self, g: Group, name: str) -> None:
         """The group's share on lost node ``name`` is gone with the node (and its slots)."""
@@ -283,14 +350,14 @@ class ClusterMirror(Context):
         g.released.update(i for i, n in enumerate(g.slots) if n == name)
         g.holdings_changed()
         if not g.held:
-            self.release_all(g)
-        elif g.jobid is None and all(n in self.nodes for n in g.held):
+            self._side.release_all(g)
+        elif g.jobid is None and all(n in self._nodes for n in g.held):
             # recovered after a restart with nodes gone: the rest was never recorded
-            g.jobid = self.matcher.next_jobid
+            g.jobid = self._matcher.next_jobid
             self.record_group(g)
-        self.scheduler.invalidate()
+        self._scheduler.invalidate()
         g.fj_dirty = True
-        self.dirty = True
+        self._ctx.dirty = True
 
     def survivors_to_foreign(self, g: Group) -> list[dict[str, Any]]:
         """The group's pods that are placed on a node and still run leave the group and are
@@ -301,19 +368,19 @@ class ClusterMirror(Context):
             if not node or _ended(pod):  # (one being deleted holds its room until it is gone)
                 continue
             del g.members[uid]
-            self.member_of.pop(uid, None)
+            self._side.member_of.pop(uid, None)
             self.add_foreign(uid, pod, str(node))
             moved.append(pod)
         if moved:
-            self.recheck_prune(g)
+            self._side.recheck_prune(g)
         return moved
 
     def rebuild(self) -> None:
         """Full rebuild (allocatable changed): graph from Nodes, then re-record everything held."""
         self.build_matcher()
-        self.foreign_jobs.clear()
-        self.foreign_dirty = set(self.foreign)
-        for g in self.groups.values():
+        self._foreign_jobs.clear()
+        self._foreign_dirty = set(self._foreign)
+        for g in self._side.groups.values():
             # a failed group's surviving pods still hold their shares (node_lost)
             if g.held and g.jobid is not None:
                 self.record_group(g)
@@ -321,19 +388,19 @@ class ClusterMirror(Context):
 
     def record_group(self, g: Group) -> bool:
         try:
-            self.matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
-                                         at=g.start or self.now(), duration=g.spec.duration)
+            self._matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
+                                         at=g.start or self._ctx.now(), duration=g.spec.duration)
             return True
         except Exception as exc:
             if isinstance(g.jobid, int):
-                self.matcher.reserve_jobid(g.jobid)  # never given to another group meanwhile
+                self._matcher.reserve_jobid(g.jobid)  # never given to another group meanwhile
             log.error("could not re-record %s (job %s): %s", g.qid, g.jobid, exc)
             return False
 
     def update_node_gauge(self) -> None:
-        down = sum(1 for d in self.node_down.values() if d)
-        METRICS.nodes.labels(status="up").set(len(self.node_down) - down)
+        down = sum(1 for d in self._node_down.values() if d)
+        METRICS.nodes.labels(status="up").set(len(self._node_down) - down)
         METRICS.nodes.labels(status="down").set(down)
 
     def nodes_gone(self, held: Any) -> list[str]:
-        return sorted(n for n in held if n not in self.nodes or self.node_down.get(n, False))
+        return sorted(n for n in held if n not in self._nodes or self._node_down.get(n, False))

@@ -38,6 +38,7 @@ from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
     from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
 
@@ -51,10 +52,10 @@ class GroupBook(Context):
     """Pod -> group membership, group specs from workload kinds, pruning."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        cluster: ClusterView
         store_recovery: StoreRecovery
         status: StatusWriter
         scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
-        scheduler: Any
 
         def assign(self, g: Group) -> None: ...
         def base_key(self, g: Group) -> tuple[str, str] | None: ...
@@ -66,7 +67,6 @@ class GroupBook(Context):
         def index_scale_group(self, g: Group) -> None: ...
         def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
-        def survivors_to_foreign(self, g: Group) -> list[dict[str, Any]]: ...
         def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
         def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
                               obj: Mapping[str, Any]) -> Group | None: ...
@@ -200,7 +200,7 @@ class GroupBook(Context):
                     self.release_slot(g, slot)
             return  # the last of those pods to end finishes the group (member_gone)
         if g.phase in QUEUED:
-            self.scheduler.withdraw(g.qid)
+            self.cluster.scheduler.withdraw(g.qid)
         failed = kind.failed(obj)
         g.end = self.now()
         phase = Phase.FAILED if failed else Phase.COMPLETED
@@ -215,7 +215,7 @@ class GroupBook(Context):
         with ``spec.suspend: true``): then it waits, and fluxnetes will not resume it."""
         if kind.held_by_user(obj):
             if g.phase in QUEUED:
-                self.scheduler.withdraw(g.qid)
+                self.cluster.scheduler.withdraw(g.qid)
             reason = (f"{kind.kind} {_meta(obj).get('name', '')} is suspended by its user "
                       f"(spec.suspend=true): waiting until it is resumed")
             if g.phase != Phase.PROVISIONAL or g.reason != reason:
@@ -287,18 +287,19 @@ class GroupBook(Context):
             # workload took its name): those pods are followed as foreign pods until they are
             # gone, so what they use stays taken, and the group's allocation goes with it
             self.release_all(g)
-            self.survivors_to_foreign(g)
+            self.cluster.survivors_to_foreign(g)
         if self.groups.get(key) is g:
             del self.groups[key]
         for uid in [*g.members, *(u for u in g.slot_pod if u)]:
             if self.member_of.get(uid) == key:
                 del self.member_of[uid]
-        if self.scheduler is not None:
-            self.scheduler.withdraw(g.qid)
-            self.scheduler.running.pop(g.qid, None)
-            if getattr(self.scheduler, "profile", None) is not None:
+        if self.cluster.scheduler is not None:
+            self.cluster.scheduler.withdraw(g.qid)
+            self.cluster.scheduler.running.pop(g.qid, None)
+            profile = getattr(self.cluster.scheduler, "profile", None)
+            if profile is not None:
                 with contextlib.suppress(Exception):
-                    self.scheduler.profile.remove(g.qid)
+                    profile.remove(g.qid)
         base = self.base_key(g)
         if base is not None and key in self.scale_groups.get(base, ()):
             self.scale_groups[base].remove(key)
@@ -389,7 +390,7 @@ class GroupBook(Context):
             if g.kind is None or g.kind.resume_patch({}) is None:
                 # pod-made group lost a member before it started: wait for it again
                 if g.phase in QUEUED:
-                    self.scheduler.withdraw(g.qid)
+                    self.cluster.scheduler.withdraw(g.qid)
                 g.phase = Phase.PROVISIONAL
                 g.reason = f"waiting for the group: {len(g.members)}/{g.spec.size} pods"
                 g.fj_dirty = True

@@ -13,7 +13,6 @@ old one, ended, after a restart)."""
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -41,12 +41,11 @@ class Scaling(Context):
     """A workload's family of groups (base + "-scale-N"): rescale, resize, route new pods."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        cluster: ClusterView
         status: StatusWriter
         groups: GroupTable
-        foreign_per_owner: Counter[str]
         member_of: dict[str, tuple[str, str]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
-        scheduler: Any
         def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
         def cancel_group(self, g: Group, reason: str) -> None: ...
         def enqueue(self, g: Group) -> None: ...
@@ -145,7 +144,7 @@ class Scaling(Context):
             if g is not None and g.phase.final and self.same_owner(g, owner_uid):
                 n += sum(1 for p in g.members.values() if assigned_node(p) is not None and not _gated(p)
                          and not _terminal(p))
-        return n + self.foreign_per_owner.get(owner_uid, 0)
+        return n + self.cluster.foreign_per_owner.get(owner_uid, 0)
 
     def replacement_group(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> Group | None:
         """A ReplicaSet whose groups are over while some of its pods still run (its group
@@ -206,7 +205,7 @@ class Scaling(Context):
         if size == g.spec.size:
             return
         if g.phase in QUEUED:
-            self.scheduler.withdraw(g.qid)
+            self.cluster.scheduler.withdraw(g.qid)
             g.phase = Phase.PROVISIONAL  # enqueued again below once complete
         g.spec = replace(g.spec, size=size)
         try:

@@ -30,6 +30,7 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.cluster.accounting import AccountingCheck
+    from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
     from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
 
@@ -43,17 +44,14 @@ class Recovery(Context):
     """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        cluster: ClusterView
         store_recovery: StoreRecovery
         accounting: AccountingCheck
         status: StatusWriter
         def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
         groups: GroupTable
-        matcher: Any
         member_of: dict[str, tuple[str, str]]
-        node_down: dict[str, bool]
-        nodes: dict[str, dict[str, Any]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
-        scheduler: Any
         scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
 
         async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None: ...
@@ -65,12 +63,9 @@ class Recovery(Context):
         def index_scale_group(self, g: Group) -> None: ...
         def make_jobspec(self, g: Group) -> Any: ...
         def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
-        def node_lost(self, name: str) -> None: ...
-        def nodes_gone(self, held: Any) -> list[str]: ...
         def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
-        def record_group(self, g: Group) -> bool: ...
         def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
         def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
         def base_key(self, g: Group) -> tuple[str, str] | None: ...
@@ -101,13 +96,13 @@ class Recovery(Context):
     def requeue_if_nodes_gone(self, g: Group) -> bool:
         """After a restart: a running group allocated on nodes that are gone. Nothing of it
         placed yet: it is matched again; otherwise the node-loss policy applies."""
-        gone = [n for n in g.held if n not in self.nodes]
+        gone = [n for n in g.held if n not in self.cluster.nodes]
         if not gone:
             return False
         placed = any(not _gated(p) for p in g.members.values())
         if placed:
             for n in gone:
-                self.node_lost(n)
+                self.cluster.node_lost(n)
             return g.phase != Phase.RUNNING
         self.release_all(g)
         g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
@@ -199,7 +194,7 @@ class Recovery(Context):
                 g.held = {s.node: s for s in (shares.Share.from_dict(d) for d in st.get("shares") or [])}
                 g.resumed = g.recovered = True
                 g.alloc = list(g.held.values())
-                if all(n in self.nodes for n in g.held):
+                if all(n in self.cluster.nodes for n in g.held):
                     to_record.append(g)
                 else:
                     g.jobid = None  # not recorded: reconcile re-matches or applies the node-loss policy
@@ -209,7 +204,7 @@ class Recovery(Context):
             self.index_scale_group(g)
         live = live or set()
         for g in sorted(to_record, key=lambda g: g.key not in live):
-            if not self.record_group(g):
+            if not self.cluster.record_group(g):
                 self.unrecorded.append(g)
 
     # ---------------------------------------------------------------- exact recovery
@@ -342,14 +337,14 @@ class Recovery(Context):
                 live[slot] = p
         if not live or set(live) | set(ended) != set(range(size)):
             return False
-        if any(assigned_node(p) not in self.nodes or self.node_down.get(str(assigned_node(p)), False)
+        if any(assigned_node(p) not in self.cluster.nodes or self.cluster.node_down.get(str(assigned_node(p)), False)
                for p in live.values()):
             return False  # a node is gone or down: the node-loss rules apply to foreign pods
         held = self.accounting.shares_of_pods(g, list(live.values()))
-        jobid = self.matcher.next_jobid
+        jobid = self.cluster.matcher.next_jobid
         start = min((_parse_time(_meta(p).get("creationTimestamp")) or self.now()) for p in live.values())
         try:
-            self.matcher.update_allocate(jobid, shares.to_match(held), at=start, duration=g.spec.duration)
+            self.cluster.matcher.update_allocate(jobid, shares.to_match(held), at=start, duration=g.spec.duration)
         except Exception as exc:
             log.error("%s: its placed pods could not be recorded (%s)", g.qid, exc)
             return False
@@ -415,15 +410,15 @@ class Recovery(Context):
                 if g.phase == Phase.RUNNING and not g.held:
                     self.finish_group(g)
             elif g.phase in QUEUED and len(g.members) < g.spec.size:
-                self.scheduler.withdraw(g.qid)
+                self.cluster.scheduler.withdraw(g.qid)
                 if not g.members:
                     self.cancel_group(g, "all pods of the group were deleted")
                 else:
                     self.status.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
         for g in self.unrecorded:
             # what ended during the outage is given back now: record what could not be before
-            if g.phase == Phase.RUNNING and g.held and g.jobid is not None and g.jobid not in self.matcher.jobs \
-                    and self.record_group(g):
+            if g.phase == Phase.RUNNING and g.held and g.jobid is not None and g.jobid not in self.cluster.matcher.jobs \
+                    and self.cluster.record_group(g):
                 log.info("%s: allocation recorded once the groups that ended were given back", g.qid)
         self.unrecorded.clear()
         # logged: the graph's use against the bound pods; a few seconds on, so that its list of

@@ -22,8 +22,8 @@ from fluxnetes.k8s.scheduling import shares
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
-    from fluxnetes.match.matcher import Matcher
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -38,7 +38,7 @@ class StoreSide(Protocol):
     @property
     def groups(self) -> GroupTable: ...
     @property
-    def matcher(self) -> Matcher: ...
+    def cluster(self) -> ClusterView: ...
     @property
     def unrecorded(self) -> list[Group]: ...
     @property
@@ -46,8 +46,6 @@ class StoreSide(Protocol):
     def spend_name(self, g: Group) -> None: ...
     def mark_finished(self, key: tuple[str, str]) -> None: ...
     def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
-    def nodes_gone(self, held: Any) -> list[str]: ...
-    def record_group(self, g: Group) -> bool: ...
     def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
     def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
     def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
@@ -78,7 +76,7 @@ class StoreRecovery:
 
         held = [shares.Share(node=n.name, cores=n.cores, gpus=n.gpus, memory=n.memory, extra=dict(n.extra))
                 for n in alloc.nodes]
-        gone = self._side.nodes_gone(s.node for s in held)
+        gone = self._side.cluster.nodes_gone(s.node for s in held)
         if gone:
             g.reason = g.note = (f"allocated on {', '.join(sorted(s.node for s in held))} before the restart, "
                                  f"but {', '.join(gone)} is gone or down; matched again")
@@ -91,8 +89,8 @@ class StoreRecovery:
         g.slot_pod, g.released = [None] * len(g.slots), set()
         g.start, g.resumed, g.fj_dirty, g.recovered = alloc.at, True, True, True
         g.expected_start = None
-        g.jobid = self._side.matcher.next_jobid
-        self._side.record_group(g)
+        g.jobid = self._side.cluster.matcher.next_jobid
+        self._side.cluster.record_group(g)
         self._side.status.counts_changed()
         self._ctx.dirty = True
         self._side.status.group_event(g, "Normal", "Recovered",
@@ -158,8 +156,8 @@ class StoreRecovery:
             rec = self._ctx.journal.store.find(g.spec.namespace, g.spec.name, g.spec.owner.uid)
             if rec is None or str(rec.state) not in TERMINAL:
                 continue
-            if g.jobid is not None and g.jobid in self._side.matcher.jobs:
-                self._side.matcher.cancel(g.jobid)
+            if g.jobid is not None and g.jobid in self._side.cluster.matcher.jobs:
+                self._side.cluster.matcher.cancel(g.jobid)
             if g in self._side.unrecorded:
                 self._side.unrecorded.remove(g)
             g.held, g.alloc, g.jobid = {}, [], None

@@ -26,6 +26,7 @@ from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
 
 # one logger for every part of the state machine: its log lines read as before the split
@@ -36,9 +37,8 @@ class Allocation(Context):
     """Start, place, resume, evict, release."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        cluster: ClusterView
         status: StatusWriter
-        matcher: Any
-        scheduler: Any
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def slots_of_sets(self, g: Group, res: Any) -> None: ...
         def set_slots(self, g: Group, pod: Mapping[str, Any], free: list[int]) -> tuple[list[int], int | None]: ...
@@ -204,19 +204,19 @@ class Allocation(Context):
         elif not part.empty:
             METRICS.releases.labels(kind="partial").inc()
             try:
-                self.matcher.partial_cancel(g.jobid, shares.to_match([part]))
+                self.cluster.matcher.partial_cancel(g.jobid, shares.to_match([part]))
             except Exception as exc:
                 log.warning("partial release of %s on %s failed: %s", g.qid, node, exc)
-            self.scheduler.freed([node])  # wakes only the jobs that could use that node
+            self.cluster.scheduler.freed([node])  # wakes only the jobs that could use that node
         g.fj_dirty = True
         self.dirty = True
 
     def release_all(self, g: Group) -> None:
         if g.jobid is not None:
             with contextlib.suppress(Exception):
-                self.matcher.cancel(g.jobid)
-        self.scheduler.running.pop(g.qid, None)
-        self.scheduler.freed(set(g.slots) or None)  # wakes the jobs that could use these nodes
+                self.cluster.matcher.cancel(g.jobid)
+        self.cluster.scheduler.running.pop(g.qid, None)
+        self.cluster.scheduler.freed(set(g.slots) or None)  # wakes the jobs that could use these nodes
         g.held.clear()
         g.released = set(range(len(g.slots)))  # (told to the table: fair share sees the end)
         self.dirty = True
@@ -271,7 +271,7 @@ class Allocation(Context):
         if g.phase == Phase.RUNNING:
             self.release_idle_slots(g)
         elif g.phase in QUEUED:
-            self.scheduler.withdraw(g.qid)
+            self.cluster.scheduler.withdraw(g.qid)
         g.end = self.now()
         self.status.set_phase(g, Phase.CANCELLED, reason)
         self.status.group_event(g, "Normal", "Cancelled", reason, pods=False)

@@ -35,6 +35,7 @@ from fluxnetes.k8s.scheduling.satisfiable import Judge
 from fluxnetes.metrics import METRICS
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
     from fluxnetes.k8s.scheduling.preemption import Preemption
 
@@ -60,14 +61,10 @@ class Scheduling(Context):
     """The cycle: fit, judge, queue cycle, record its outcome."""
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
+        cluster: ClusterView
         preemption: Preemption
         status: StatusWriter
         groups: GroupTable
-        matcher: Any
-        node_view: nodefit.NodeView
-        nodes: dict[str, dict[str, Any]]
-        scheduler: Any
-        def flush_foreign(self) -> None: ...
         def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
         def prune_finished(self) -> None: ...
         def start_group(self, g: Group, res: Any) -> None: ...
@@ -124,7 +121,7 @@ class Scheduling(Context):
                 self.status.event(notice.ref, "Warning", notice.reason, notice.message)
             if book.enabled != was:
                 log.info("fair share %s (%d FluxAccounts)", "on" if book.enabled else "off", len(book.listed))
-                self.scheduler.invalidate()
+                self.cluster.scheduler.invalidate()
         if not self._fs_loaded:
             self._fs_loaded = True
             try:
@@ -144,7 +141,7 @@ class Scheduling(Context):
 
     def _cluster_cores(self) -> int:
         # the scheduler's per-node cores (a new dict whenever nodes change: mirror.sync_node_cores)
-        cap = getattr(self.scheduler, "_node_cap", None)
+        cap = getattr(self.cluster.scheduler, "_node_cap", None)
         if not isinstance(cap, dict):
             return 0
         if self._fs_cap is not cap:
@@ -263,9 +260,9 @@ class Scheduling(Context):
         when the group's jobspec was rebuilt or a node's labels or taints changed. A queued
         group that no node allows is Unsatisfiable, like any request this cluster can never
         run (the issue's rule; a user relabelling nodes recreates the workload)."""
-        view = self.node_view
+        view = self.cluster.node_view
         if not view.synced:
-            view.reset(self.nodes.values())
+            view.reset(self.cluster.nodes.values())
         changed = False
         table = self.groups
         waiting = (Phase.PROVISIONAL, *QUEUED)
@@ -284,7 +281,7 @@ class Scheduling(Context):
             if f.none:
                 if g.phase in QUEUED:
                     self.fitted.pop(g.key, None)
-                    self.scheduler.withdraw(g.qid)
+                    self.cluster.scheduler.withdraw(g.qid)
                     g.end = self.now()
                     self.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {f.reason}")
                     self.status.group_event(g, "Warning", "Unsatisfiable", g.reason)
@@ -304,13 +301,13 @@ class Scheduling(Context):
             self.fitted = {k: v for k, v in self.fitted.items()
                            if (w := table.get(k)) is not None and w.phase in waiting}
         if changed:
-            self.scheduler.invalidate()
+            self.cluster.scheduler.invalidate()
 
     # ---------------------------------------------------------------- cycle
     def run_cycle(self) -> None:
         from fluxnetes.queue.job import QueuedJob, queue_order
 
-        self.flush_foreign()
+        self.cluster.flush_foreign()
         self.prune_finished()
         self.fit_groups()
         self.reexamine_unsatisfiable()
@@ -326,7 +323,7 @@ class Scheduling(Context):
                 continue
             # every queued group, not only the one the matcher is asked to reserve for:
             # the count questions (queue/satisfy.py), answered once per graph version
-            short = self.judge.short(g.key, g.jobspec, self.matcher)
+            short = self.judge.short(g.key, g.jobspec, self.cluster.matcher)
             if short is not None:
                 self.unsatisfiable(g, short)
                 continue
@@ -349,7 +346,7 @@ class Scheduling(Context):
                 self.hold(by_id[job_id], why)
             if only is not None:
                 order = [j for j in order if j.id == only]
-            result = self.scheduler.cycle(order, now, ordered=True)
+            result = self.cluster.scheduler.cycle(order, now, ordered=True)
         started = {job.id for job, _ in result.started}
         for job, res in result.started:
             self.start_group(by_id[job.id], res)
@@ -366,7 +363,7 @@ class Scheduling(Context):
             self.unsatisfiable(by_id[job.id], reason)
         for job in result.blocked:
             g = by_id[job.id]
-            never = self.judge.never(g.key, g.jobspec, self.matcher)  # once per request shape
+            never = self.judge.never(g.key, g.jobspec, self.cluster.matcher)  # once per request shape
             if never is not None:
                 self.unsatisfiable(g, never)
                 continue
@@ -382,7 +379,7 @@ class Scheduling(Context):
         """An account limit holds the group: Pending, the limit named (no reservation)."""
         reason = f"{HELD}{why}"
         if g.phase == Phase.RESERVED:
-            self.scheduler.withdraw(g.qid)
+            self.cluster.scheduler.withdraw(g.qid)
             g.expected_start = None
         if g.phase != Phase.PENDING or g.reason != reason:
             self.status.set_phase(g, Phase.PENDING, reason)
@@ -392,7 +389,7 @@ class Scheduling(Context):
         """A queued group that can never run on this cluster as it is: out of the queue, the
         short resource named (looked at again when nodes change: reexamine_unsatisfiable)."""
         if g.phase in QUEUED:
-            self.scheduler.withdraw(g.qid)
+            self.cluster.scheduler.withdraw(g.qid)
         g.end = self.now()
         g.expected_start = None
         self.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
@@ -404,9 +401,9 @@ class Scheduling(Context):
         queue if it could run now (its node rules, the count questions and the matcher's
         satisfiability walk all agree). Its store row stays unsatisfiable (a final state);
         the group continues under a new row."""
-        if self.matcher is None or not self.judge.changed(self.matcher, self.node_view.version):
+        if self.cluster.matcher is None or not self.judge.changed(self.cluster.matcher, self.cluster.node_view.version):
             return
-        view = self.node_view
+        view = self.cluster.node_view
         for g in self.groups.in_phase(Phase.UNSATISFIABLE):
             if g.jobspec is None or g.reason.startswith("invalid jobspec"):
                 continue
@@ -419,8 +416,8 @@ class Scheduling(Context):
                 if f.none:
                     continue
                 js = nodefit.constrain(js, f)
-            if self.judge.short(g.key, js, self.matcher) is not None or \
-                    self.judge.never(g.key, js, self.matcher) is not None:
+            if self.judge.short(g.key, js, self.cluster.matcher) is not None or \
+                    self.judge.never(g.key, js, self.cluster.matcher) is not None:
                 continue
             if js is not g.jobspec:
                 g.jobspec, g.jobspec_yaml = js, None

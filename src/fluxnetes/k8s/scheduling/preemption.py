@@ -49,11 +49,10 @@ from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.persistence.fluxjob import Phase
 
 if TYPE_CHECKING:
+    from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.fairshare.fairshare_book import FairShareBook
     from fluxnetes.k8s.groups import OwnerRef
     from fluxnetes.k8s.persistence.status import StatusWriter
-    from fluxnetes.match.matcher import Matcher
-    from fluxnetes.queue.cycle import Scheduler
     from fluxnetes.queue.preempt import RunningGroup
 
 # one logger for every part of the state machine
@@ -74,9 +73,7 @@ class PreemptionSide(Protocol):
     @property
     def groups(self) -> GroupTable: ...
     @property
-    def matcher(self) -> Matcher: ...
-    @property
-    def scheduler(self) -> Scheduler: ...
+    def cluster(self) -> ClusterView: ...
     @property
     def fairshare(self) -> FairShareBook: ...
     @property
@@ -230,12 +227,12 @@ class Preemption:
             return  # nothing changed since it was planned for
         self._tried = tried
         # the planner must not collide with the head's own reservation (queue/preempt.py)
-        self._side.scheduler.withdraw(head.id)
+        self._side.cluster.scheduler.withdraw(head.id)
         if g.phase == Phase.RESERVED:
             g.expected_start = None
         qos_name = self.qos_name(g)
         account = self._side.fairshare.account_of(head.id) if self._side.fairshare.enabled else ""
-        matcher = getattr(self._side.matcher, "_m", self._side.matcher)  # the plain matcher (not timed)
+        matcher = getattr(self._side.cluster.matcher, "_m", self._side.cluster.matcher)  # the plain matcher (not timed)
         plan = plan_preemption(matcher, Preemptor(head.id, head.jobspec, head.priority, qos_name, account),
                                running, now)
         if not plan.victims:
