@@ -18,6 +18,7 @@ from test_k8s_operator import (
 )
 
 CRASH_AT = "FLUXNETES_DEBUG_EXIT_AT"
+SLOW_CYCLE = "FLUXNETES_DEBUG_SLOW_CYCLE"
 CRASH_HOOK = str(Path(__file__).resolve().parent / "crashhook")
 
 
@@ -25,7 +26,7 @@ class Operator(OperatorProc):
     """The operator subprocess, startable with extra environment (FLUXNETES_DEBUG_EXIT_AT)."""
 
     def start_with(self, env: dict[str, str], *extra: str) -> None:
-        if CRASH_AT in env:  # the process installs the crash-point hook (tests/crashhook)
+        if CRASH_AT in env or SLOW_CYCLE in env:  # the process installs the tests' hook (tests/crashhook)
             env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (CRASH_HOOK, os.environ.get("PYTHONPATH")) if p)}
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)

@@ -17,7 +17,7 @@ import pytest
 from fluxnetes.k8s import crashpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "crashhook"))
-from crashhook import make_hook
+from crashhook import make_hook, slow_cycles
 
 HOOK_DIR = str(Path(__file__).resolve().parent / "crashhook")
 
@@ -79,6 +79,13 @@ def test_fluxjob_running_window_holds_placement_until_running_is_written() -> No
         hook("fluxjob-written", "ns/a", {"phase": "Running"})
 
 
+def test_slow_cycles_hold_the_loop_before_each_cycle_only() -> None:
+    slept: list[float] = []
+    hook = slow_cycles("12", slept.append)
+    assert hook("allocated", "ns/a", {}) is False and slept == []
+    assert hook("cycle", "", {}) is False and slept == [12.0]
+
+
 def test_a_process_started_with_the_hook_folder_installs_it() -> None:
     code = ("from fluxnetes.k8s import crashpoints\n"
             "crashpoints.hit('allocated', 'ns/b', flush=lambda: print('flushed', flush=True))\n"
@@ -93,3 +100,14 @@ def test_a_process_started_with_the_hook_folder_installs_it() -> None:
     env.pop("FLUXNETES_DEBUG_EXIT_AT")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout == "not reached\n", res.stderr
+
+
+def test_a_process_started_with_a_slow_cycle_holds_its_cycles() -> None:
+    code = ("from fluxnetes.k8s import crashpoints\n"
+            "print(crashpoints.hit('cycle', ''), crashpoints.hit('allocated', 'ns/a'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "FLUXNETES_DEBUG_EXIT_AT"}
+    env.update({"FLUXNETES_DEBUG_SLOW_CYCLE": "0.01",
+                "PYTHONPATH": os.pathsep.join(p for p in (HOOK_DIR, os.environ.get("PYTHONPATH")) if p)})
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout == "False False\n", res.stderr
+    assert "holding the event loop" in res.stderr

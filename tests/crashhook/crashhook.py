@@ -8,18 +8,23 @@ or one of the windows made of several points:
   when every pod of the group is placed (the FluxJob status is not written);
 - ``fluxjob-running``: placement is held back (no pod placed, the Job not resumed); the
   operator exits once a FluxJob status saying Running is written.
+
+``FLUXNETES_DEBUG_SLOW_CYCLE=SECONDS`` (the leadership tests): every scheduling cycle first
+holds the event loop that long, as a huge backlog would.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 from fluxnetes.k8s import crashpoints
 
 EXIT_AT = "FLUXNETES_DEBUG_EXIT_AT"
+SLOW_CYCLE = "FLUXNETES_DEBUG_SLOW_CYCLE"
 
 log = logging.getLogger("fluxnetes.k8s.controller")
 
@@ -66,7 +71,24 @@ def make_hook(spec: str, exit: Callable[[str, dict[str, Any]], None] = exit_now)
     return hook
 
 
+def slow_cycles(raw: str, sleep: Callable[[float], None] = time.sleep) -> crashpoints.Hook:
+    """The hook for ``FLUXNETES_DEBUG_SLOW_CYCLE=raw``: hold the loop before every cycle."""
+    seconds = float(raw)
+
+    def hook(point: str, qid: str, facts: dict[str, Any]) -> bool:
+        if point == "cycle":
+            log.warning("%s=%s: holding the event loop %.1f s in this cycle", SLOW_CYCLE, raw, seconds)
+            sleep(seconds)
+        return False
+
+    return hook
+
+
 def install_from_env() -> None:
-    spec = os.environ.get(EXIT_AT, "")
-    if spec:
-        crashpoints.install(make_hook(spec))
+    hooks = []
+    if os.environ.get(EXIT_AT, ""):
+        hooks.append(make_hook(os.environ[EXIT_AT]))
+    if os.environ.get(SLOW_CYCLE, "").strip():
+        hooks.append(slow_cycles(os.environ[SLOW_CYCLE].strip()))
+    if hooks:
+        crashpoints.install(lambda point, qid, facts: any([h(point, qid, facts) for h in hooks]))

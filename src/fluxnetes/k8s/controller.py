@@ -410,6 +410,7 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, Scheduling, PodSetGro
             since = now - last_cycle
             if since >= self.config.cycle_interval or ((self.dirty or self.cluster.foreign_dirty) and since >= coalesce):
                 try:
+                    self.crash_point("cycle", "")  # (the leadership tests' hook holds the loop here)
                     self.run_cycle()
                 except Exception:
                     METRICS.reconcile_error("cycle")

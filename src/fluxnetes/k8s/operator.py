@@ -317,7 +317,6 @@ class Operator:
         self.controller = controller = made
         if self._mutating_for is not None:
             controller.on_kinds_changed = self._install_multi_role
-        _slow_cycles_for_tests(controller)
         run = asyncio.ensure_future(controller.run())
         frozen = asyncio.ensure_future(_freeze_when_ready(controller))
         try:
@@ -435,26 +434,6 @@ async def _first(*aws: Any) -> None:
         for f, a in zip(futs, aws, strict=True):
             if f is not a:
                 f.cancel()
-
-
-# FLUXNETES_DEBUG_SLOW_CYCLE=SECONDS: every scheduling cycle first holds the event loop that
-# long (time.sleep), as a huge backlog would; the leadership tests use it
-DEBUG_SLOW_CYCLE = "FLUXNETES_DEBUG_SLOW_CYCLE"
-
-
-def _slow_cycles_for_tests(controller: Controller) -> None:
-    raw = os.environ.get(DEBUG_SLOW_CYCLE, "").strip()
-    if not raw:
-        return
-    seconds = float(raw)
-    cycle = controller.run_cycle
-
-    def slow_cycle() -> None:
-        log.warning("%s=%s: holding the event loop %.1f s in this cycle", DEBUG_SLOW_CYCLE, raw, seconds)
-        time.sleep(seconds)
-        cycle()
-
-    controller.run_cycle = slow_cycle  # type: ignore[method-assign]
 
 
 SHUTDOWN_GRACE = 1.5  # seconds from SIGTERM to exit, even in the middle of a cycle
