@@ -87,9 +87,15 @@ def _say(msg: str) -> None:
 
 
 # -- sigkill / sigterm: bare pods, replicas sharing a webhook port ---------------------------
+# the tests' hook (tests/crashhook) makes FLUXNETES_DEBUG_SLOW_CYCLE hold each cycle
+CRASH_HOOK = str(Path(__file__).resolve().parent.parent / "tests" / "crashhook")
+
+
 class Replica:
     def __init__(self, cluster: Cluster, port: int, log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
+        if env and "FLUXNETES_DEBUG_SLOW_CYCLE" in env:
+            env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (CRASH_HOOK, os.environ.get("PYTHONPATH")) if p)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(cluster.kubeconfig),
              "--webhook-port", str(port), "--namespace", OP_NS, "--log-format", "text"],
