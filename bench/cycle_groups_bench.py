@@ -49,10 +49,10 @@ async def main() -> None:
         c.owners[("Job", "ns", f"j{i}")] = j
         c.handle(("Job", "ADDED", j))
         if i % 50 == 0:
-            c.run_cycle()
+            c.scheduling.run_cycle()
     for _ in range(1000):  # a cycle starts a bounded number of groups: until nothing more starts
         before = sum(1 for g in c.groups.values() if str(g.phase) == "Running")
-        c.run_cycle()
+        c.scheduling.run_cycle()
         if sum(1 for g in c.groups.values() if str(g.phase) == "Running") == before:
             break
     running = [g for g in c.groups.values() if str(g.phase) == "Running"]
@@ -61,7 +61,7 @@ async def main() -> None:
         c.status.set_phase(g, Phase.COMPLETED, "its pods ended")
     while c.groups.fj_dirty:  # their last FluxJob status written: only the Job keeps them
         await c.status.flush_fluxjobs(float("inf"))
-    c.run_cycle()
+    c.scheduling.run_cycle()
     await asyncio.sleep(0)
     phases = {}
     for g in c.groups.values():
@@ -72,7 +72,7 @@ async def main() -> None:
         c.owners[("Job", "ns", f"x{k}")] = j
         t = time.process_time()
         c.handle(("Job", "ADDED", j))
-        c.run_cycle()
+        c.scheduling.run_cycle()
         c.status.fluxjobs_due(time.monotonic())
         c.status.update_queue_gauge()
         times.append(time.process_time() - t)

@@ -85,15 +85,15 @@ async def _jobs(c: Any, count: int, batch: int = 100) -> tuple[float, int]:
     for start in range(0, count, batch):
         for job, _ in made[start:start + batch]:
             c.handle(("Job", "ADDED", job))
-        c.run_cycle()
+        c.scheduling.run_cycle()
         for _, pod in made[start:start + batch]:
             c.handle(("Pod", "ADDED", pod))
-        c.run_cycle()
+        c.scheduling.run_cycle()
         while c._tasks:
             await asyncio.gather(*list(c._tasks), return_exceptions=True)
     placed = sum(1 for g in c.groups.values() if any(g.slot_pod))
     for _ in range(1000):  # the cycles that follow (a cycle starts a bounded number of jobs)
-        c.run_cycle()
+        c.scheduling.run_cycle()
         while c._tasks:
             await asyncio.gather(*list(c._tasks), return_exceptions=True)
         now = sum(1 for g in c.groups.values() if any(g.slot_pod))

@@ -63,7 +63,7 @@ def controller(store: str | None = None, clock: Clock | None = None, **cfg: Any)
 
 
 async def settle(c: Controller) -> None:
-    c.run_cycle()
+    c.scheduling.run_cycle()
     await asyncio.sleep(0)
     await c.status.flush_fluxjobs()
     while c._tasks:
@@ -125,7 +125,7 @@ def test_without_accounts_the_queue_keeps_its_plain_order() -> None:
         await settle(c)
         submit_many(c, "ns-b", 8, "b")
         await settle(c)
-        assert not c.fairshare.enabled
+        assert not c.scheduling.fairshare.enabled
         assert running(c, "ns-a") == 64 and running(c, "ns-b") == 0  # first come, first served
         assert all(not g.reason.startswith("held") for g in c.groups.values())
 
@@ -141,9 +141,9 @@ def test_fair_share_orders_the_queue_by_account_usage() -> None:
         c.handle(("Namespace", "ADDED", namespace("ns-a", "a")))
         c.handle(("Namespace", "ADDED", namespace("ns-b", "b")))
         await settle(c)
-        assert c.fairshare.enabled
+        assert c.scheduling.fairshare.enabled
         # account a used the whole cluster for an hour already; b used nothing
-        c.fairshare.fs.usage.charge("a", 64 * 3600.0, int(clock()))
+        c.scheduling.fairshare.fs.usage.charge("a", 64 * 3600.0, int(clock()))
         submit_many(c, "ns-a", 64, "a")
         clock.t += 1
         submit_many(c, "ns-b", 10, "b")  # submitted later: plain order would put them last
@@ -152,10 +152,10 @@ def test_fair_share_orders_the_queue_by_account_usage() -> None:
         assert running(c, "ns-b") == 10 and running(c, "ns-a") == 54
         a0 = group(c, "ns-a", "a63")
         assert a0.phase == Phase.PENDING
-        line = c.explain_priority(a0)
+        line = c.scheduling.explain_priority(a0)
         assert "fairshare" in line and "account a" in line, line
         # what runs is charged to its account
-        run = c.fairshare.fs.usage.running_resources()
+        run = c.scheduling.fairshare.fs.usage.running_resources()
         assert sum(r.cores for leaf, r in run.values() if leaf == "b") == 10
         assert sum(r.cores for leaf, r in run.values() if leaf == "a") == 54
 
@@ -191,11 +191,11 @@ def test_a_bad_account_keeps_the_last_good_configuration_and_says_why() -> None:
         c.handle(("FluxAccount", "ADDED", account("a", 70)))
         c.handle(("FluxAccount", "ADDED", account("b", 30)))
         await settle(c)
-        good = c.fairshare.accounts
+        good = c.scheduling.fairshare.accounts
         c.handle(("FluxAccount", "MODIFIED", account("a", 70, parent="c")))
         c.handle(("FluxAccount", "ADDED", account("c", 1, parent="a")))
         await settle(c)
-        assert c.fairshare.accounts is good  # the last good configuration stays in force
+        assert c.scheduling.fairshare.accounts is good  # the last good configuration stays in force
         bad = [e for e in kube.events if e["reason"] == "InvalidAccount"]
         assert bad and "spec.parent" in bad[0]["message"] and "cycle" in bad[0]["message"], bad
         assert bad[0]["involvedObject"]["kind"] == "FluxAccount"
@@ -204,7 +204,7 @@ def test_a_bad_account_keeps_the_last_good_configuration_and_says_why() -> None:
         c.handle(("FluxAccount", "DELETED", account("c")))
         c.handle(("Namespace", "ADDED", namespace("ns-x", "nosuch")))
         await settle(c)
-        assert c.fairshare.error is None
+        assert c.scheduling.fairshare.error is None
         msgs = [e["message"] for e in kube.events if e["involvedObject"].get("kind") == "Namespace"]
         assert any("unknown FluxAccount 'nosuch'" in m for m in msgs), msgs
 
@@ -223,7 +223,7 @@ def test_usage_survives_a_restart_through_the_store(store_url: str) -> None:
         assert group(c, "ns-a", "big").phase == Phase.RUNNING
         clock.t += 100
         await settle(c)
-        used = c.fairshare.fs.usage.of("a", int(clock()))
+        used = c.scheduling.fairshare.fs.usage.of("a", int(clock()))
         assert 1500 < used <= 1600  # 16 cores x 100 s, barely decayed (half-life 7 days)
         c.ready.set()
         await c.stop()  # saves the usage
@@ -231,7 +231,7 @@ def test_usage_survives_a_restart_through_the_store(store_url: str) -> None:
         again, _ = controller(store=url, clock=clock)
         again.handle(("FluxAccount", "ADDED", account("a", 1)))
         await settle(again)
-        assert abs(again.fairshare.fs.usage.of("a", int(clock())) - used) < 1.0
+        assert abs(again.scheduling.fairshare.fs.usage.of("a", int(clock())) - used) < 1.0
         if again.journal is not None:
             again.journal.close()
 

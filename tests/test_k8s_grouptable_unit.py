@@ -76,8 +76,8 @@ def check(c: Controller) -> None:
         counts[str(g.phase)] = counts.get(str(g.phase), 0) + 1
     assert t.phase_counts() == counts
     # the charges, brought up to date from the touched groups only, equal a full recount
-    c.sync_fairshare_usage(int(c.now()))
-    book = c.fairshare
+    c.scheduling.sync_fairshare_usage(int(c.now()))
+    book = c.scheduling.fairshare
     truth = {g.qid: book.resources_of(g.held.values()) for g in t.values() if g.phase == Phase.RUNNING and g.held}
     ledger = {qid: res for qid, (_leaf, res) in book.fs.usage.running_resources().items()}
     assert ledger == truth
@@ -93,7 +93,7 @@ def test_fair_share_charges_follow_touched_groups_exactly() -> None:
         c.handle(("FluxAccount", "ADDED", account("a")))
         c.handle(("Namespace", "ADDED", namespace("ns", "a")))
         await settle(c)
-        assert c.fairshare.enabled
+        assert c.scheduling.fairshare.enabled
         pods: dict[str, dict[str, Any]] = {}  # live gang pods by name
         jobs: dict[str, dict[str, Any]] = {}
         lost: list[str] = []
@@ -144,6 +144,6 @@ def test_fair_share_charges_follow_touched_groups_exactly() -> None:
                 check(c)
         kinds = {str(g.phase) for g in c.groups.values()}
         assert "Running" in kinds  # (the walk did run work, and ended some)
-        assert c.fairshare.fs.usage.running_count() > 0
+        assert c.scheduling.fairshare.fs.usage.running_count() > 0
 
     asyncio.run(main())

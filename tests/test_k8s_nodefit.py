@@ -380,7 +380,7 @@ def test_node_changes_refit_waiting_groups() -> None:
         assert str(g.phase) in ("Pending", "Reserved") and "n0" in c.status.jobspec_text(g)
         c.handle(("Node", "MODIFIED", labelled("n0")))
         c.handle(("Node", "MODIFIED", labelled("n1", {"pool": "x"})))
-        c.run_cycle()
+        c.scheduling.run_cycle()
         assert "n1" in c.status.jobspec_text(g) and "n0" not in c.status.jobspec_text(g).split("nodefit")[0]
 
     asyncio.run(main())
@@ -401,7 +401,7 @@ def test_a_jobspec_read_back_after_a_restart_is_fitted_to_todays_nodes() -> None
         g.jobspec = parse_jobspec(text)
         c.cluster.nodes["n0"], c.cluster.nodes["n1"] = labelled("n0"), labelled("n1", {"pool": "x"})
         c.cluster.node_view.reset(c.cluster.nodes.values())
-        c.run_cycle()
+        c.scheduling.run_cycle()
         after = c.status.jobspec_text(g)
         assert "- n1" in after and "- n0" not in after and after.count("hostlist") == 1, after
 

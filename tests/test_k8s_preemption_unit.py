@@ -38,18 +38,14 @@ class FakeSide:
     def __init__(self) -> None:
         self.groups: GroupTable = GroupTable()
         self.status = FakeStatus()
-        self.matcher: Any = None
-        self.scheduler: Any = None
-        self.fairshare: Any = None
+        self.cluster: Any = None  # (no plan is made here: no matcher, no queue)
+        self.scheduling: Any = None  # (nor fair share)
 
     async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
         raise AssertionError("nothing is evicted here")
 
     def owner_obj(self, ref: Any, namespace: str) -> dict[str, Any] | None:
         return None  # every workload is gone
-
-    def pod_spec_of(self, g: Group) -> dict[str, Any] | None:
-        return None
 
 
 def group(name: str, phase: Phase) -> Group:

@@ -124,7 +124,7 @@ async def started_job(c: Controller, name: str, size: int) -> tuple[dict[str, An
 
 async def settle(c: Controller) -> None:
     """One turn of the operator's loop: cycle, then FluxJob writes and API calls done."""
-    c.run_cycle()
+    c.scheduling.run_cycle()
     await asyncio.sleep(0)
     await c.status.flush_fluxjobs()
     while c._tasks:
@@ -271,22 +271,22 @@ def test_groups_kept_by_unfinished_jobs_are_looked_at_again_only_when_something_
 
         monkeypatch.setattr(JobKind, "finished", counted)
         for _ in range(5):
-            c.run_cycle()
+            c.scheduling.run_cycle()
         assert looked == []  # nothing changed: nothing looked at
         done = copy.deepcopy(jobs[3])
         done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
         c.handle(("Job", "MODIFIED", done))
         looked.clear()
-        c.run_cycle()
+        c.scheduling.run_cycle()
         assert ("ns", "job-k3") not in c.groups  # its Job finished: forgotten at once
         assert looked.count("k3") >= 1 and set(looked) <= {"k3"}
         # a change no event reported (here: the cached Job edited in place) waits for the sweep
         c.owners[("Job", "ns", "k5")]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
-        c.run_cycle()
+        c.scheduling.run_cycle()
         assert ("ns", "job-k5") in c.groups
         t[0] += PRUNE_SWEEP_SECONDS
         looked.clear()
-        c.run_cycle()
+        c.scheduling.run_cycle()
         assert ("ns", "job-k5") not in c.groups
         assert sorted(set(looked)) == sorted(f"k{r}" for r in range(12) if r not in (3,))
         assert len(c.finished) == 10

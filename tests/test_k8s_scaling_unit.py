@@ -272,7 +272,7 @@ def test_a_scale_group_placed_before_its_fluxjob_existed_is_recovered_from_its_p
         c.handle(("ReplicaSet", "MODIFIED", rs(4)))
         for p in ps[2:]:
             c.handle(("Pod", "ADDED", p))
-        c.run_cycle()  # allocated and placed; no FluxJob write, no store write got out
+        c.scheduling.run_cycle()  # allocated and placed; no FluxJob write, no store write got out
         base, scale = c.groups[BASE], c.groups[SCALE1]
         assert str(scale.phase) == "Running"
         pods = []

@@ -42,7 +42,7 @@ def test_a_full_cluster_keeps_the_next_group_waiting_then_starts_it() -> None:
         c.handle(("Job", "ADDED", third))
         await settle(c)
         g = c.groups[("ns", "job-c")]
-        assert g.phase in (Phase.PENDING, Phase.RESERVED) and c.cycles >= 2
+        assert g.phase in (Phase.PENDING, Phase.RESERVED) and c.scheduling.cycles >= 2
         c.handle(("Job", "DELETED", first))
         await settle(c)
         assert g.phase == Phase.RUNNING

@@ -72,7 +72,7 @@ def test_a_burst_of_transitions_is_one_status_write() -> None:
         t0 = 1000.0
         pods = arrive(c)
         assert c.status.fluxjobs_due(t0) == 1.0  # dirty from now on, due in a second
-        c.run_cycle()  # Pending -> Running, placement patches sent
+        c.scheduling.run_cycle()  # Pending -> Running, placement patches sent
         await drain(c)
         for p in pods:
             c.handle(("Pod", "MODIFIED", bound(p, "n0")))
@@ -103,7 +103,7 @@ def test_interval_zero_writes_every_flush() -> None:
         arrive(c)
         assert c.status.fluxjobs_due(t0) == 0.0
         await c.status.flush_fluxjobs(now=t0)
-        c.run_cycle()
+        c.scheduling.run_cycle()
         await drain(c)
         c.status.fluxjobs_due(t0)
         await c.status.flush_fluxjobs(now=t0)

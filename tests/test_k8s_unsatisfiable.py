@@ -131,7 +131,7 @@ def test_a_short_job_keeps_its_running_condition() -> None:
         c, kube = make_controller()
         p = cpu_pod("short", "1", "short", 1)
         c.handle(("Pod", "ADDED", p))
-        c.run_cycle()  # Pending -> Running before any status write
+        c.scheduling.run_cycle()  # Pending -> Running before any status write
         from test_k8s_prune import bound
         g = c.groups[("ns", "short")]
         c.handle(("Pod", "MODIFIED", {**bound(p, g.slots[0]), "status": {"phase": "Succeeded"}}))

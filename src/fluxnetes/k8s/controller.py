@@ -77,7 +77,7 @@ from fluxnetes.k8s.persistence.recovery import Recovery
 from fluxnetes.k8s.persistence.status import EVENT_BURST, EVENT_RATE, StatusWriter
 from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
 from fluxnetes.k8s.scheduling.allocation import Allocation
-from fluxnetes.k8s.scheduling.cycle import Scheduling
+from fluxnetes.k8s.scheduling.cycle import SchedulingCycle
 from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.k8s.scheduling.preemption import Preemption
 from fluxnetes.k8s.workloads import kind_of, made_for
@@ -90,7 +90,7 @@ __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUE
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, Recovery, Allocation, Scheduling, PodSetGroups):
+class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
     """The operator's state machine: watch events -> the parts above; the main loop runs the
     scheduling cycle, the post-restart reconcile and the FluxJob writes."""
 
@@ -116,12 +116,12 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, Scheduling, PodSetGro
         self.status = StatusWriter(self, self)
         self.accounting = AccountingCheck(self, self)
         self.preemption = Preemption(self, self)
+        self.scheduling = SchedulingCycle(self, self)
         self.store_recovery = StoreRecovery(self, self)
         self.init_groupbook()
         self.init_scaling()
         self.init_allocation()
         self.init_recovery()
-        self.init_scheduling()
         self.init_podset_groups()
 
     def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:
@@ -259,7 +259,7 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, Scheduling, PodSetGro
             m = _meta(obj)
             self.owner_changed(kind, m.get("namespace") or "default", m.get("name", ""))
         elif kind in ("FluxAccount", "Namespace"):
-            self.on_account_object(kind, etype, obj)
+            self.scheduling.on_account_object(kind, etype, obj)
         elif kind == "FluxJob" and etype != "DELETED":
             self.on_fluxjob(obj)
         elif kind == "FluxJob" and etype == "DELETED":
@@ -411,7 +411,7 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, Scheduling, PodSetGro
             if since >= self.config.cycle_interval or ((self.dirty or self.cluster.foreign_dirty) and since >= coalesce):
                 try:
                     self.crash_point("cycle", "")  # (the leadership tests' hook holds the loop here)
-                    self.run_cycle()
+                    self.scheduling.run_cycle()
                 except Exception:
                     METRICS.reconcile_error("cycle")
                     log.exception("scheduling cycle failed")
@@ -430,7 +430,7 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, Scheduling, PodSetGro
 
     async def stop(self) -> None:
         if self.ready.is_set():
-            self.save_fairshare_now()  # fair share's usage survives the restart
+            self.scheduling.save_fairshare_now()  # fair share's usage survives the restart
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.cluster import nodefit
 from fluxnetes.k8s.context import Context
@@ -57,30 +57,42 @@ def fairshare_config(config: Any) -> Any:
     return FairShareConfig.from_dict(values)
 
 
-class Scheduling(Context):
-    """The cycle: fit, judge, queue cycle, record its outcome."""
+class CycleSide(Protocol):
+    """What the scheduling cycle uses of the other parts: the groups and their workloads, the
+    PriorityClasses, pruning, the cluster view (matcher, queue scheduler, node rules),
+    preemption, allocation's start and the status writer."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        cluster: ClusterView
-        preemption: Preemption
-        status: StatusWriter
-        groups: GroupTable
-        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        def prune_finished(self) -> None: ...
-        def start_group(self, g: Group, res: Any) -> None: ...
-        priority_classes: dict[str, int]
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def priority_classes(self) -> dict[str, int]: ...
+    @property
+    def cluster(self) -> ClusterView: ...
+    @property
+    def preemption(self) -> Preemption: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
+    def prune_finished(self) -> None: ...
+    def start_group(self, g: Group, res: Any) -> None: ...
 
-    def init_scheduling(self) -> None:
-        self.cycles = 0
-        self.fitted: dict[tuple[str, str], tuple[int, Any, Any]] = {}  # key -> (version, base, fitted)
-        self.judge = Judge()  # can a queued group ever run? (k8s/scheduling/satisfiable.py, run_cycle)
+
+class SchedulingCycle:
+    """The cycle: fit, judge, queue cycle, record its outcome; fair share's book. A component
+    of its own (its state is private); the other parts reach it as ``scheduling``."""
+
+    def __init__(self, ctx: Context, side: CycleSide) -> None:
+        self._ctx, self._side = ctx, side
+        self._cycles = 0
+        self._fitted: dict[tuple[str, str], tuple[int, Any, Any]] = {}  # key -> (version, base, fitted)
+        self._judge = Judge()  # can a queued group ever run? (k8s/scheduling/satisfiable.py, run_cycle)
         from fluxnetes.k8s.fairshare.fairshare_book import default_metrics
 
-        store = self.journal.store if self.journal is not None else None
-        self.fairshare = FairShareBook(fairshare_config(self.config), store=store, metrics=default_metrics(),
-                                       now=self.now())
-        self.fluxaccounts: dict[str, dict[str, Any]] = {}  # name -> FluxAccount
-        self.namespaces_seen: dict[str, dict[str, Any]] = {}  # name -> Namespace
+        store = self._ctx.journal.store if self._ctx.journal is not None else None
+        self._fairshare = FairShareBook(fairshare_config(self._ctx.config), store=store, metrics=default_metrics(),
+                                       now=self._ctx.now())
+        self._fluxaccounts: dict[str, dict[str, Any]] = {}  # name -> FluxAccount
+        self._namespaces_seen: dict[str, dict[str, Any]] = {}  # name -> Namespace
         self._accounts_dirty = False
         self._fs_loaded = False
         self._fs_classes: dict[str, int] | None = None
@@ -93,11 +105,21 @@ class Scheduling(Context):
         self._fs_charged: dict[str, tuple[int, int, int]] = {}
         self._fs_usage: Any = None  # the ledger they were charged to
 
+    # ---------------------------------------------------------------- read by the other parts
+    @property
+    def fairshare(self) -> FairShareBook:
+        return self._fairshare
+
+    @property
+    def cycles(self) -> int:
+        """Cycles run so far."""
+        return self._cycles
+
     # ---------------------------------------------------------------- fair share
     def on_account_object(self, kind: str, etype: str, obj: Mapping[str, Any]) -> None:
         """A FluxAccount or Namespace changed: the book is configured again at the next cycle."""
         name = str(_meta(obj).get("name") or "")
-        table = self.fluxaccounts if kind == "FluxAccount" else self.namespaces_seen
+        table = self._fluxaccounts if kind == "FluxAccount" else self._namespaces_seen
         if kind == "Namespace" and etype != "DELETED":
             old = table.get(name)
             if old is not None and _account_choice(old) == _account_choice(obj):
@@ -108,20 +130,20 @@ class Scheduling(Context):
         else:
             table[name] = dict(obj)
         self._accounts_dirty = True
-        self.dirty = True
+        self._ctx.dirty = True
 
     def configure_fairshare(self, now: int) -> None:
         """Bring the book up to date with the watched objects (start of each cycle)."""
-        book = self.fairshare
+        book = self._fairshare
         if self._accounts_dirty:
             self._accounts_dirty = False
             was = book.enabled
-            for notice in book.configure(self.fluxaccounts.values(), self.namespaces_seen.values(), now):
+            for notice in book.configure(self._fluxaccounts.values(), self._namespaces_seen.values(), now):
                 log.warning("fair share: %s", notice.message)
-                self.status.event(notice.ref, "Warning", notice.reason, notice.message)
+                self._side.status.event(notice.ref, "Warning", notice.reason, notice.message)
             if book.enabled != was:
                 log.info("fair share %s (%d FluxAccounts)", "on" if book.enabled else "off", len(book.listed))
-                self.cluster.scheduler.invalidate()
+                self._side.cluster.scheduler.invalidate()
         if not self._fs_loaded:
             self._fs_loaded = True
             try:
@@ -131,9 +153,9 @@ class Scheduling(Context):
             else:
                 if rows:
                     log.info("fair share: usage of %d account(s) read from the store", rows)
-        if self._fs_classes != self.priority_classes:
-            self._fs_classes = dict(self.priority_classes)
-            book.set_priority_classes(self.priority_classes)
+        if self._fs_classes != self._side.priority_classes:
+            self._fs_classes = dict(self._side.priority_classes)
+            book.set_priority_classes(self._side.priority_classes)
         cores = self._cluster_cores()
         if cores != self._fs_cores:
             self._fs_cores = cores
@@ -141,7 +163,7 @@ class Scheduling(Context):
 
     def _cluster_cores(self) -> int:
         # the scheduler's per-node cores (a new dict whenever nodes change: mirror.sync_node_cores)
-        cap = getattr(self.cluster.scheduler, "_node_cap", None)
+        cap = getattr(self._side.cluster.scheduler, "_node_cap", None)
         if not isinstance(cap, dict):
             return 0
         if self._fs_cap is not cap:
@@ -153,9 +175,9 @@ class Scheduling(Context):
         resized when part of it was given back, ended once it holds nothing. Only the groups
         whose phase or holdings changed since the last call are looked at (the table's
         ``touched``; all of them for a new ledger); an end is dated at the group's end time."""
-        book = self.fairshare
+        book = self._fairshare
         usage = book.fs.usage
-        table = self.groups
+        table = self._side.groups
         keys: Iterable[tuple[str, str]] = table.take_touched()
         if usage is not self._fs_usage:  # a new ledger (the account tree changed): charge anew
             self._fs_usage, self._fs_charged = usage, {}
@@ -192,28 +214,28 @@ class Scheduling(Context):
 
     def _fs_end(self, qid: str, g: Group | None, now: int) -> None:
         end = g.end if g is not None and g.end is not None else now
-        self.fairshare.record_end(qid, min(int(end), now))
+        self._fairshare.record_end(qid, min(int(end), now))
         self._fs_charged.pop(qid, None)
 
     def fairshare_chores(self, now: int) -> None:
         """Status, metrics, saving (background tasks; each at most one at a time)."""
         import time
 
-        book = self.fairshare
+        book = self._fairshare
         mono = time.monotonic()
         if mono - self._fs_published >= PUBLISH_SECONDS and (book.enabled or book.listed):
             self._fs_published = mono
             book.update_metrics(now)
-            self.spawn(book.publish(self.kube, now))
+            self._ctx.spawn(book.publish(self._ctx.kube, now))
         if book.store is not None and book.loaded and not self._fs_saving \
-                and mono - self._fs_saved >= self.config.fairshare_save_seconds:
+                and mono - self._fs_saved >= self._ctx.config.fairshare_save_seconds:
             self._fs_saved = mono
             self._fs_saving = True
-            self.spawn(self._save_usage(now))
+            self._ctx.spawn(self._save_usage(now))
 
     async def _save_usage(self, now: int) -> None:
         try:
-            await self.fairshare.save_async(now)
+            await self._fairshare.save_async(now)
         except Exception as exc:
             log.warning("fair share: cannot save the usage: %s", exc)
         finally:
@@ -221,11 +243,11 @@ class Scheduling(Context):
 
     def save_fairshare_now(self) -> None:
         """On stop: the usage as of now into the store (so a restart loses none of it)."""
-        book = self.fairshare
+        book = self._fairshare
         if book.store is None or not book.loaded:
             return
         try:
-            now = self.now()
+            now = self._ctx.now()
             self.sync_fairshare_usage(now)
             book.save(now)
         except Exception as exc:
@@ -235,17 +257,17 @@ class Scheduling(Context):
         """One line: the group's priority and its factors (and the limit holding it)."""
         from fluxnetes.queue.job import QueuedJob
 
-        if not self.fairshare.enabled or g.jobspec is None:
+        if not self._fairshare.enabled or g.jobspec is None:
             return ""
-        job = QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or self.now(), priority=g.spec.priority)
-        return self.fairshare.breakdown(job, self.now()).explain()
+        job = QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or self._ctx.now(), priority=g.spec.priority)
+        return self._fairshare.breakdown(job, self._ctx.now()).explain()
 
     # ---------------------------------------------------------------- node rules
     def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None:
         """The pod spec whose node rules a group follows: its workload's pod template, else
         its first pod by name (the pods of one group share one template in practice)."""
         if g.kind is not None:
-            owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+            owner = self._side.owner_obj(g.spec.owner, g.spec.namespace)
             if owner is not None:
                 return g.kind.template(owner).get("spec") or {}
         if g.members:
@@ -260,16 +282,16 @@ class Scheduling(Context):
         when the group's jobspec was rebuilt or a node's labels or taints changed. A queued
         group that no node allows is Unsatisfiable, like any request this cluster can never
         run (the issue's rule; a user relabelling nodes recreates the workload)."""
-        view = self.cluster.node_view
+        view = self._side.cluster.node_view
         if not view.synced:
-            view.reset(self.cluster.nodes.values())
+            view.reset(self._side.cluster.nodes.values())
         changed = False
-        table = self.groups
+        table = self._side.groups
         waiting = (Phase.PROVISIONAL, *QUEUED)
         for g in table.in_phase(*waiting):
             if g.jobspec is None:
                 continue
-            done = self.fitted.get(g.key)
+            done = self._fitted.get(g.key)
             current = done is not None and done[2] is g.jobspec
             if current and done is not None and done[0] == view.version:
                 continue
@@ -280,11 +302,11 @@ class Scheduling(Context):
             f = view.fit(spec)
             if f.none:
                 if g.phase in QUEUED:
-                    self.fitted.pop(g.key, None)
-                    self.cluster.scheduler.withdraw(g.qid)
-                    g.end = self.now()
-                    self.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {f.reason}")
-                    self.status.group_event(g, "Warning", "Unsatisfiable", g.reason)
+                    self._fitted.pop(g.key, None)
+                    self._side.cluster.scheduler.withdraw(g.qid)
+                    g.end = self._ctx.now()
+                    self._side.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {f.reason}")
+                    self._side.status.group_event(g, "Warning", "Unsatisfiable", g.reason)
                 continue  # provisional: judged once it is queued
             js = nodefit.constrain(base, f)
             if js.constraint == g.jobspec.constraint and js.attributes == g.jobspec.attributes:
@@ -293,50 +315,50 @@ class Scheduling(Context):
                 g.jobspec, g.jobspec_yaml = js, None
                 changed = True
                 if g.fj_exists:  # the FluxJob's spec says what the matcher is asked
-                    self.spawn(self.status.patch_fluxjob_spec(g, {"jobspec": self.status.jobspec_text(g)}))
-            self.fitted[g.key] = (view.version, base, js)
+                    self._ctx.spawn(self._side.status.patch_fluxjob_spec(g, {"jobspec": self._side.status.jobspec_text(g)}))
+            self._fitted[g.key] = (view.version, base, js)
         # forget the answers of groups gone or no longer waiting, once they outnumber the rest
         # (a sweep per cycle over every group ever fitted cost as much as the fitting)
-        if len(self.fitted) > 2 * sum(len(table.by_phase[p]) for p in waiting) + 1024:
-            self.fitted = {k: v for k, v in self.fitted.items()
+        if len(self._fitted) > 2 * sum(len(table.by_phase[p]) for p in waiting) + 1024:
+            self._fitted = {k: v for k, v in self._fitted.items()
                            if (w := table.get(k)) is not None and w.phase in waiting}
         if changed:
-            self.cluster.scheduler.invalidate()
+            self._side.cluster.scheduler.invalidate()
 
     # ---------------------------------------------------------------- cycle
     def run_cycle(self) -> None:
         from fluxnetes.queue.job import QueuedJob, queue_order
 
-        self.cluster.flush_foreign()
-        self.prune_finished()
+        self._side.cluster.flush_foreign()
+        self._side.prune_finished()
         self.fit_groups()
         self.reexamine_unsatisfiable()
-        now = self.now()
-        book = self.fairshare
+        now = self._ctx.now()
+        book = self._fairshare
         self.configure_fairshare(now)
         self.sync_fairshare_usage(now)
-        only = self.preemption.preemption_step(now)  # a preemption in flight: only its preemptor may start
+        only = self._side.preemption.preemption_step(now)  # a preemption in flight: only its preemptor may start
         pending = []
         by_id: dict[str, Group] = {}
-        for g in self.groups.in_phase(*QUEUED):
+        for g in self._side.groups.in_phase(*QUEUED):
             if g.jobspec is None:
                 continue
             # every queued group, not only the one the matcher is asked to reserve for:
             # the count questions (queue/satisfy.py), answered once per graph version
-            short = self.judge.short(g.key, g.jobspec, self.cluster.matcher)
+            short = self._judge.short(g.key, g.jobspec, self._side.cluster.matcher)
             if short is not None:
                 self.unsatisfiable(g, short)
                 continue
             pending.append(QueuedJob(id=g.qid, jobspec=g.jobspec, submit_time=g.submit or now,
                                      priority=g.spec.priority))
             by_id[g.qid] = g
-        self.judge.keep_only(self.groups.keys())
-        self.dirty = False
+        self._judge.keep_only(self._side.groups.keys())
+        self._ctx.dirty = False
         self.fairshare_chores(now)
         if not pending:
             book.arrange([], now)  # the per-account queued/held counts go back to 0
             return
-        self.cycles += 1
+        self._cycles += 1
         with METRICS.time_cycle():
             if book.enabled:
                 order, held = book.arrange(pending, now)
@@ -346,10 +368,10 @@ class Scheduling(Context):
                 self.hold(by_id[job_id], why)
             if only is not None:
                 order = [j for j in order if j.id == only]
-            result = self.cluster.scheduler.cycle(order, now, ordered=True)
+            result = self._side.cluster.scheduler.cycle(order, now, ordered=True)
         started = {job.id for job, _ in result.started}
         for job, res in result.started:
-            self.start_group(by_id[job.id], res)
+            self._side.start_group(by_id[job.id], res)
         if started:
             self.sync_fairshare_usage(now)
         for job, res in result.reserved:
@@ -357,43 +379,43 @@ class Scheduling(Context):
             at = int(res.at)
             if g.expected_start != at or g.phase != Phase.RESERVED:
                 g.expected_start = at
-                self.status.set_phase(g, Phase.RESERVED, f"reserved; expected to start at {fluxjob.rfc3339(at)}")
-                self.status.group_event(g, "Normal", "Reserved", g.reason)
+                self._side.status.set_phase(g, Phase.RESERVED, f"reserved; expected to start at {fluxjob.rfc3339(at)}")
+                self._side.status.group_event(g, "Normal", "Reserved", g.reason)
         for job, reason in result.unsatisfiable:
             self.unsatisfiable(by_id[job.id], reason)
         for job in result.blocked:
             g = by_id[job.id]
-            never = self.judge.never(g.key, g.jobspec, self.cluster.matcher)  # once per request shape
+            never = self._judge.never(g.key, g.jobspec, self._side.cluster.matcher)  # once per request shape
             if never is not None:
                 self.unsatisfiable(g, never)
                 continue
             if g.phase == Phase.RESERVED:
                 g.expected_start = None
-                self.status.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
+                self._side.status.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
             elif g.reason == "queued" or g.reason.startswith(HELD):
-                self.status.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
+                self._side.status.set_phase(g, Phase.PENDING, f"waiting for resources{nodefit.note(g.jobspec)}")
         if order and only is None:
-            self.preemption.consider_preemption(order[0], started, now)
+            self._side.preemption.consider_preemption(order[0], started, now)
 
     def hold(self, g: Group, why: str) -> None:
         """An account limit holds the group: Pending, the limit named (no reservation)."""
         reason = f"{HELD}{why}"
         if g.phase == Phase.RESERVED:
-            self.cluster.scheduler.withdraw(g.qid)
+            self._side.cluster.scheduler.withdraw(g.qid)
             g.expected_start = None
         if g.phase != Phase.PENDING or g.reason != reason:
-            self.status.set_phase(g, Phase.PENDING, reason)
-            self.status.group_event(g, "Normal", "Held", why, pods=False)
+            self._side.status.set_phase(g, Phase.PENDING, reason)
+            self._side.status.group_event(g, "Normal", "Held", why, pods=False)
 
     def unsatisfiable(self, g: Group, reason: str) -> None:
         """A queued group that can never run on this cluster as it is: out of the queue, the
         short resource named (looked at again when nodes change: reexamine_unsatisfiable)."""
         if g.phase in QUEUED:
-            self.cluster.scheduler.withdraw(g.qid)
-        g.end = self.now()
+            self._side.cluster.scheduler.withdraw(g.qid)
+        g.end = self._ctx.now()
         g.expected_start = None
-        self.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
-        self.status.group_event(g, "Warning", "Unsatisfiable", g.reason)
+        self._side.status.set_phase(g, Phase.UNSATISFIABLE, f"can never run on this cluster: {reason}{nodefit.note(g.jobspec)}")
+        self._side.status.group_event(g, "Warning", "Unsatisfiable", g.reason)
 
     def reexamine_unsatisfiable(self) -> None:
         """Nodes were added, removed or resized, or their labels/taints changed: an
@@ -401,10 +423,10 @@ class Scheduling(Context):
         queue if it could run now (its node rules, the count questions and the matcher's
         satisfiability walk all agree). Its store row stays unsatisfiable (a final state);
         the group continues under a new row."""
-        if self.cluster.matcher is None or not self.judge.changed(self.cluster.matcher, self.cluster.node_view.version):
+        if self._side.cluster.matcher is None or not self._judge.changed(self._side.cluster.matcher, self._side.cluster.node_view.version):
             return
-        view = self.cluster.node_view
-        for g in self.groups.in_phase(Phase.UNSATISFIABLE):
+        view = self._side.cluster.node_view
+        for g in self._side.groups.in_phase(Phase.UNSATISFIABLE):
             if g.jobspec is None or g.reason.startswith("invalid jobspec"):
                 continue
             if not self.still_waits(g):
@@ -416,31 +438,31 @@ class Scheduling(Context):
                 if f.none:
                     continue
                 js = nodefit.constrain(js, f)
-            if self.judge.short(g.key, js, self.cluster.matcher) is not None or \
-                    self.judge.never(g.key, js, self.cluster.matcher) is not None:
+            if self._judge.short(g.key, js, self._side.cluster.matcher) is not None or \
+                    self._judge.never(g.key, js, self._side.cluster.matcher) is not None:
                 continue
             if js is not g.jobspec:
                 g.jobspec, g.jobspec_yaml = js, None
                 if g.fj_exists:
-                    self.spawn(self.status.patch_fluxjob_spec(g, {"jobspec": self.status.jobspec_text(g)}))
-            self.fitted.pop(g.key, None)
-            if self.journal is not None:
+                    self._ctx.spawn(self._side.status.patch_fluxjob_spec(g, {"jobspec": self._side.status.jobspec_text(g)}))
+            self._fitted.pop(g.key, None)
+            if self._ctx.journal is not None:
                 if g.store_uid:
-                    self.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
+                    self._ctx.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
                 base = g.store_uid or (g.spec.owner.uid if g.spec.owner else next(iter(g.members), ""))
                 stem, _, n = base.rpartition("~requeue-")
                 g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
                 g.store_id = None
             g.end, g.expected_start = None, None
-            self.status.set_phase(g, Phase.PENDING, "queued again: the cluster changed and the group can run on it now")
-            self.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
-            self.dirty = True
+            self._side.status.set_phase(g, Phase.PENDING, "queued again: the cluster changed and the group can run on it now")
+            self._side.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
+            self._ctx.dirty = True
 
     def still_waits(self, g: Group) -> bool:
         """Is the group's work still there, held for fluxnetes (gated pods, or a workload
         that is neither finished nor gone)?"""
         if g.kind is not None and g.spec.owner is not None and g.kind.resume_patch({}) is not None:
-            owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+            owner = self._side.owner_obj(g.spec.owner, g.spec.namespace)
             return owner is not None and not g.kind.finished(owner)
         return any(_gated(p) and not _terminal(p) for p in g.members.values())
 

@@ -66,6 +66,15 @@ class InFlight:
     since: float  # monotonic
 
 
+class FairShareSource(Protocol):
+    """What preemption reads of the scheduling cycle: fair share's book (QoS) and a group's
+    pod spec."""
+
+    @property
+    def fairshare(self) -> FairShareBook: ...
+    def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None: ...
+
+
 class PreemptionSide(Protocol):
     """What preemption uses of the other parts: the groups, the cluster view's matcher and the
     queue's scheduler, fair share (QoS), the status writer, and eviction (allocation)."""
@@ -75,12 +84,11 @@ class PreemptionSide(Protocol):
     @property
     def cluster(self) -> ClusterView: ...
     @property
-    def fairshare(self) -> FairShareBook: ...
+    def scheduling(self) -> FairShareSource: ...
     @property
     def status(self) -> StatusWriter: ...
     async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
     def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-    def pod_spec_of(self, g: Group) -> Mapping[str, Any] | None: ...
 
 
 class Preemption:
@@ -178,14 +186,14 @@ class Preemption:
 
     # ---------------------------------------------------------------- deciding
     def qos_name(self, g: Group) -> str:
-        spec = self._side.pod_spec_of(g) or {}
+        spec = self._side.scheduling.pod_spec_of(g) or {}
         return str(spec.get("priorityClassName") or "")
 
     def running_groups(self, now: int) -> list[RunningGroup]:
         """Every running group as the planner sees it (foreign pods are no group: never here)."""
         from fluxnetes.queue.preempt import RunningGroup, over_share
 
-        book = self._side.fairshare
+        book = self._side.scheduling.fairshare
         rows = book.fs.rows(now) if book.enabled else {}
         protected = set(self._ctx.config.preemption_protected)
         out = []
@@ -231,7 +239,7 @@ class Preemption:
         if g.phase == Phase.RESERVED:
             g.expected_start = None
         qos_name = self.qos_name(g)
-        account = self._side.fairshare.account_of(head.id) if self._side.fairshare.enabled else ""
+        account = self._side.scheduling.fairshare.account_of(head.id) if self._side.scheduling.fairshare.enabled else ""
         matcher = getattr(self._side.cluster.matcher, "_m", self._side.cluster.matcher)  # the plain matcher (not timed)
         plan = plan_preemption(matcher, Preemptor(head.id, head.jobspec, head.priority, qos_name, account),
                                running, now)
