@@ -21,7 +21,7 @@ from fluxnetes.k8s.admission import review as admission
 from fluxnetes.k8s.admission import webhook_config
 from fluxnetes.k8s.certs import CertBundle
 
-log = logging.getLogger("fluxnetes.k8s.admission.webhook")  # its name from before the sub-packages
+log = logging.getLogger("fluxnetes.k8s.webhook")  # its name from before the sub-packages
 
 Observe = Callable[[str, str, float], None]  # (object kind, webhook, seconds)
 

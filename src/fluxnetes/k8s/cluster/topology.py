@@ -36,7 +36,7 @@ from fluxnetes.graph.topology import (
 )
 from fluxnetes.k8s.kube import ApiError, Kube, Resource, short, transient
 
-log = logging.getLogger("fluxnetes.k8s.cluster.topology")  # its name from before the sub-packages
+log = logging.getLogger("fluxnetes.k8s.topology")  # its name from before the sub-packages
 
 KIND = "NodeResourceTopology"
 CRD_NAME = "noderesourcetopologies.topology.node.k8s.io"

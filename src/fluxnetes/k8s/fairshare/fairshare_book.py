@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from fluxnetes.store.store import Store
     from fluxnetes.store.usage import UsageRecord
 
-log = logging.getLogger("fluxnetes.k8s.fairshare.fairshare_book")  # its name from before the sub-packages
+log = logging.getLogger("fluxnetes.k8s.fairshare_book")  # its name from before the sub-packages
 
 FLUXACCOUNTS = Resource("fluxnetes.io/v1alpha1", acc.PLURAL, namespaced=False)
 

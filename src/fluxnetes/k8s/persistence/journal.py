@@ -32,7 +32,7 @@ from typing import Any
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.scheduling.shares import Share
 
-log = logging.getLogger("fluxnetes.k8s.persistence.journal")  # its name from before the sub-packages
+log = logging.getLogger("fluxnetes.k8s.journal")  # its name from before the sub-packages
 
 _STATE = {
     Phase.PROVISIONAL: "provisional", Phase.PENDING: "pending", Phase.RESERVED: "reserved",
