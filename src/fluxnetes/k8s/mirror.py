@@ -183,6 +183,7 @@ class ClusterMirror(Context):
                 with contextlib.suppress(Exception):
                     self.matcher.remove_subgraph(name)
                 self.node_lost(name)
+                self.sync_node_cores()
             return
         old = self.nodes.get(name)
         self.nodes[name] = node
@@ -278,7 +279,9 @@ class ClusterMirror(Context):
 
     def lose_share(self, g: Group, name: str) -> None:
         """The group's share on lost node ``name`` is gone with the node (and its slots)."""
-        g.held.pop(name, None)
+        lost = g.held.pop(name, None)
+        if lost is not None:
+            self.scheduler.released_part(g.qid, name, lost.cores)  # (a node of that name may come back)
         g.released.update(i for i, n in enumerate(g.slots) if n == name)
         g.holdings_changed()
         if not g.held:

@@ -616,6 +616,26 @@ class Scheduler:
         else:
             self._freed.update(nodes)
 
+    def released_part(self, job_id: str, node: str, cores: int) -> None:
+        """The caller gave back ``cores`` of running job ``job_id``'s share on ``node`` in the
+        matcher itself (``partial_cancel``: one pod of a gang ended, or its node is gone).
+        The job's counted cores there shrink with it, so a parked job that needs the node
+        whole is woken (``_woken`` reads these counts), and ``node`` counts as freed."""
+        placed = self._counted.get(job_id)
+        if placed is not None and cores > 0:
+            left = cores
+            kept: list[tuple[str, int]] = []
+            for name, held in placed:
+                if name == node and left > 0:
+                    take = min(held, left)
+                    left -= take
+                    held -= take
+                    self._used[name] = self._used.get(name, 0) - take
+                if held > 0:
+                    kept.append((name, held))
+            self._counted[job_id] = kept
+        self.freed([node])
+
     def allocation(self, job_id: str) -> Any:
         """The match result of a running job (KeyError if unknown)."""
         return self.running[job_id].result
