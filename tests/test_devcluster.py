@@ -337,3 +337,22 @@ def test_untaint_patch_only_lifts_not_ready_and_guards_concurrent_changes() -> N
         {"op": "replace", "path": "/spec/taints", "value": [taints[1]]},
     ]
     assert 422 in req.ignore  # a failed test op means someone else changed the taints
+
+
+def test_pod_duration_option_is_checked_and_sets_the_untimed_stage_delay() -> None:
+    """`dev cluster up --pod-duration` (issue #29 item 8): a bad value names the option; a good
+    one gives Job pods without the annotation that delay in kwok's stages, while annotated
+    pods keep reading theirs."""
+    import yaml
+
+    from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION, timed_stages
+
+    res = CliRunner().invoke(cli_app(dev_cmd), ["dev", "cluster", "up", "--pod-duration", "soon"])
+    assert res.exit_code == 2 and "--pod-duration='soon'" in res.output
+    untimed, timed = yaml.safe_load_all(timed_stages(90))
+    assert untimed["spec"]["delay"] == {"durationMilliseconds": 90_000}
+    assert timed["spec"]["delay"]["durationFrom"]["expressionFrom"] == (
+        f'.metadata.annotations["{TIMED_POD_ANNOTATION}"]')
+    assert {"durationMilliseconds": 90_000} != timed["spec"]["delay"]
+    untimed, _ = yaml.safe_load_all(timed_stages(0))
+    assert "delay" not in untimed["spec"]  # at once, as before
