@@ -353,6 +353,6 @@ def test_pod_duration_option_is_checked_and_sets_the_untimed_stage_delay() -> No
     assert untimed["spec"]["delay"] == {"durationMilliseconds": 90_000}
     assert timed["spec"]["delay"]["durationFrom"]["expressionFrom"] == (
         f'.metadata.annotations["{TIMED_POD_ANNOTATION}"]')
-    assert {"durationMilliseconds": 90_000} != timed["spec"]["delay"]
+    assert timed["spec"]["delay"] != {"durationMilliseconds": 90_000}
     untimed, _ = yaml.safe_load_all(timed_stages(0))
     assert "delay" not in untimed["spec"]  # at once, as before
