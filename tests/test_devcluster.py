@@ -202,9 +202,11 @@ def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None:
     popen, rec = procs.spawn(
         "stubborn", [sys.executable, "-c", code], tmp_path / "l.log", cwd=tmp_path
     )
-    deadline = time.monotonic() + 10
+    # SIGTERM must come after the child ignores it: a slow start is waited for, not raced
+    deadline = time.monotonic() + 120
     while "up" not in (tmp_path / "l.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert "up" in (tmp_path / "l.log").read_text(), "the child never started"
     assert procs.stop([rec], timeout=0.5) == ["stubborn"]
     assert not procs.is_running(rec)
     popen.wait(5)
