@@ -681,3 +681,37 @@ async def test_an_answer_lost_on_the_way_up_is_sent_again_after_a_re_attach(tmp_
         await until(lambda: not leaf.answers)  # the request's end reached it: nothing kept
     finally:
         await s.stop_all()
+
+
+@pytest.mark.asyncio
+async def test_an_agent_that_leaves_the_membership_detaches_even_if_its_reader_missed_the_cancel(
+        tmp_path: Path) -> None:
+    """The wedge of issue #29 item 5: a node deleted while a broadcast streams through its
+    agent. Its link reader is cancelled just as a frame completes, and on Python 3.11
+    asyncio.wait_for can then lose the cancellation: the reader read on from the old parent
+    and the agent, waiting for it, never detached (its parent kept it as a child, rank 0 kept
+    it attached). Here the reader loses the cancellation on purpose, every time."""
+    s = Swarm(tmp_path, 3, fanout=1)
+    await s.start_all()
+    try:
+        await until(lambda: len(s.root.attached) == 3)
+        relay, leaf = s.agents["node001"], s.agents["node002"]
+        read_parent = leaf._read_parent
+
+        async def deaf(link: Any) -> None:
+            try:
+                await read_parent(link)
+            except asyncio.CancelledError:
+                await read_parent(link)  # the cancellation is lost: it reads on
+
+        leaf._read_parent = deaf  # type: ignore[method-assign]
+        before = leaf.attach_count
+        assert leaf.parent is not None
+        leaf.parent.close()  # re-attach, now with the deaf reader
+        await until(lambda: leaf.attach_count > before and leaf.parent_name == "node001")
+        s.set_members([m for m in s.members if m.name != "node002"])
+        await until(lambda: leaf.parent_name is None, timeout=60)
+        await until(lambda: "node002" not in relay.children and s.root.attached == {"node000", "node001"},
+                    timeout=60)
+    finally:
+        await s.stop_all()
