@@ -92,15 +92,29 @@ def up(
         typer.Option(help="Controllers of multi-role workloads to run too, comma-separated: "
                      "jobset, mpi, lws, trainer (brings jobset), or all. Built by hack/build-addons.sh."),
     ] = "",
+    pod_duration: Annotated[
+        str | None,
+        typer.Option("--pod-duration", help="How long a Job's pods run on the fake nodes before they "
+                     "succeed (an MPIJob's or JobSet's too: their Jobs' pods), e.g. 30s, 5m, 1h30m; a pod "
+                     "annotated pod-complete.stage.kwok.x-k8s.io/delay=DURATION runs that long instead. "
+                     "Default: they succeed at once (0)."),
+    ] = None,
+    timed_pods: Annotated[
+        bool,
+        typer.Option("--timed-pods", help="Honour the annotation pod-complete.stage.kwok.x-k8s.io/delay "
+                     "on Job pods (implied by --pod-duration); pods without it succeed at once."),
+    ] = False,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
     create fake nodes; returns when they are Ready (the processes keep running). With
     --addons, also the JobSet, MPI Operator, LeaderWorkerSet and Trainer controllers, with
-    their CRDs and webhooks."""
+    their CRDs and webhooks. With --pod-duration, Jobs run for a while instead of ending
+    the instant they start."""
     from rich.console import Console
 
     from fluxnetes.devcluster import Cluster, ClusterError, ClusterOptions, NodeShape, NodeSpecError
     from fluxnetes.devcluster.addons import AddonError, parse
+    from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
 
     console = Console(stderr=True)
     shape = NodeShape(
@@ -109,7 +123,8 @@ def up(
     try:
         shape.validate()
         wanted = parse(addons)
-    except (NodeSpecError, AddonError) as exc:
+        seconds = _pod_seconds(pod_duration)
+    except (NodeSpecError, AddonError, ValueError) as exc:
         raise error_exit(str(exc), 2) from None
     start = time.monotonic()
     try:
@@ -119,6 +134,8 @@ def up(
                 dir=directory,
                 timeout=timeout,
                 addons=wanted,
+                timed_pods=timed_pods or seconds > 0,
+                pod_duration=seconds,
                 log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False),
             )
         )
@@ -133,12 +150,27 @@ def up(
         + (f", addons {', '.join(wanted)} in {t.get('addons', 0):.1f} s" if wanted else "")
         + ")"
     )
+    if seconds > 0 or timed_pods:
+        typer.echo(f"  Job pods   : run {f'{seconds:g} s' if seconds else 'at once'}, or as long as "
+                   f"their annotation {TIMED_POD_ANNOTATION} says")
     typer.echo(f"  API server : {cluster.api_url}")
     typer.echo(f"  kubeconfig : {cluster.kubeconfig}")
     typer.echo(f"  logs       : {cluster.dir / 'logs'}")
     typer.echo(f"  use it     : export KUBECONFIG={cluster.kubeconfig}")
     typer.echo(f"  kubectl    : {cluster.tools.binary('kubectl')}")
     typer.echo(f"  stop it    : fluxnetes dev cluster down --dir {cluster.dir}")
+
+
+def _pod_seconds(text: str | None) -> int:
+    """--pod-duration in seconds (0 when not given); ValueError naming the option."""
+    if text is None:
+        return 0
+    from fluxnetes.k8s.groups import GroupError, parse_duration
+
+    try:
+        return parse_duration(text, "--pod-duration")
+    except GroupError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def down(directory: DirOption = None) -> None:

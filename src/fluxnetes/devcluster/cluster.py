@@ -66,6 +66,8 @@ class ClusterOptions:
     log: Callable[[str], None] | None = None  # progress messages (the CLI prints them)
     # Job pods annotated components.TIMED_POD_ANNOTATION="20s" run that long (default: at once)
     timed_pods: bool = False
+    # seconds Job pods without that annotation run (0: at once); > 0 implies timed_pods
+    pod_duration: float = 0.0
     # controllers of multi-role workload kinds to run (devcluster/addons.py): jobset, mpi, lws,
     # trainer (addons.parse() gives the order and what each requires)
     addons: tuple[str, ...] = ()
@@ -98,6 +100,7 @@ class ClusterState:
     timed_pods: bool = False
     die_with_parent: bool = False
     addons: list[str] = field(default_factory=list)
+    pod_duration: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -378,7 +381,8 @@ class Cluster:
             data_dir=data_dir,
             nodes=asdict(opts.nodes),
             started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            timed_pods=opts.timed_pods,
+            timed_pods=opts.timed_pods or opts.pod_duration > 0,
+            pod_duration=opts.pod_duration,
             die_with_parent=opts.die_with_parent,
         )
         cluster = cls(state, tools)
@@ -414,6 +418,7 @@ class Cluster:
             pki=self.pki,
             run=run,
             timed_pods=st.timed_pods,
+            pod_duration=st.pod_duration,
             nodes=int(st.nodes.get("count", 0)),
         )
         popen, rec = procs.spawn(
