@@ -92,6 +92,11 @@ def up(
         typer.Option(help="Controllers of multi-role workloads to run too, comma-separated: "
                      "jobset, mpi, lws, trainer (brings jobset), or all. Built by hack/build-addons.sh."),
     ] = "",
+    real_nodes: Annotated[
+        int,
+        typer.Option("--real-nodes", help="Real kubelet nodes (0-2) beside the fake ones: root, "
+                     "hack/build-realnode.sh; docs/real-nodes.md."),
+    ] = 0,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
     create fake nodes; returns when they are Ready (the processes keep running). With
@@ -119,6 +124,7 @@ def up(
                 dir=directory,
                 timeout=timeout,
                 addons=wanted,
+                real_nodes=real_nodes,
                 log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False),
             )
         )
@@ -131,6 +137,7 @@ def up(
         f"{t.get('control_plane', 0):.1f} s, node creation {t.get('create_nodes', 0):.1f} s, "
         f"Ready after {t.get('nodes_ready', 0):.1f} s"
         + (f", addons {', '.join(wanted)} in {t.get('addons', 0):.1f} s" if wanted else "")
+        + (f", {real_nodes} real node(s) Ready in {t.get('real_nodes', 0):.1f} s" if real_nodes else "")
         + ")"
     )
     typer.echo(f"  API server : {cluster.api_url}")
