@@ -1,8 +1,9 @@
 """Real kubelet nodes in the dev cluster (devcluster/realnode.py, docs/real-nodes.md).
 
 The first tests start nothing: configuration files, the image archives, the errors a user
-sees. The `k8s` tests start a cluster with a real node beside kwok nodes and run a real
-process in a pod. They need root and hack/build-realnode.sh; they are skipped with the reason
+sees. The `k8s` tests start a cluster with two real nodes beside kwok nodes, run a real
+process in a pod, and a Job of 4 sleeping pods placed by the operator (from the shell, as the
+other k8s tests run it) whose shares are released as each process exits. They need root and hack/build-realnode.sh; they are skipped with the reason
 when those are missing, unless FLUXNETES_REQUIRE_REALNODE=1 (hack/test.sh sets it once the
 build succeeded), when they fail instead.
 """
@@ -16,6 +17,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -123,7 +125,8 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         nodes=NodeShape(count=2, cpu="8", memory="32Gi"),
         dir=tmp_path_factory.mktemp("realnode"),
         die_with_parent=True,
-        real_nodes=1,
+        # two: the operator gives each pod whole cores, and a node here has 2
+        real_nodes=2,
     ))
     try:
         yield cluster
@@ -147,8 +150,8 @@ def _wait_phase(cluster: Cluster, name: str, phases: set[str], timeout: float = 
 @pytest.mark.k8s
 def test_real_node_ready_beside_kwok_nodes(real_cluster: Cluster) -> None:
     nodes = {n["metadata"]["name"]: n for n in real_cluster.kubectl_json("get", "nodes")["items"]}
-    assert {"kwok-node-0", "kwok-node-1", "real-node-0"} <= set(nodes)
-    real = nodes["real-node-0"]
+    assert {"kwok-node-0", "kwok-node-1", "real-node-0", "real-node-1"} <= set(nodes)
+    real = nodes["real-node-1"]
     labels = real["metadata"]["labels"]
     assert labels[realnode.ZONE_LABEL] == realnode.REAL_ZONE
     assert labels[realnode.RACK_LABEL] == realnode.REAL_RACK
@@ -182,9 +185,10 @@ def test_real_pod_runs_a_process(real_cluster: Cluster) -> None:
     real_cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
     got = _wait_phase(real_cluster, "real-echo", {"Running", "Failed", "Succeeded"})
     assert got["status"]["phase"] == "Running", got["status"]
-    assert got["spec"]["nodeName"] == "real-node-0"
+    node = got["spec"]["nodeName"]
+    assert node in ("real-node-0", "real-node-1")
     ip = got["status"]["podIP"]
-    assert ip.startswith("10.252."), ip
+    assert ip.startswith("10.252." if node == "real-node-0" else "10.253."), ip
     deadline = time.monotonic() + 30
     while "ran-as-pid-1 on real-echo" not in (logs := real_cluster.kubectl(
             "logs", "real-echo", check=False).stdout):
@@ -226,3 +230,79 @@ def test_down_removes_interfaces_cgroups_and_mounts(tmp_path: Path) -> None:
                    for h in realnode._cgroup_hierarchies())
     assert not realnode.shim_pids(Path(node["run"]) / "containerd.sock")
 
+
+# -- work placed by fluxnetes on the real node -------------------------------------------------
+@pytest.fixture(scope="module")
+def operator(real_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The operator from the shell (`python -m fluxnetes.k8s run`), as the k8s tests run it."""
+    from k8s_helpers import operator_session
+
+    with operator_session(real_cluster, tmp_path_factory, "operator-real") as op:
+        yield op
+
+
+def sleeping_job(name: str, size: int) -> dict[str, Any]:
+    """Indexed Job whose pod i really sleeps 4 + 5*i seconds, then says so."""
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {
+            "parallelism": size, "completions": size, "completionMode": "Indexed",
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+                "containers": [{
+                    "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", "echo start $JOB_COMPLETION_INDEX; "
+                                "sleep $((4 + 5 * JOB_COMPLETION_INDEX)); echo done $JOB_COMPLETION_INDEX"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}},
+                }],
+            }},
+        },
+    }
+
+
+def _terminated(pod: dict[str, Any]) -> bool:
+    return any("terminated" in (c.get("state") or {})
+               for c in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+@pytest.mark.k8s
+def test_sleeping_job_placed_as_one_group_each_share_released_on_exit(
+        real_cluster: Cluster, operator: Any) -> None:
+    """4 pods that really sleep (4, 9, 14, 19 s) are placed together on the real nodes by the
+    operator (a core each: 2 nodes x 2 cores); while the group runs, each pod's slot is released once its process has exited
+    (FluxJob status `released`), never before, and the others keep theirs."""
+    from test_k8s_operator import apply, fluxjob, namespace, on_chosen_nodes, pods, wait
+
+    with namespace(real_cluster) as ns:
+        apply(real_cluster, ns, [sleeping_job("sleepy", 4)])
+        group = "job-sleepy"
+        wait("FluxJob Running", lambda: (fluxjob(real_cluster, ns, group).get("status") or {})
+             .get("phase") == "Running", timeout=90)
+        ps = wait("4 pods Running", lambda: (lambda got: got if len(got) == 4 and all(
+            (p.get("status") or {}).get("phase") == "Running" for p in got) else None)(
+            pods(real_cluster, ns, "job-name=sleepy")), timeout=90)
+        assert on_chosen_nodes(real_cluster, ns, group, ps) <= {"real-node-0", "real-node-1"}
+        partial_seen = False
+        deadline = time.monotonic() + 120
+        while True:
+            status = fluxjob(real_cluster, ns, group).get("status") or {}
+            if status.get("phase") != "Running":
+                break
+            released = set(status.get("released") or [])
+            by_slot = {int(p["metadata"]["annotations"]["fluxnetes.io/slot"]): p
+                       for p in pods(real_cluster, ns, "job-name=sleepy")}
+            for s in released:  # released => its process had exited (pods read after)
+                assert s not in by_slot or _terminated(by_slot[s]), (s, by_slot[s]["status"])
+            if 0 < len(released) < 4 and any(not _terminated(p) for p in by_slot.values()):
+                partial_seen = True
+            assert time.monotonic() < deadline, status
+            time.sleep(0.5)
+        assert partial_seen, "no slot was released while others still ran"
+        wait("FluxJob Completed", lambda: fluxjob(real_cluster, ns, group)["status"]["phase"]
+             == "Completed", timeout=60)
+        for p in pods(real_cluster, ns, "job-name=sleepy"):
+            idx = p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+            out = real_cluster.kubectl("logs", "-n", ns, p["metadata"]["name"]).stdout
+            assert f"start {idx}" in out and f"done {idx}" in out, out
