@@ -206,6 +206,8 @@ def test_down_removes_interfaces_cgroups_and_mounts(tmp_path: Path) -> None:
         pytest.fail(f"real nodes required but missing: {reason}")
     if reason:
         pytest.skip(f"real nodes cannot run here: {reason}")
+    others = realnode.other_kubelets()  # (another cluster's kubelets keep the kernel settings)
+    before = realnode.read_tunables()
     cluster = Cluster.up(ClusterOptions(nodes=NodeShape(count=0), dir=tmp_path / "c",
                                         die_with_parent=True, real_nodes=1))
     rn = dict(cluster.state.real_nodes)
@@ -229,6 +231,13 @@ def test_down_removes_interfaces_cgroups_and_mounts(tmp_path: Path) -> None:
     assert not any(Path(h, node["cgroup"].strip("/")).exists()
                    for h in realnode._cgroup_hierarchies())
     assert not realnode.shim_pids(Path(node["run"]) / "containerd.sock")
+    # what the kubelet and CNI put outside the node's directories
+    logs = realnode.CONTAINER_LOG_LINKS
+    links = [os.readlink(f) for f in logs.iterdir() if f.is_symlink()] if logs.is_dir() else []
+    assert not [t for t in links if t.startswith(node["dir"] + "/")]
+    assert not list(realnode.CNI_RESULTS.glob(f"fluxnetes-{slot}-*"))
+    if not others and not realnode.other_kubelets():
+        assert realnode.read_tunables() == before
 
 
 # -- work placed by fluxnetes on the real node -------------------------------------------------

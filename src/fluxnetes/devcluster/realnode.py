@@ -414,6 +414,46 @@ def _kill(pids: set[int] | list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+# paths the kubelet and CNI use whatever their configuration says (cleaned up by `stop`)
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
+CNI_RESULTS = Path("/var/lib/cni/results")
+KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+
+
+def other_kubelets() -> bool:
+    """A kubelet process is running (another cluster's): machine-wide leftovers stay."""
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (p / "cmdline").read_bytes().split(b"\0")[0].endswith(b"/kubelet"):
+                    return True
+    return False
+
+
+def remove_host_leftovers(slot: int, node_dirs: list[Path]) -> None:
+    """What the kubelets and CNI left outside the nodes' directories: the kubelet's links in
+    /var/log/containers into this cluster's pod logs, CNI's cached results of this cluster's
+    networks; with no kubelet left, the kubelet's device-plugin socket and empty dirs."""
+    roots = tuple(str(d) + "/" for d in node_dirs)
+    if CONTAINER_LOG_LINKS.is_dir():
+        for link in CONTAINER_LOG_LINKS.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link).startswith(roots):
+                    link.unlink()
+    if CNI_RESULTS.is_dir():
+        for f in CNI_RESULTS.glob(f"fluxnetes-{slot}-*"):
+            with contextlib.suppress(OSError):
+                f.unlink()
+    if other_kubelets():
+        return
+    with contextlib.suppress(OSError):
+        (KUBELET_DEVICE_PLUGINS / "kubelet.sock").unlink()
+    for d in (KUBELET_DEVICE_PLUGINS, KUBELET_DEVICE_PLUGINS.parent, CNI_RESULTS,
+              CNI_RESULTS.parent, CONTAINER_LOG_LINKS):
+        with contextlib.suppress(OSError):  # only when empty
+            d.rmdir()
+
+
 def read_tunables() -> dict[str, str]:
     out = {}
     for t in KERNEL_TUNABLES:
@@ -607,7 +647,9 @@ def stop(cluster: Cluster) -> list[str]:
         for d in (RUN_ROOT / str(slot), RUN_ROOT, SHIM_SOCKETS, SHIM_SOCKETS.parent):
             with contextlib.suppress(OSError):  # only when empty: another cluster may use them
                 d.rmdir()
-    restore_tunables(rn.get("tunables") or {})
+        remove_host_leftovers(int(slot), [Path(n["dir"]) for n in nodes])
+    if not other_kubelets():  # another cluster's kubelets still want them
+        restore_tunables(rn.get("tunables") or {})
     st.real_nodes = {}
     cluster.save_state()
     return left
