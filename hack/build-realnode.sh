@@ -29,9 +29,15 @@ command -v runc >/dev/null || pkgs+=(runc)
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "build-realnode: apt-get install ${pkgs[*]}"
   [ "$(id -u)" = 0 ] || fail "installing ${pkgs[*]} needs root (apt-get install ${pkgs[*]})"
-  apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null && \
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
-      --no-install-recommends "${pkgs[@]}" >/dev/null || fail "apt-get install ${pkgs[*]}"
+  # hack/test.sh runs this beside hack/build-image.sh, which may hold apt's locks: wait, retry
+  ok=0
+  for _ in 1 2 3 4 5; do
+    if apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null && \
+       DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+         --no-install-recommends "${pkgs[@]}" >/dev/null; then ok=1; break; fi
+    sleep 15
+  done
+  [ "$ok" = 1 ] || fail "apt-get install ${pkgs[*]}"
 fi
 
 # -- kubelet: from the control plane's own module -------------------------------------------------
