@@ -104,6 +104,11 @@ def up(
         typer.Option("--timed-pods", help="Honour the annotation pod-complete.stage.kwok.x-k8s.io/delay "
                      "on Job pods (implied by --pod-duration); pods without it succeed at once."),
     ] = False,
+    real_nodes: Annotated[
+        int,
+        typer.Option("--real-nodes", help="Real kubelet nodes (0-2) beside the fake ones: root, "
+                     "hack/build-realnode.sh; docs/real-nodes.md."),
+    ] = 0,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
     create fake nodes; returns when they are Ready (the processes keep running). With
@@ -136,6 +141,7 @@ def up(
                 addons=wanted,
                 timed_pods=timed_pods or seconds > 0,
                 pod_duration=seconds,
+                real_nodes=real_nodes,
                 log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False),
             )
         )
@@ -148,6 +154,7 @@ def up(
         f"{t.get('control_plane', 0):.1f} s, node creation {t.get('create_nodes', 0):.1f} s, "
         f"Ready after {t.get('nodes_ready', 0):.1f} s"
         + (f", addons {', '.join(wanted)} in {t.get('addons', 0):.1f} s" if wanted else "")
+        + (f", {real_nodes} real node(s) Ready in {t.get('real_nodes', 0):.1f} s" if real_nodes else "")
         + ")"
     )
     if seconds > 0 or timed_pods:

@@ -83,6 +83,9 @@ def argv(
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--kubelet-preferred-address-types=InternalIP",
+            # real nodes (realnode.py) trust the cluster CA: kubectl logs/exec reach them
+            f"--kubelet-client-certificate={pki.admin_crt}",
+            f"--kubelet-client-key={pki.admin_key}",
             f"--profiling={_profiling()}",
         ]
     common = [
