@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 #: queue for fcfs/easy (as in the classic definitions); conservative and hybrid plan a
 #: reservation for every job they consider, so they look at the first 256 (the longest
 #: queue KTH-SP2 builds under conservative is ~140 jobs, so the cap never binds there).
-SIM_QUEUE_DEPTH: dict[str, int | None] = {"fcfs": None, "easy": None, "conservative": 256,
+SIM_QUEUE_DEPTH: dict[str, int | None] = {"fcfs": None, "easy": None, "conservative": None,
                                           "hybrid": 256}
 
 
