@@ -88,12 +88,12 @@ def simulate_command(
     ] = "counted",
     engine: Annotated[
         str,
-        typer.Option("--engine", help="auto (default): the fast reference engine (the "
-                     "backfilling literature's simulator, decision for decision) for fcfs, easy "
-                     "and conservative with counted reservations on identical nodes, else the "
-                     "queue engine; reference: that engine or an error saying why not; queue: "
-                     "the operator's Scheduler and graph matcher (one cycle per instant)"),
-    ] = "auto",
+        typer.Option("--engine", help="queue (default): the operator's Scheduler and graph "
+                     "matcher, in the reference simulator's event order (its schedules exactly, "
+                     "with counted reservations on identical nodes); count: the count-only "
+                     "oracle the tests compare it with (no graph placement; fcfs, easy, "
+                     "conservative with counted reservations on identical nodes)"),
+    ] = "queue",
     strict: Annotated[
         bool, typer.Option("--strict", help="Stop at the first malformed SWF line")
     ] = False,
@@ -165,8 +165,8 @@ def simulate_command(
         raise _err("--nodes and --cores go together (e.g. --nodes 100 --cores 1)")
     if reservations not in ("pinned", "counted"):
         raise _err(f"--reservations must be pinned or counted (got {reservations!r})")
-    if engine not in ("auto", "reference", "queue"):
-        raise _err(f"--engine must be auto, reference or queue (got {engine!r})")
+    if engine not in ("queue", "count"):
+        raise _err(f"--engine must be queue or count (got {engine!r})")
     names = [p.strip() for p in (compare or policy).split(",") if p.strip()]
     if not names:
         raise _err("--compare needs at least one policy")
@@ -247,12 +247,15 @@ def simulate_command(
 
     engines: dict[str, str] = {}
     for label, pol, fs in plan:
-        reason = fast_engine_reason(workload, pol) if engine != "queue" else "--engine queue"
+        if engine == "queue":
+            engines[label] = f"queue (the operator's Scheduler, graph matcher '{match_policy}')"
+            continue
+        reason = fast_engine_reason(workload, pol)
         if not reason and fs is not None and pol.name == "conservative":
-            reason = "fair share with conservative (the reference engine plans each job at submission)"
-        if reason and engine == "reference":
-            raise _err(f"--engine reference cannot run {label}: {reason}")
-        engines[label] = "reference" if not reason else f"queue ({reason})"
+            reason = "fair share with conservative (the count oracle plans each job at submission)"
+        if reason:
+            raise _err(f"--engine count cannot run {label}: {reason}")
+        engines[label] = "count (the oracle: no graph placement)"
     notes = _notes(path, trace is None, swf, workload, use_filter, estimate, reservations)
     if setup is not None:
         notes.append(f"priority {setup.describe()}")
@@ -383,7 +386,7 @@ def _fairshare_setup(how: str, swf: Any, workload: Any, algo: str | None, half_l
 
 def _run_all(workload: Any, plan: list[tuple[str, Any, Any]], match_policy: str, *, quiet: bool,
              console: Any, recorder: Any = None,
-             engine: str = "auto") -> tuple[dict[str, Any], dict[str, Any]]:
+             engine: str = "queue") -> tuple[dict[str, Any], dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fluxnetes.sim.runner import run_policy
