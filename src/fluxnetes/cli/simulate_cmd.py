@@ -67,6 +67,11 @@ def simulate_command(
     graph: Annotated[
         Path | None, typer.Option("--graph", help="Machine: a graph file (.json JGF or .yaml)")
     ] = None,
+    racks: Annotated[
+        int, typer.Option("--racks", help="Machine: spread the nodes (SWF header or --nodes) "
+                          "over N racks (a rack level in the graph); the summary then shows "
+                          "how multi-node jobs spread over racks")
+    ] = 0,
     whole_nodes: Annotated[
         bool, typer.Option("--whole-nodes", help="Jobs ask for whole (exclusive) nodes, not cores")
     ] = False,
@@ -213,11 +218,14 @@ def simulate_command(
         raise _err(f"{path}: no job records{detail}")
     try:
         if graph is not None:
+            if racks:
+                raise MachineError("--racks builds racks for a machine given by size (the SWF "
+                                   "header or --nodes/--cores); a --graph has its own")
             machine = machine_from_graph_file(graph, whole_nodes=whole_nodes)
         elif nodes is not None and cores is not None:
-            machine = machine_from_size(nodes, cores, whole_nodes=whole_nodes)
+            machine = machine_from_size(nodes, cores, whole_nodes=whole_nodes, racks=racks)
         else:
-            machine = machine_from_header(swf.header, whole_nodes=whole_nodes)
+            machine = machine_from_header(swf.header, whole_nodes=whole_nodes, racks=racks)
     except MachineError as exc:
         raise _err(str(exc)) from None
     workload = prepare(swf, machine, filter_published=use_filter, estimate=estimate,  # type: ignore[arg-type]
@@ -297,8 +305,16 @@ def simulate_command(
         if plots is not None:
             plot_paths.append(write_share_plot(runs, setup.accounts, plots / "fairshare_usage.png",
                                                title=f"({path.name})"))
+    from fluxnetes.sim.topology import rack_spread, racks_of
+
+    rack_of = racks_of(workload.machine.graph) if any(
+        s.engine == "queue" for s in summaries.values()) else {}
+    spreads = {name: rack_spread(run.outcomes, rack_of) for name, run in runs.items()}
     if as_json:
         payload: dict[str, Any] = {name: _json_summary(s, workload) for name, s in summaries.items()}
+        for name, spread in spreads.items():
+            if spread:
+                payload[name]["racks"] = spread
         for name, report in reports.items():
             payload[name]["fairness"] = report.as_dict()
         if setup is not None:
@@ -313,7 +329,7 @@ def simulate_command(
         single = len(payload) == 1 and not compare
         sys.stdout.write(json.dumps(next(iter(payload.values())) if single else payload, indent=2) + "\n")
         return
-    _print_table(out, summaries, reports)
+    _print_table(out, summaries, reports, spreads)
     if setup is not None:
         _print_accounts(out, reports, accounts_shown)
     impossible = [o for r in runs.values() for o in r.outcomes if o.rejected]
@@ -423,7 +439,8 @@ def _json_summary(s: Any, workload: Any) -> dict[str, Any]:
     return d
 
 
-def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None) -> None:
+def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None,
+                 spreads: dict[str, dict[str, float]] | None = None) -> None:
     from rich.table import Table
 
     table = Table(title="simulation summary", title_justify="left")
@@ -438,7 +455,7 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
         ("mean wait", lambda s: _hms(s.mean_wait)),
         ("median wait", lambda s: _hms(s.median_wait)),
         ("max wait", lambda s: _hms(s.max_wait)),
-        ("mean bounded slowdown", lambda s: f"{s.mean_bsld:.2f}"),
+        ("mean bounded slowdown (AVEbsld)", lambda s: f"{s.mean_bsld:,.4f}"),
         ("max bounded slowdown", lambda s: f"{s.max_bsld:,.1f}"),
         ("engine", lambda s: s.engine),
         ("scheduling passes", lambda s: f"{s.cycles:,}"),
@@ -447,6 +464,19 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
     ]
     for label, fmt in rows:
         table.add_row(label, *(fmt(s) for s in summaries.values()))
+    if spreads and any(spreads.values()):
+        def cell(name: str, key: str, fmt: str) -> str:
+            value = spreads[name].get(key)
+            return "-" if value is None else format(value, fmt)
+
+        table.add_row("multi-node jobs", *(cell(n, "multi_node_jobs", ",") for n in summaries))
+        table.add_row("  spanning > 1 rack", *(
+            "-" if not spreads[n].get("multi_node_jobs") else
+            f"{spreads[n]['spanning_share'] * 100:.1f} %" for n in summaries))
+        table.add_row("  mean racks (excess)", *(
+            "-" if not spreads[n].get("multi_node_jobs") else
+            f"{spreads[n]['mean_racks']:.2f} (+{spreads[n]['mean_excess_racks']:.2f})"
+            for n in summaries))
     if reports:
         table.add_row("Jain index (users' mean bsld)",
                       *(f"{reports[name].jain:.4f}" for name in summaries))
