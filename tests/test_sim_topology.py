@@ -54,3 +54,40 @@ def test_cli_racks(tmp_path: Path) -> None:
     graph.write_text("nodes: 2\nnode: {sockets: 0, cores: 2}\n")
     result = cli.invoke(app, ["simulate", str(path), "--graph", str(graph), "--racks", "2"])
     assert result.exit_code == 2 and "--racks" in result.stderr
+
+
+def _node(name: str, rack: str, cpu: str) -> dict[str, object]:
+    return {"metadata": {"name": name, "labels": {"fluxnetes.io/rack": rack}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+                       "capacity": {"cpu": cpu, "memory": "8Gi", "pods": "110"}}}
+
+
+def test_cli_from_cluster_builds_the_operators_graph(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from fluxnetes.cli.ctl import common
+
+    nodes = [_node(f"n{i}", f"r{i // 2}", "2") for i in range(4)]
+    seen: list[object] = []
+
+    def fetch(conn: common.Conn, **kwargs: object) -> common.ClusterView:
+        seen.append(conn.kubeconfig)
+        return common.ClusterView(nodes=nodes)
+
+    monkeypatch.setattr(common, "fetch", fetch)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\n")
+    path = tmp_path / "t.swf"
+    path.write_text("1 0 -1 10 3 -1 -1 3 10 -1 1 1 1 -1 1 -1 -1 -1\n"
+                    "2 1 -1 10 2 -1 -1 2 10 -1 1 1 1 -1 1 -1 -1 -1\n")
+    cli = CliRunner()
+    result = cli.invoke(app, ["simulate", str(path), "--from-cluster", str(kubeconfig), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert seen == [kubeconfig] and data["jobs"] == 2 and data["cores"] == 8
+    assert data["racks"]["multi_node_jobs"] >= 1  # racks from the Nodes' labels
+    result = cli.invoke(app, ["simulate", str(path), "--from-cluster", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "no such kubeconfig" in result.stderr
+    result = cli.invoke(app, ["simulate", str(path), "--from-cluster", str(kubeconfig),
+                              "--nodes", "2", "--cores", "1"])
+    assert result.exit_code == 2 and "one way" in result.stderr

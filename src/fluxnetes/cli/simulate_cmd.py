@@ -67,6 +67,16 @@ def simulate_command(
     graph: Annotated[
         Path | None, typer.Option("--graph", help="Machine: a graph file (.json JGF or .yaml)")
     ] = None,
+    from_cluster: Annotated[
+        Path | None,
+        typer.Option("--from-cluster", help="Machine: the graph built from a live cluster's "
+                     "Nodes and labels (zone, rack label), as `kubectl fluxnetes graph` "
+                     "exports it; the value is the kubeconfig file"),
+    ] = None,
+    rack_label: Annotated[
+        str, typer.Option("--rack-label", help="With --from-cluster: the Node label that "
+                          "names a node's rack")
+    ] = "fluxnetes.io/rack",
     racks: Annotated[
         int, typer.Option("--racks", help="Machine: spread the nodes (SWF header or --nodes) "
                           "over N racks (a rack level in the graph); the summary then shows "
@@ -216,8 +226,17 @@ def simulate_command(
     if not swf.records:
         detail = f" ({len(swf.problems)} malformed lines, first: {swf.problems[0]})" if swf.problems else ""
         raise _err(f"{path}: no job records{detail}")
+    given = [flag for flag, value in (("--graph", graph), ("--from-cluster", from_cluster),
+                                      ("--nodes/--cores", nodes)) if value is not None]
+    if len(given) > 1:
+        raise _err(f"give the machine one way: {' and '.join(given)} were both given")
     try:
-        if graph is not None:
+        if from_cluster is not None:
+            if racks:
+                raise MachineError("--racks builds racks for a machine given by size; a "
+                                   "cluster's racks come from its Node labels (--rack-label)")
+            machine = _cluster_machine(from_cluster, rack_label, whole_nodes)
+        elif graph is not None:
             if racks:
                 raise MachineError("--racks builds racks for a machine given by size (the SWF "
                                    "header or --nodes/--cores); a --graph has its own")
@@ -437,6 +456,25 @@ def _json_summary(s: Any, workload: Any) -> dict[str, Any]:
     d["dropped"] = dict(workload.report.dropped)
     d["capped"] = workload.report.capped
     return d
+
+
+def _cluster_machine(kubeconfig: Path, rack_label: str, whole_nodes: bool) -> Any:
+    """The machine as the operator sees the cluster: its Nodes (allocatable resources, zone
+    and rack labels) read with ``kubeconfig``, built into the graph ``kubectl fluxnetes
+    graph`` exports (NodeResourceTopology socket subtrees are not read)."""
+    from fluxnetes.cli.ctl.common import Conn, CtlError, fetch
+    from fluxnetes.graph import GraphError, from_k8s_nodes
+    from fluxnetes.sim.machine import MachineError, machine_from_graph
+
+    if not kubeconfig.is_file():
+        raise MachineError(f"--from-cluster: {kubeconfig}: no such kubeconfig file")
+    try:
+        view = fetch(Conn(kubeconfig, None, None), nodes=True)
+        graph = from_k8s_nodes(view.nodes, rack_label=rack_label)
+    except (CtlError, GraphError) as exc:
+        raise MachineError(f"--from-cluster {kubeconfig}: {exc}") from None
+    return machine_from_graph(graph, f"cluster of {kubeconfig} ({len(view.nodes)} Nodes)",
+                              whole_nodes=whole_nodes)
 
 
 def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None,

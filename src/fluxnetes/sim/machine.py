@@ -163,6 +163,11 @@ def machine_from_header(header: SwfHeader, *, whole_nodes: bool = False,
     )
 
 
+def machine_from_graph(graph: Any, origin: str, *, whole_nodes: bool = False) -> Machine:
+    """A machine from a graph already built (e.g. from a live cluster's Nodes)."""
+    return _from_graph(graph, origin, whole_nodes)
+
+
 def machine_from_graph_file(path: str | Path, *, whole_nodes: bool = False) -> Machine:
     from fluxnetes.graph import GraphError, load_graph
 
