@@ -317,10 +317,15 @@ def simulate_command(
 
         plot_paths = write_plots(runs, plots, title=f"({path.name})")
     reports: dict[str, Any] = {}
+    fits: dict[str, dict[str, float]] = {}
     if setup is not None:
-        from fluxnetes.sim.fairshare import fairness, write_share_plot
+        from fluxnetes.sim.fairshare import fairness, normalized_shares, write_share_plot
+        from fluxnetes.sim.sharefit import share_error
 
         reports = {name: fairness(run, setup.accounts) for name, run in runs.items()}
+        shares = normalized_shares(setup.accounts.tree)
+        fits = {name: share_error(run, setup.accounts.account_of, shares)
+                for name, run in runs.items()}
         if plots is not None:
             plot_paths.append(write_share_plot(runs, setup.accounts, plots / "fairshare_usage.png",
                                                title=f"({path.name})"))
@@ -335,7 +340,7 @@ def simulate_command(
             if spread:
                 payload[name]["racks"] = spread
         for name, report in reports.items():
-            payload[name]["fairness"] = report.as_dict()
+            payload[name]["fairness"] = {**report.as_dict(), **fits[name]}
         if setup is not None:
             config = setup.config
             for name, _, fs in plan:
@@ -348,7 +353,7 @@ def simulate_command(
         single = len(payload) == 1 and not compare
         sys.stdout.write(json.dumps(next(iter(payload.values())) if single else payload, indent=2) + "\n")
         return
-    _print_table(out, summaries, reports, spreads)
+    _print_table(out, summaries, reports, spreads, fits if setup is not None else None)
     if setup is not None:
         _print_accounts(out, reports, accounts_shown)
     impossible = [o for r in runs.values() for o in r.outcomes if o.rejected]
@@ -478,7 +483,8 @@ def _cluster_machine(kubeconfig: Path, rack_label: str, whole_nodes: bool) -> An
 
 
 def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None,
-                 spreads: dict[str, dict[str, float]] | None = None) -> None:
+                 spreads: dict[str, dict[str, float]] | None = None,
+                 fits: dict[str, dict[str, float]] | None = None) -> None:
     from rich.table import Table
 
     table = Table(title="simulation summary", title_justify="left")
@@ -515,6 +521,9 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
             "-" if not spreads[n].get("multi_node_jobs") else
             f"{spreads[n]['mean_racks']:.2f} (+{spreads[n]['mean_excess_racks']:.2f})"
             for n in summaries))
+    if fits:
+        table.add_row("share error (contended days)",
+                      *(f"{fits[name]['share_error']:.4f}" for name in summaries))
     if reports:
         table.add_row("Jain index (users' mean bsld)",
                       *(f"{reports[name].jain:.4f}" for name in summaries))

@@ -679,8 +679,10 @@ class Scheduler:
         walk = self._walk
         counted = self._policy.reservation_style == "counted"
         passed = counted and self._end_passed(now)
+        reservations = self.reservations
         due = [job.id for job in order[:prefix or 0]
-               if job.id in self.reservations and int(self.reservations[job.id].at) <= now]
+               if job.id in reservations and int(reservations[job.id].at) <= now] \
+            if reservations and any(int(res.at) <= now for res in reservations.values()) else []
         if (
             prefix is not None
             and walk is not None
