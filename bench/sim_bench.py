@@ -2,13 +2,13 @@
 
 Records, in one run (bench/results/sim_bench.json):
 
-* **after**: the fast reference engine (``fluxnetes.sim.fastsim``, the default) under fcfs,
+* **after**: the count oracle (``fluxnetes.sim.fastsim``, ``--engine count``) under fcfs,
   easy and conservative on all 28,481 KTH-SP2 jobs (100 one-core nodes, requested times as
   estimates, counted reservations): wall and CPU seconds, simulated jobs/s, and whether the
   schedule is the reference simulator's (start time by start time, when the shared
   reference schedules are there);
 * **before**: the same runs through the queue engine (the operator's Scheduler and the graph
-  matcher, one cycle per instant), which was the default before;
+  matcher; the default now, and exact since issue #32);
 * the **whole process** (``fluxnetes simulate --json``, EASY: startup, reading the trace,
   the run, the output) against the target (1.96 s, the reference simulator's time here);
 * a **profile** (cProfile) of the EASY run: what dominates;
@@ -312,7 +312,7 @@ def main() -> int:
     load_start = os.getloadavg()
     if args.process_only:
         out = Path(args.out or ROOT / "bench" / "results" / "sim_process.json")
-        entry = whole_process(["--json"], args.process_runs)
+        entry = whole_process(["--json", "--engine", "count"], args.process_runs)
         payload = {"benchmark": "sim_bench --process-only", "whole_process_easy": entry,
                    "target_seconds": TARGET_PROCESS_SECONDS,
                    "meets_target": entry["best"] <= TARGET_PROCESS_SECONDS,
@@ -346,8 +346,9 @@ def main() -> int:
                   f"{entry['cpu_seconds']:6.2f} s cpu {entry['jobs_per_second_cpu']:8,} jobs/s "
                   f"bsld {entry['mean_bsld']}", flush=True)
     process = {
-        "after_easy": whole_process(["--json"], args.process_runs),
-        "after_startup_only": whole_process(["--json", "--limit", "1"], args.process_runs),
+        "after_easy": whole_process(["--json", "--engine", "count"], args.process_runs),
+        "after_startup_only": whole_process(["--json", "--engine", "count", "--limit", "1"],
+                                            args.process_runs),
     }
     if not args.quick:
         process["before_easy"] = whole_process(["--json", "--engine", "queue"], 1)
@@ -383,7 +384,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "synthetic.swf.gz"
         write_swf(big, procs, path)
-        big_process = whole_process([str(path), "--json"], 1)
+        big_process = whole_process([str(path), "--json", "--engine", "count"], 1)
     big_process["command"] = (f"fluxnetes simulate synthetic.swf.gz --json "
                               f"({len(big)} jobs, {procs} one-core nodes, seed {args.seed})")
     print(f"whole process, synthetic EASY: {big_process['best']} s", flush=True)

@@ -20,7 +20,7 @@ class MachineError(ValueError):
 class Machine:
     """The simulated machine. ``graph`` is the resource graph the queue engine matches on;
     for a machine given by size (``--nodes/--cores`` or the SWF header) it is built on first
-    use, since the fast reference engine only needs the node names and sizes (the very names
+    use, since the count oracle only needs the node names and sizes (the very names
     the graph gives its nodes: ``node0``, ``node1``, ...)."""
 
     nodes: int
