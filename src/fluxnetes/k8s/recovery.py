@@ -39,6 +39,7 @@ class Recovery(Context):
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
         _counts_dirty: bool
+        ended_workloads: set[str]
         groups: GroupTable
         matcher: Any
         member_of: dict[str, tuple[str, str]]
@@ -296,7 +297,7 @@ class Recovery(Context):
         try:
             if owner is not None and okind is not None and okind.resume_patch({}) is not None:
                 obj = self.owner_obj(owner, key[0])
-                if obj is None or okind.finished(obj):
+                if obj is None or okind.finished(obj) or owner.uid in self.ended_workloads:
                     return None
                 spec, kind = self.group_for_workload(okind, obj), okind
             else:

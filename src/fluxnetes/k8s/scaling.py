@@ -64,6 +64,11 @@ class Scaling(Context):
         # workload uid -> names of its groups that are over (from set_phase and, after a
         # restart, from the final FluxJobs the informer lists)
         self.spent_names: dict[str, set[str]] = {}
+        # uids of workloads queued whole (Jobs) whose group's FluxJob is final: never queued
+        # again. Live, the ended group itself says so until it is pruned; after a restart
+        # (or a lost lease) only the final FluxJob does, while the Job controller may not
+        # have marked the Job finished yet (it lags after an API server outage)
+        self.ended_workloads: set[str] = set()
 
     def spend_name(self, g: Group) -> None:
         """``g`` is over: its name is not given to another group of its workload."""
@@ -82,6 +87,8 @@ class Scaling(Context):
             return
         if final and wl.get("uid") and kind is not None and kind.owns_pods and kind.resume_patch({}) is None:
             self.spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
+        if final and wl.get("uid") and kind is not None and kind.resume_patch({}) is not None:
+            self.ended_workloads.add(str(wl["uid"]))
 
     def name_for_new_group(self, spec: GroupSpec) -> GroupSpec:
         """A new base group of a replicated workload whose base name an ended group of the same
