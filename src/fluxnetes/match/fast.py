@@ -164,6 +164,11 @@ class _Runs:
         self.memo[i] = slot
         return slot
 
+    def score(self, i: int) -> int:
+        """Slot ``i``'s score without building it."""
+        cnt = self.cnt
+        return 1 + sum(sc for sc, _c in self.cands[i * cnt:(i + 1) * cnt])
+
     def scores(self) -> list[int]:
         """Every slot's score (1 + its members' scores), in position order."""
         cnt = self.cnt
@@ -588,9 +593,21 @@ class SlotIndex:
                 seq = (h for h in candidates if h.total and any(first <= sc <= last for sc in h.scores))
             for h in seq:
                 slots = h.slots
-                order = range(len(slots)) if isinstance(slots, _Runs) else \
-                    sorted(range(len(slots)), key=lambda i: slots[i][1])
-                for si in order:
+                if isinstance(slots, _Runs):
+                    # runs: keys never decrease along the positions, so scores move one way
+                    # (down when ranking high): stop at the first slot past the run
+                    for si in range(len(slots)):
+                        sc = slots.score(si)
+                        if sc < first if high else sc > last:
+                            break
+                        if first <= sc <= last:
+                            chosen.extend(slots[si][2])
+                            picks.append((h, si))
+                            taken += 1
+                            if taken == n:
+                                return chosen
+                    continue
+                for si in sorted(range(len(slots)), key=lambda i: slots[i][1]):
                     s = slots[si]
                     sc = -s[0] if high else s[0]
                     if first <= sc <= last:
