@@ -194,9 +194,12 @@ def run_one(
 
     gc.collect()
     t0 = time.perf_counter()
+    c0 = time.process_time()
     graph = _load(path)
     matcher = Matcher(graph, policy=policy)
     load_s = time.perf_counter() - t0
+    # CPU time of the load: on a shared machine far steadier than wall time
+    load_cpu_s = time.process_time() - c0
     if walk:
         matcher._fast_policy = False  # no index fast paths: the full walk per match
     rss_after_load = _rss_mb()
@@ -254,6 +257,7 @@ def run_one(
         "policy": policy,
         "mode": "walk" if walk else "index",
         "load_s": round(load_s, 4),
+        "load_cpu_s": round(load_cpu_s, 4),
         "rss_after_load_mb": round(rss_after_load, 1),
         "allocations": len(times),
         "stopped_full": fail_ms is not None,
