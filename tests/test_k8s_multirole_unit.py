@@ -192,6 +192,32 @@ def test_lws_is_a_gang_per_replica_scaled_up_and_down() -> None:
     asyncio.run(main())
 
 
+def test_lws_unsatisfiable_replicas_scaled_away_are_cancelled() -> None:
+    """Issue #29 item 2: a scale-down ends the gangs of the replicas it removes, Unsatisfiable
+    ones too (they stayed Unsatisfiable, their FluxJobs saying so after their pods went)."""
+    def big(replicas: int) -> dict[str, Any]:
+        obj = lws(replicas)
+        obj["spec"]["leaderWorkerTemplate"].update(size=5, workerTemplate=tmpl("16"))
+        return obj
+
+    async def main() -> None:
+        c, _ = controller()
+        c.handle(("LeaderWorkerSet", "ADDED", big(2)))
+        keys = [("ns", "leaderworkerset-serve-0"), ("ns", "leaderworkerset-serve-1")]
+        for gi in (0, 1):
+            for w in range(5):
+                p = lws_pod(gi, w)
+                p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2" if w == 0 else "16"
+                c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        assert [c.groups[k].phase for k in keys] == [Phase.UNSATISFIABLE] * 2
+        c.handle(("LeaderWorkerSet", "MODIFIED", big(1)))
+        assert c.groups[keys[1]].phase == Phase.CANCELLED and c.groups[keys[0]].phase == Phase.UNSATISFIABLE
+        assert "scaled down" in c.groups[keys[1]].reason
+
+    asyncio.run(main())
+
+
 def test_trainjob_group_is_made_once_its_jobset_is_known() -> None:
     async def main() -> None:
         c, _ = controller()
