@@ -77,10 +77,11 @@ def test_mpijob_is_one_gang_of_two_pod_sets_resumed_then_placed_per_set() -> Non
         await settle(c)
         assert g.phase == Phase.RUNNING and g.slot_set == ["launcher"] + ["worker"] * 4
         assert ("mpijobs", "pi", {"spec": {"runPolicy": {"suspend": False}}}) in kube.workload_patches
-        # the FluxJob status shows the pod sets and the node of each of their slots
+        # the FluxJob status shows the pod sets, each one's own request (kubectl fluxnetes
+        # charges each set its shape) and the node of each of their slots
         assert kube.fluxjob_status[("ns", "mpijob-pi")]["podSets"] == [
-            {"name": "launcher", "count": 1, "nodes": g.slots[:1]},
-            {"name": "worker", "count": 4, "nodes": g.slots[1:]}]
+            {"name": "launcher", "count": 1, "request": {"cpu": 1000}, "nodes": g.slots[:1]},
+            {"name": "worker", "count": 4, "request": {"cpu": 8000}, "nodes": g.slots[1:]}]
         pods = [mpi_pod(job, "worker", i, "8") for i in (3, 1, 0, 2)] + [mpi_pod(job, "launcher", None, "1")]
         for p in pods:
             c.handle(("Pod", "ADDED", p))

@@ -106,6 +106,35 @@ def test_a_phase_between_two_writes_stays_a_condition() -> None:
     asyncio.run(main())
 
 
+def test_the_history_keeps_every_transition_in_time_order_repeats_included() -> None:
+    """Issue #29 item 6: conditions keep one entry per phase, so Pending, Unsatisfiable,
+    Pending again lost the first Pending and listed the phases out of time order."""
+    async def main() -> None:
+        now = [1_000]
+        b, kube = book(status_interval=0.0)
+        b.clock = lambda: now[0]
+        g = b.groups[("ns", "g")] = group()
+        steps = [(Phase.PENDING, "queued"), (Phase.UNSATISFIABLE, "can never run"),
+                 (Phase.PENDING, "queued again"), (Phase.RESERVED, "reserved; at 1"),
+                 (Phase.RESERVED, "reserved; at 2"), (Phase.RUNNING, "allocated on n0")]
+        for i, (phase, reason) in enumerate(steps):
+            now[0] = 1_000 + 10 * i
+            b.set_phase(g, phase, reason)
+            if i in (0, 3):  # two writes; the other transitions pass between them
+                b.fluxjobs_due(float(i))
+                await b.flush_fluxjobs(now=float(i))
+        b.fluxjobs_due(9.0)
+        await b.flush_fluxjobs(now=9.0)
+        hist = kube.fluxjob_status[("ns", "g")]["history"]
+        assert [(h["phase"], h["message"]) for h in hist] == [
+            ("Provisional", ""), ("Pending", "queued"), ("Unsatisfiable", "can never run"),
+            ("Pending", "queued again"), ("Reserved", "reserved; at 2"), ("Running", "allocated on n0")]
+        times = [h["time"] for h in hist]
+        assert times == sorted(times) and times[1] < times[2] < times[3]
+
+    asyncio.run(main())
+
+
 class Refusing(Events):
     """The API server is away (its restart): every status write fails to connect."""
 

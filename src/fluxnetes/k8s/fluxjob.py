@@ -13,6 +13,8 @@ from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupSpec
 
 CRD_FILE = "fluxjobs.fluxnetes.io.yaml"
+# status.history keeps the latest transitions (a group requeued for days stays one object)
+HISTORY_LIMIT = 50
 
 
 class Phase(enum.StrEnum):
@@ -125,4 +127,17 @@ def status(
         conditions[str(phase)] = {"type": str(phase), "status": "True", "reason": str(phase),
                                   "message": reason, "lastTransitionTime": rfc3339(now)}
     st["conditions"] = list(conditions.values())
+    st["history"] = with_history((previous or {}).get("history"), phase, reason, now)
     return st
+
+
+def with_history(history: Any, phase: Phase, reason: str, at: int | float) -> list[dict[str, Any]]:
+    """``status.history``: every phase the group entered, in time order, a phase entered
+    again being a new entry (the conditions keep one per phase: Pending, Unsatisfiable,
+    Pending again shows one Pending). The latest entry takes the phase's latest reason."""
+    out = [dict(h) for h in history if isinstance(h, Mapping)] if isinstance(history, list) else []
+    if out and out[-1].get("phase") == str(phase):
+        out[-1]["message"] = reason
+    else:
+        out.append({"time": rfc3339(at), "phase": str(phase), "message": reason})
+    return out[-HISTORY_LIMIT:]

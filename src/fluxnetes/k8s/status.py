@@ -23,6 +23,7 @@ from fluxnetes.k8s.groups import OwnerRef
 from fluxnetes.k8s.grouptable import GroupTable
 from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
+from fluxnetes.k8s.resources import GPU
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
 
@@ -99,6 +100,10 @@ class Status(Context):
             before = g.phase
             if changed:
                 self.keep_condition(g, before, g.reason)
+                # the transition, at its time, even if no status write shows ``phase`` itself
+                g.fj_status = {**g.fj_status, "history": fluxjob.with_history(
+                    fluxjob.with_history(g.fj_status.get("history"), before, g.reason, self.now()),
+                    phase, reason, self.now())}
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
             if phase.final:
@@ -179,7 +184,10 @@ class Status(Context):
         started = g.phase == Phase.RUNNING and len(g.slot_set) == len(g.slots)
         out = []
         for ps in g.sets:
-            entry: dict[str, Any] = {"name": ps.name, "count": ps.count}
+            r = ps.request  # per pod, in the units of spec.request (kubectl fluxnetes charges each set its own)
+            req = {"cpu": r.cpu_millis, "memory": r.memory_bytes, GPU: r.gpus, **r.extended}
+            entry: dict[str, Any] = {"name": ps.name, "count": ps.count,
+                                     "request": {k: v for k, v in req.items() if v}}
             if started:
                 entry["nodes"] = [n for n, name in zip(g.slots, g.slot_set, strict=True) if name == ps.name]
             out.append(entry)
