@@ -233,3 +233,24 @@ def test_a_fluxjob_refused_by_a_namespace_being_deleted_is_not_retried() -> None
         assert kube.refused == 2 and not g.fj_dirty
 
     asyncio.run(main())
+
+
+def test_the_history_is_written_only_once_a_phase_repeats() -> None:
+    """A group that never enters a phase twice (most) writes no history: its conditions
+    say the same, and the FluxJob write stays as small as before."""
+    async def main() -> None:
+        b, kube = book(status_interval=0.0)
+        g = b.groups[("ns", "g")] = group()
+        for phase, reason in ((Phase.PENDING, "queued"), (Phase.RUNNING, "allocated on n0")):
+            b.set_phase(g, phase, reason)
+            b.fluxjobs_due(0.0)
+            await b.flush_fluxjobs(now=0.0)
+            assert "history" not in kube.fluxjob_status[("ns", "g")]
+        b.set_phase(g, Phase.PREEMPTED, "evicted")
+        b.set_phase(g, Phase.PENDING, "queued again")
+        b.fluxjobs_due(1.0)
+        await b.flush_fluxjobs(now=1.0)
+        hist = kube.fluxjob_status[("ns", "g")]["history"]
+        assert [h["phase"] for h in hist] == ["Provisional", "Pending", "Running", "Preempted", "Pending"]
+
+    asyncio.run(main())

@@ -102,7 +102,7 @@ class Status(Context):
                 self.keep_condition(g, before, g.reason)
                 # the transition, at its time, even if no status write shows ``phase`` itself
                 g.fj_status = {**g.fj_status, "history": fluxjob.with_history(
-                    fluxjob.with_history(g.fj_status.get("history"), before, g.reason, self.now()),
+                    fluxjob.with_history(fluxjob.history_of(g.fj_status), before, g.reason, self.now()),
                     phase, reason, self.now())}
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
@@ -214,7 +214,7 @@ class Status(Context):
             if not g.fj_exists:
                 body = fluxjob.manifest(g.spec, jobspec=self.jobspec_text(g),
                                         match_policy=self.config.match_policy)
-                body["status"] = st
+                body["status"] = fluxjob.sent_status(st)
                 if g.spec.owner is None and g.spec.size == 1 and len(g.members) == 1:
                     # a lone pod owns its FluxJob: deleting the pod cleans it up
                     ref = self.pod_ref(next(iter(g.members.values())))
@@ -238,7 +238,7 @@ class Status(Context):
                 if written:
                     g.fj_status = st
                     return
-            body_st = {"status": st, "metadata": fluxjob.write_meta(g.fj_uid)}
+            body_st = {"status": fluxjob.sent_status(st), "metadata": fluxjob.write_meta(g.fj_uid)}
             await self.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
             g.fj_status = st
         except ApiError as exc:
