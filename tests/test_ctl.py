@@ -524,3 +524,22 @@ def test_tables_are_not_cut_at_80_columns_when_piped(
     monkeypatch.setenv("COLUMNS", "60")  # an explicit width still wins
     console().print(table("t", ["JOB", "REASON"], [["job-1", reason]]))
     assert reason not in capsys.readouterr().out
+
+
+def test_explain_counts_an_extended_resource_by_its_full_name() -> None:
+    """Issue #29.1: `example.com/fpga` is not `other.com/fpga`, in explain too."""
+    other, mine = node("other"), node("mine")
+    other["status"]["allocatable"]["other.com/fpga"] = "2"
+    mine["status"]["allocatable"]["example.com/fpga"] = "1"
+    me = fluxjob("me", "Pending", size=2)
+    me["spec"]["request"]["example.com/fpga"] = 1
+    user = pod("user", "mine", "1")
+    user["spec"]["containers"][0]["resources"]["requests"]["example.com/fpga"] = "1"
+    info = explain_job(me, [other, mine], [user], [me], NOW)
+    assert "1 example.com/fpga" in info["perPod"], info["perPod"]
+    assert info["short"].startswith("the cluster as a whole is too small"), info["short"]  # one fpga in all
+    one = fluxjob("one", "Pending", size=1)
+    one["spec"]["request"]["example.com/fpga"] = 1
+    info = explain_job(one, [other, mine], [user], [one], NOW)
+    assert "room for 0 of 1 pod(s) now" in info["short"] and "short of example.com/fpga on 2 node(s)" in info["short"], info["short"]
+    assert explain_job(one, [other, mine], [], [one], NOW)["roomNow"] == {"mine": 1}

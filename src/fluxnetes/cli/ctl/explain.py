@@ -70,15 +70,19 @@ def explain_job(
         rows = node_rows(nodes, pods, others)
         shapes = [(ps["count"], _need(ps["request"])) for ps in sets]
         exclusive = bool(spec.get("exclusive"))
+        # extended resources (``example.com/fpga``) by their full names: free = allocatable
+        # less what the pods bound there ask
+        extended = sorted({k for _, need in shapes for k in need if k not in RESOURCES})
+        ext_free = _extended_free(nodes, pods, extended) if extended else {}
         free: dict[str, dict[str, int]] = {}
-        short: dict[str, int] = {"cores": 0, "memory": 0, "gpus": 0, "down": 0}
+        short: dict[str, int] = {"cores": 0, "memory": 0, "gpus": 0, **dict.fromkeys(extended, 0), "down": 0}
         for r in rows:
             if r["status"] == "down":
                 short["down"] += 1
                 continue
             if exclusive and (r["fluxnetesPods"] or r["foreignPods"]):
                 continue
-            free[r["node"]] = {res: max(0, r[f"{res}Free"]) for res in RESOURCES}
+            free[r["node"]] = {res: max(0, r[f"{res}Free"]) for res in RESOURCES} | ext_free.get(r["node"], {})
         fits, missing = gang_room(shapes, free, exclusive)
         for res, n in missing.items():
             short[res] += n
@@ -140,8 +144,43 @@ RESOURCES = ("cores", "memory", "gpus")
 
 
 def _need(req: Mapping[str, int]) -> dict[str, int]:
-    """What one pod takes, as the nodes view counts it (whole cores, bytes, GPUs)."""
-    return {"cores": cores(req.get("cpu", 0)), "memory": req.get("memory", 0), "gpus": req.get(GPU, 0)}
+    """What one pod takes, as the nodes view counts it (whole cores, bytes, GPUs), and any
+    other extended resource by its full name."""
+    need = {"cores": cores(req.get("cpu", 0)), "memory": req.get("memory", 0), "gpus": req.get(GPU, 0)}
+    return need | {k: v for k, v in req.items() if k not in ("cpu", "memory", GPU) and v > 0}
+
+
+def _allocatable(node: Mapping[str, Any]) -> dict[str, int] | None:
+    """A node's room as explain counts it (None: its allocatable does not parse)."""
+    from fluxnetes.k8s.resources import ResourceError, node_allocatable
+
+    try:
+        a = node_allocatable(node)
+    except ResourceError:
+        return None
+    return {"cores": a.cpu_millis // 1000, "memory": a.memory_bytes, "gpus": a.gpus, **a.extended}
+
+
+def _extended_free(nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
+                   names: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per node, the free amount of each extended resource in ``names``."""
+    from fluxnetes.k8s.resources import ResourceError, pod_request
+
+    free: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        cap = _allocatable(node) or {}
+        free[str((node.get("metadata") or {}).get("name", ""))] = {k: cap.get(k, 0) for k in names}
+    for pod in pods:
+        where = (pod.get("spec") or {}).get("nodeName")
+        if not where or where not in free or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        try:
+            asked = pod_request(pod.get("spec") or {}).extended
+        except ResourceError:
+            continue
+        for k in names:
+            free[where][k] -= int(asked.get(k, 0))
+    return free
 
 
 def gang_room(
@@ -284,16 +323,11 @@ def could_ever_fit(
     shapes: Sequence[tuple[int, Mapping[str, int]]], size: int, exclusive: bool, nodes: Sequence[Mapping[str, Any]]
 ) -> bool:
     """Would the whole gang fit on the empty nodes (each pod set at its own shape)?"""
-    from fluxnetes.k8s.resources import ResourceError, node_allocatable
-
     caps: dict[str, dict[str, int]] = {}
     for node in nodes:
-        try:
-            a = node_allocatable(node)
-        except ResourceError:
-            continue
-        caps[str((node.get("metadata") or {}).get("name", ""))] = {
-            "cores": a.cpu_millis // 1000, "memory": a.memory_bytes, "gpus": a.gpus}
+        cap = _allocatable(node)
+        if cap is not None:
+            caps[str((node.get("metadata") or {}).get("name", ""))] = cap
     placed, _ = gang_room(shapes, caps, exclusive)
     return sum(placed.values()) >= size
 
