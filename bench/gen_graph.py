@@ -2,7 +2,7 @@
 
 Shape: cluster0 -> rackR (``nodes_per_rack`` nodes each) -> nodeN -> socketS -> coreC
 [-> gpuG, memoryM]. Conventions copied from the reference graphs in
-/work/shared/data/fluxion-conformance (tiny.json, medium.json), which this generator
+``../shared/data/fluxion-conformance`` beside the repository (tiny.json, medium.json), which this generator
 reproduces byte for byte:
 
 * vertices in pre-order; JGF ``id`` = ``uniq_id`` = pre-order index (as a string for ``id``);
@@ -169,7 +169,8 @@ def ensure_graph(shape: Shape, cache_dir: Path | None = None) -> Path:
 GPU_VARIANT = {"gpus_per_socket": 2, "memory_gb_per_socket": 256}
 
 # the reference graphs this generator must reproduce byte for byte
-REFERENCE_DIR = Path("/work/shared/data/fluxion-conformance")
+# (the shared data lives beside the repository: <repo>/../shared/data)
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "fluxion-conformance"
 REFERENCE_SHAPES = {
     "tiny.json": Shape(
         4,

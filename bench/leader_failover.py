@@ -98,7 +98,7 @@ class Replica:
             env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (CRASH_HOOK, os.environ.get("PYTHONPATH")) if p)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(cluster.kubeconfig),
-             "--webhook-port", str(port), "--namespace", OP_NS, "--log-format", "text"],
+             "--webhook-port", str(port), "--webhook-share-port", "--namespace", OP_NS, "--log-format", "text"],
             stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         wait("webhook serving", lambda: "webhook serving" in log.read_text())
 

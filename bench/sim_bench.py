@@ -2,13 +2,13 @@
 
 Records, in one run (bench/results/sim_bench.json):
 
-* **after**: the fast reference engine (``fluxnetes.sim.fastsim``, the default) under fcfs,
+* **after**: the count oracle (``fluxnetes.sim.fastsim``, ``--engine count``) under fcfs,
   easy and conservative on all 28,481 KTH-SP2 jobs (100 one-core nodes, requested times as
   estimates, counted reservations): wall and CPU seconds, simulated jobs/s, and whether the
   schedule is the reference simulator's (start time by start time, when the shared
   reference schedules are there);
 * **before**: the same runs through the queue engine (the operator's Scheduler and the graph
-  matcher, one cycle per instant), which was the default before;
+  matcher; the default now, and exact since issue #32);
 * the **whole process** (``fluxnetes simulate --json``, EASY: startup, reading the trace,
   the run, the output) against the target (1.96 s, the reference simulator's time here);
 * a **profile** (cProfile) of the EASY run: what dominates;
@@ -22,6 +22,14 @@ Records, in one run (bench/results/sim_bench.json):
 
 ``--quick`` skips the "before" runs (about a minute of queue-engine time);
 ``--process-only`` only times the whole process (bench/results/sim_process.json).
+
+``--paired`` (bench/results/sim_paired.json): the operator's engine (``--engine queue``, the
+default: Scheduler + graph matcher, every job placed) against the count oracle
+(``--engine count``) on all of KTH-SP2 under fcfs, easy and conservative, alternating in
+one process (``--rounds`` each), CPU seconds; the reference simulator (pyss) cannot be run
+here, so its time is derived from the count oracle's time in the same run and the paired
+count/pyss ratios measured before (ISSUE_COUNT_OVER_PYSS); plus a profile of the queue
+engine's EASY run (what dominates) and the cost per job as a synthetic trace grows.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ from typing import Any
 
 from fluxnetes.sim.engine import SimJob
 from fluxnetes.sim.fastsim import simulate_fast
-from fluxnetes.sim.machine import machine_from_header
+from fluxnetes.sim.machine import machine_from_header, machine_from_size
 from fluxnetes.sim.metrics import summarize
 from fluxnetes.sim.runner import Workload, bundled_trace, policy_for, prepare, run_policy
 from fluxnetes.sim.swf import read_swf
@@ -204,6 +212,85 @@ def synthetic_entry(jobs: list[SimJob], procs: int, policy: str) -> dict[str, An
             "mean_wait": round(summary.mean_wait, 1), "mean_bsld": round(summary.mean_bsld, 2)}
 
 
+#: the count oracle's time over the reference simulator's (pyss), paired runs on full KTH-SP2
+#: as recorded in issue #32 (pyss is not installable here: no package, no network)
+ISSUE_COUNT_OVER_PYSS = {"fcfs": 1.05, "easy": 0.63, "conservative": 0.39}
+
+
+def profile_top(fn: Any, top: int = 12) -> list[dict[str, Any]]:
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    total = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
+    return [{"function": f"{Path(path).name}:{line}({func})", "calls": calls,
+             "self_seconds": round(tottime, 3), "self_share": round(tottime / total, 3)}
+            for (path, line, func), (_, calls, tottime, _, _) in rows[:top]]
+
+
+def paired(args: argparse.Namespace) -> int:
+    load_start = os.getloadavg()
+    trace = read_swf(bundled_trace())
+    workload = prepare(trace, machine_from_header(trace.header))
+    jobs = len(workload.jobs)
+    kth: dict[str, Any] = {}
+    for policy in POLICIES:
+        cpu: dict[str, list[float]] = {"queue": [], "count": []}
+        starts: dict[str, Any] = {}
+        calls = 0
+        for _ in range(args.rounds):
+            for engine in ("count", "queue"):
+                (run, _summary), _, seconds = timed(
+                    lambda e=engine, p=policy: run_policy(workload, policy_for(p), engine=e))
+                cpu[engine].append(round(seconds, 3))
+                starts[engine] = {o.job.id: o.start for o in run.outcomes}
+                if engine == "queue":
+                    calls = run.matcher_calls
+        ratios = [q / c for q, c in zip(cpu["queue"], cpu["count"], strict=True)]
+        ratio = statistics.median(ratios)
+        kth[policy] = {
+            "cpu_seconds": cpu, "matcher_calls_queue": calls,
+            "jobs_per_second_cpu": {e: round(jobs / min(v)) for e, v in cpu.items()},
+            "queue_over_count_median": round(ratio, 2),
+            "count_over_pyss_recorded": ISSUE_COUNT_OVER_PYSS[policy],
+            "queue_over_pyss_derived": round(ratio * ISSUE_COUNT_OVER_PYSS[policy], 2),
+            "start_times_differing_between_engines": sum(
+                1 for k, v in starts["queue"].items() if v != starts["count"][k]),
+        }
+        print(policy, kth[policy], flush=True)
+    profile = profile_top(lambda: run_policy(workload, policy_for("easy"), engine="queue"))
+    growth = []
+    procs = args.synthetic_procs
+    big = synthetic(args.paired_jobs, procs, args.seed)
+    for n in (args.paired_jobs // 4, args.paired_jobs // 2, args.paired_jobs):
+        part = Workload(trace, machine_from_size(procs, 1), big[:n], workload.report)
+        _, _, seconds = timed(lambda w=part: run_policy(w, policy_for("easy"), engine="queue"))
+        growth.append({"jobs": n, "processors": procs, "cpu_seconds": round(seconds, 3),
+                       "microseconds_per_job_cpu": round(seconds / n * 1e6, 1)})
+        print(growth[-1], flush=True)
+    payload = {
+        "benchmark": "sim_bench --paired",
+        "parameters": {"trace": bundled_trace().name, "jobs": jobs, "rounds": args.rounds,
+                       "machine": workload.machine.describe(), "match_policy": "first",
+                       "reservations": "counted", "measure": "CPU seconds of the run "
+                       "(time.process_time), engines alternating in one process",
+                       "reference_time": "pyss cannot run here: derived = count oracle time "
+                       "/ count_over_pyss_recorded (issue #32's paired runs)"},
+        "kth": kth, "profile_queue_easy_top": profile,
+        "synthetic_easy_queue_engine": growth,
+        "machine_info": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+                         "platform": platform.platform(), "load_average_at_start": load_start,
+                         "load_average_at_end": os.getloadavg()},
+        "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out = Path(args.out or ROOT / "bench" / "results" / "sim_paired.json")
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="skip the 'before' runs")
@@ -215,11 +302,17 @@ def main() -> int:
                         help="only time the whole process (KTH-SP2, EASY) --process-runs times; "
                         "writes bench/results/sim_process.json unless --out is given")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--paired", action="store_true",
+                        help="queue engine vs count oracle, alternating (sim_paired.json)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--paired-jobs", type=int, default=8000)
     args = parser.parse_args()
+    if args.paired:
+        return paired(args)
     load_start = os.getloadavg()
     if args.process_only:
         out = Path(args.out or ROOT / "bench" / "results" / "sim_process.json")
-        entry = whole_process(["--json"], args.process_runs)
+        entry = whole_process(["--json", "--engine", "count"], args.process_runs)
         payload = {"benchmark": "sim_bench --process-only", "whole_process_easy": entry,
                    "target_seconds": TARGET_PROCESS_SECONDS,
                    "meets_target": entry["best"] <= TARGET_PROCESS_SECONDS,
@@ -238,7 +331,7 @@ def main() -> int:
     workload = prepare(trace, machine_from_header(trace.header))
     results: dict[str, Any] = {"after": {}, "before": {}}
     for policy in POLICIES:
-        entry, run = run_entry(workload, policy, "reference")
+        entry, run = run_entry(workload, policy, "count")
         if policy == "easy":
             entry["start_times_differing_from_reference"] = same_as_reference(run)
         results["after"][policy] = entry
@@ -253,8 +346,9 @@ def main() -> int:
                   f"{entry['cpu_seconds']:6.2f} s cpu {entry['jobs_per_second_cpu']:8,} jobs/s "
                   f"bsld {entry['mean_bsld']}", flush=True)
     process = {
-        "after_easy": whole_process(["--json"], args.process_runs),
-        "after_startup_only": whole_process(["--json", "--limit", "1"], args.process_runs),
+        "after_easy": whole_process(["--json", "--engine", "count"], args.process_runs),
+        "after_startup_only": whole_process(["--json", "--engine", "count", "--limit", "1"],
+                                            args.process_runs),
     }
     if not args.quick:
         process["before_easy"] = whole_process(["--json", "--engine", "queue"], 1)
@@ -290,7 +384,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "synthetic.swf.gz"
         write_swf(big, procs, path)
-        big_process = whole_process([str(path), "--json"], 1)
+        big_process = whole_process([str(path), "--json", "--engine", "count"], 1)
     big_process["command"] = (f"fluxnetes simulate synthetic.swf.gz --json "
                               f"({len(big)} jobs, {procs} one-core nodes, seed {args.seed})")
     print(f"whole process, synthetic EASY: {big_process['best']} s", flush=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: set up fluxnetes in .venv and replay the bundled real HPC trace
-# (KTH-SP2, Parallel Workloads Archive) through fluxnetes' queue and graph matcher, comparing
+# (KTH-SP2, Parallel Workloads Archive) through the operator's engine (queue Scheduler + graph
+# matcher, on a graph of the trace's 100 nodes; the reference simulator's numbers), comparing
 # FCFS, EASY and conservative backfilling. No cluster needed. Extra arguments go to
 # `fluxnetes simulate` (e.g. `bash hack/demo.sh --policy easy --plots out/`).
 set -euo pipefail

@@ -199,6 +199,94 @@ def test_explain_unsatisfiable_and_waiting_for_turn() -> None:
     assert "short" not in explain_job(running, nodes, [], [running], NOW)
 
 
+# -- issue #29 item 6: multi-shape gangs, history, the implicit default account -------------------
+
+
+def gang(name: str, phase: str, sets: list[tuple[str, int, int]], *, nodes: list[str] | None = None,
+         submit: int = 0) -> dict[str, Any]:
+    """A multi-role FluxJob as the operator writes it: spec.request is the largest set's,
+    status.podSets each set's own (name, pods, cpu millis; 1Gi per pod)."""
+    size = sum(n for _, n, _ in sets)
+    fj = fluxjob(name, phase, size=size, cpu=max(c for _, _, c in sets), nodes=nodes, submit=submit)
+    at, listed = 0, []
+    for set_name, n, cpu in sets:
+        entry: dict[str, Any] = {"name": set_name, "count": n, "request": {"cpu": cpu, "memory": GI}}
+        if nodes:
+            entry["nodes"] = nodes[at:at + n]
+        at += n
+        listed.append(entry)
+    fj["status"]["podSets"] = listed
+    return fj
+
+
+def test_nodes_view_charges_each_pod_set_its_own_shape() -> None:
+    """examples/lws.yaml: a leader of 2 cpu and 3 workers of 1 cpu on 4-cpu nodes were all
+    charged 2 cpu ("6/0/-2 of 4 ... AGREES no")."""
+    nodes = [node("n1", cpu="4"), node("n2", cpu="4")]
+    lws = gang("lws", "Running", [("leader", 1, 2000), ("worker", 3, 1000)], nodes=["n1", "n1", "n1", "n2"])
+    pods = [pod("l", "n1", "2", fluxjob="default/lws"), pod("w1", "n1", "1", fluxjob="default/lws"),
+            pod("w2", "n1", "1", fluxjob="default/lws"), pod("w3", "n2", "1", fluxjob="default/lws")]
+    rows = {r["node"]: r for r in node_rows(nodes, pods, [lws])}
+    assert (rows["n1"]["coresUsed"], rows["n1"]["coresFree"], rows["n1"]["agrees"]) == (4, 0, "yes")
+    assert (rows["n2"]["coresUsed"], rows["n2"]["coresFree"], rows["n2"]["agrees"]) == (1, 3, "yes")
+
+
+def test_queue_and_explain_show_each_pod_set_and_count_its_room() -> None:
+    """An MPIJob (a 1-cpu launcher, 8 workers of 4 cpu) on nine 4-cpu nodes, one of them
+    with 3 cpu taken, one full: 8 of its 9 pods fit now (7 workers and the launcher), not 7."""
+    nodes = [node(f"n{i}", cpu="4") for i in range(1, 10)]
+    mpi = gang("mpi", "Pending", [("launcher", 1, 1000), ("worker", 8, 4000)])
+    row = queue_rows([mpi], NOW)[0]
+    assert row["request"] == "launcher 1c,1Gi; worker 4c,1Gi" and row["podSets"] == "launcher 1, worker 8"
+    info = explain_job(mpi, nodes, [pod("other", "n8", "3"), pod("full", "n9", "4")], [mpi], NOW)
+    assert info["shape"] == "launcher 1 x (1c,1Gi), worker 8 x (4c,1Gi)"
+    assert [(p["name"], p["count"], p["request"]) for p in info["podSets"]] == [
+        ("launcher", 1, "1c,1Gi"), ("worker", 8, "4c,1Gi")]
+    assert info["short"] == "room for 8 of 9 pod(s) now; short of cores on 9 node(s)", info["short"]
+    assert info["roomNow"] == {f"n{i}": 1 for i in range(1, 9)}
+    # eight 4-cpu nodes and a 1-cpu one hold the gang: not "too small" (judged at 4 cpu a pod)
+    assert explain_job(mpi, [*nodes[:8], node("n9", cpu="1")], [], [mpi], NOW)["short"].startswith("nothing now")
+    # a one-template job is one set, as before
+    one = fluxjob("one", "Pending", size=2, cpu=4000)
+    assert queue_rows([one], NOW)[0]["request"] == "4c,1Gi" and explain_job(one, nodes, [], [one], NOW)["podSets"] == []
+
+
+def test_explain_history_is_in_time_order_and_keeps_repeated_states() -> None:
+    fj = fluxjob("me", "Pending")
+    fj["status"]["history"] = [
+        {"time": ts(0), "phase": "Pending", "message": "queued"},
+        {"time": ts(5), "phase": "Unsatisfiable", "message": "never"},
+        {"time": ts(9), "phase": "Pending", "message": "queued again"}]
+    fj["status"]["conditions"] = [  # one per phase: what history was made of before
+        {"type": "Pending", "status": "True", "message": "queued again", "lastTransitionTime": ts(9)},
+        {"type": "Unsatisfiable", "status": "False", "message": "never", "lastTransitionTime": ts(5)}]
+    hist = explain_job(fj, [], [], [fj], NOW)["history"]
+    assert [(h["state"], h["time"]) for h in hist] == [("Pending", ts(0)), ("Unsatisfiable", ts(5)),
+                                                       ("Pending", ts(9))]
+    del fj["status"]["history"]  # a status written before the operator kept a history
+    hist = explain_job(fj, [], [], [fj], NOW)["history"]
+    assert [(h["state"], h["time"]) for h in hist] == [("Unsatisfiable", ts(5)), ("Pending", ts(9))]
+
+
+def test_accounts_lists_the_implicit_default_account() -> None:
+    from fluxnetes.cli.ctl.accounts import account_rows, render
+
+    team = {"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxAccount", "metadata": {"name": "team"},
+            "spec": {"shares": 3}, "status": {"normalizedShares": 0.75}}
+    rows = account_rows([team])
+    assert [(r["name"], r["implicit"], r["default"], r["normalizedShares"]) for r in rows] == [
+        ("default", True, True, 0.25), ("team", False, False, 0.75)]
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render(rows))
+    assert "default (default, implicit)" in console.export_text()
+    # a FluxAccount that is the default: nothing added
+    team["spec"]["default"] = True
+    assert [r["name"] for r in account_rows([team])] == ["team"]
+    assert account_rows([]) == []
+
+
 # -- against the real kube-apiserver ---------------------------------------------------------------
 
 
@@ -436,3 +524,22 @@ def test_tables_are_not_cut_at_80_columns_when_piped(
     monkeypatch.setenv("COLUMNS", "60")  # an explicit width still wins
     console().print(table("t", ["JOB", "REASON"], [["job-1", reason]]))
     assert reason not in capsys.readouterr().out
+
+
+def test_explain_counts_an_extended_resource_by_its_full_name() -> None:
+    """Issue #29.1: `example.com/fpga` is not `other.com/fpga`, in explain too."""
+    other, mine = node("other"), node("mine")
+    other["status"]["allocatable"]["other.com/fpga"] = "2"
+    mine["status"]["allocatable"]["example.com/fpga"] = "1"
+    me = fluxjob("me", "Pending", size=2)
+    me["spec"]["request"]["example.com/fpga"] = 1
+    user = pod("user", "mine", "1")
+    user["spec"]["containers"][0]["resources"]["requests"]["example.com/fpga"] = "1"
+    info = explain_job(me, [other, mine], [user], [me], NOW)
+    assert "1 example.com/fpga" in info["perPod"], info["perPod"]
+    assert info["short"].startswith("the cluster as a whole is too small"), info["short"]  # one fpga in all
+    one = fluxjob("one", "Pending", size=1)
+    one["spec"]["request"]["example.com/fpga"] = 1
+    info = explain_job(one, [other, mine], [user], [one], NOW)
+    assert "room for 0 of 1 pod(s) now" in info["short"] and "short of example.com/fpga on 2 node(s)" in info["short"], info["short"]
+    assert explain_job(one, [other, mine], [], [one], NOW)["roomNow"] == {"mine": 1}

@@ -202,9 +202,11 @@ def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path) -> None:
     popen, rec = procs.spawn(
         "stubborn", [sys.executable, "-c", code], tmp_path / "l.log", cwd=tmp_path
     )
-    deadline = time.monotonic() + 10
+    # SIGTERM must come after the child ignores it: a slow start is waited for, not raced
+    deadline = time.monotonic() + 120
     while "up" not in (tmp_path / "l.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert "up" in (tmp_path / "l.log").read_text(), "the child never started"
     assert procs.stop([rec], timeout=0.5) == ["stubborn"]
     assert not procs.is_running(rec)
     popen.wait(5)
@@ -337,3 +339,22 @@ def test_untaint_patch_only_lifts_not_ready_and_guards_concurrent_changes() -> N
         {"op": "replace", "path": "/spec/taints", "value": [taints[1]]},
     ]
     assert 422 in req.ignore  # a failed test op means someone else changed the taints
+
+
+def test_pod_duration_option_is_checked_and_sets_the_untimed_stage_delay() -> None:
+    """`dev cluster up --pod-duration` (issue #29 item 8): a bad value names the option; a good
+    one gives Job pods without the annotation that delay in kwok's stages, while annotated
+    pods keep reading theirs."""
+    import yaml
+
+    from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION, timed_stages
+
+    res = CliRunner().invoke(cli_app(dev_cmd), ["dev", "cluster", "up", "--pod-duration", "soon"])
+    assert res.exit_code == 2 and "--pod-duration='soon'" in res.output
+    untimed, timed = yaml.safe_load_all(timed_stages(90))
+    assert untimed["spec"]["delay"] == {"durationMilliseconds": 90_000}
+    assert timed["spec"]["delay"]["durationFrom"]["expressionFrom"] == (
+        f'.metadata.annotations["{TIMED_POD_ANNOTATION}"]')
+    assert timed["spec"]["delay"] != {"durationMilliseconds": 90_000}
+    untimed, _ = yaml.safe_load_all(timed_stages(0))
+    assert "delay" not in untimed["spec"]  # at once, as before

@@ -195,6 +195,53 @@ def test_mpijob_example_runs_as_one_gang(cluster: Cluster, op: OperatorProc) -> 
     delete(cluster, "mpijob", "pi", f"{MPI_NAME}=pi")
 
 
+def ctl_json(cluster: Cluster, *args: str) -> Any:
+    """``kubectl fluxnetes ARGS -o json`` (the plugin's CLI, in process)."""
+    from typer.testing import CliRunner
+
+    from fluxnetes.cli.ctl import build
+
+    res = CliRunner().invoke(build(), [*args, "-o", "json", "--kubeconfig", str(cluster.kubeconfig)])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_plugin_views_show_each_pod_set_at_its_own_shape(cluster: Cluster, op: OperatorProc) -> None:
+    """Issue #29 item 6: an MPIJob of a 1-cpu launcher and 4-cpu workers was charged 4 cpu a
+    pod: `nodes` said the launcher's node was full and disagreed with its pods, `queue` and
+    `explain` showed 4c a pod and counted the room at that shape."""
+    wait("no other pod bound", lambda: not [p for p in pods(cluster, NS, "") if p["spec"].get("nodeName")],
+         timeout=120)
+    apply(cluster, NS, [mpijob("shapes", 8, "4")])  # 8 nodes full, the launcher on a 9th
+    ps = bound(cluster, f"{MPI_NAME}=shapes", 9)
+    launcher = next(p["spec"]["nodeName"] for p in ps
+                    if p["metadata"]["labels"].get("training.kubeflow.org/job-role") == "launcher")
+    wait("the FluxJob Running", lambda: fj_phase(cluster, "mpijob-shapes") == "Running", timeout=30)
+    rows = {r["node"]: r for r in ctl_json(cluster, "nodes")}
+    assert (rows[launcher]["coresUsed"], rows[launcher]["coresFree"], rows[launcher]["agrees"]) == (1, 3, "yes")
+    assert all(r["agrees"] == "yes" and r["coresFree"] >= 0 for r in rows.values()), rows
+    row = next(r for r in ctl_json(cluster, "queue", "-n", NS) if r["name"] == "mpijob-shapes")
+    assert row["request"] == "launcher 1c,1Gi; worker 4c,1Gi", row
+    # a second gang of 2 workers and a launcher: a free node takes a worker, the launcher's
+    # node (3 cpu free) the launcher: 2 of its 3 pods have room now (at 4 cpu a pod: 1)
+    apply(cluster, NS, [mpijob("waits", 2, "4")])
+    wait("the second MPIJob queued", lambda: fj_phase(cluster, "mpijob-waits") in ("Pending", "Reserved"))
+    info = ctl_json(cluster, "explain", f"{NS}/mpijob-waits")
+    assert info["shape"] == "launcher 1 x (1c,1Gi), worker 2 x (4c,1Gi)", info
+    assert info["short"].startswith("room for 2 of 3 pod(s) now; short of cores"), info["short"]
+    from typer.testing import CliRunner
+
+    from fluxnetes.cli.ctl import build
+
+    table = CliRunner().invoke(build(), ["explain", f"{NS}/mpijob-waits", "--kubeconfig", str(cluster.kubeconfig)])
+    assert "size 3: launcher 1 x (1c,1Gi), worker 2 x (4c,1Gi)" in table.output, table.output
+    history = [h["state"] for h in info["history"]]
+    assert history[-1] in ("Pending", "Reserved") and history == [h["state"] for h in sorted(
+        info["history"], key=lambda h: h["time"])], info["history"]
+    delete(cluster, "mpijob", "waits", f"{MPI_NAME}=waits")
+    delete(cluster, "mpijob", "shapes", f"{MPI_NAME}=shapes")
+
+
 # -- JobSet ----------------------------------------------------------------------------------------
 def test_jobset_example_starts_all_or_nothing(cluster: Cluster, op: OperatorProc) -> None:
     block(cluster, 7)  # 12 cpu free: the driver (1) and 8 workers of 2 cpu need 17
@@ -238,6 +285,24 @@ def test_lws_example_is_a_gang_per_replica_and_scaling_adds_one(cluster: Cluster
              "leaderworkerset-serve-3")
     groups_are(cluster, "serve", [*gangs, "leaderworkerset-serve-3"])
     delete(cluster, "leaderworkerset", "serve", sel)
+
+
+def test_lws_scaled_down_cancels_its_unsatisfiable_replicas(cluster: Cluster, op: OperatorProc) -> None:
+    """Issue #29 item 2: each replica of 12 pods of 4 cpu can never fit 10 nodes; scaled to 1,
+    the removed replica's gang is Cancelled, not left Unsatisfiable."""
+    sel = "leaderworkerset.sigs.k8s.io/name=huge"
+    tmpl = {"spec": {"containers": [{"name": "c", "image": "busybox",
+                                     "resources": {"requests": {"cpu": "4"}}}]}}
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "huge"},
+           "spec": {"replicas": 2, "leaderWorkerTemplate": {"size": 12, "workerTemplate": tmpl}}}
+    apply(cluster, NS, [lws])
+    gangs = ["leaderworkerset-huge-0", "leaderworkerset-huge-1"]
+    for g in gangs:
+        wait(f"{g} Unsatisfiable", lambda g=g: fj_phase(cluster, g) == "Unsatisfiable", timeout=90)
+    cluster.kubectl("scale", "leaderworkerset", "huge", "-n", NS, "--replicas=1")
+    wait("the removed replica's gang Cancelled", lambda: fj_phase(cluster, gangs[1]) == "Cancelled", timeout=60)
+    assert fj_phase(cluster, gangs[0]) == "Unsatisfiable"
+    delete(cluster, "leaderworkerset", "huge", sel)
 
 
 # -- restarts --------------------------------------------------------------------------------------

@@ -77,10 +77,11 @@ def test_mpijob_is_one_gang_of_two_pod_sets_resumed_then_placed_per_set() -> Non
         await settle(c)
         assert g.phase == Phase.RUNNING and g.slot_set == ["launcher"] + ["worker"] * 4
         assert ("mpijobs", "pi", {"spec": {"runPolicy": {"suspend": False}}}) in kube.workload_patches
-        # the FluxJob status shows the pod sets and the node of each of their slots
+        # the FluxJob status shows the pod sets, each one's own request (kubectl fluxnetes
+        # charges each set its shape) and the node of each of their slots
         assert kube.fluxjob_status[("ns", "mpijob-pi")]["podSets"] == [
-            {"name": "launcher", "count": 1, "nodes": g.slots[:1]},
-            {"name": "worker", "count": 4, "nodes": g.slots[1:]}]
+            {"name": "launcher", "count": 1, "request": {"cpu": 1000}, "nodes": g.slots[:1]},
+            {"name": "worker", "count": 4, "request": {"cpu": 8000}, "nodes": g.slots[1:]}]
         pods = [mpi_pod(job, "worker", i, "8") for i in (3, 1, 0, 2)] + [mpi_pod(job, "launcher", None, "1")]
         for p in pods:
             c.handle(("Pod", "ADDED", p))
@@ -188,6 +189,32 @@ def test_lws_is_a_gang_per_replica_scaled_up_and_down() -> None:
         assert ("ns", "leaderworkerset-serve-2") in c.groups
         c.handle(("LeaderWorkerSet", "MODIFIED", lws(1)))
         assert c.groups[keys[1]].phase == Phase.CANCELLED and c.groups[keys[0]].phase == Phase.RUNNING
+
+    asyncio.run(main())
+
+
+def test_lws_unsatisfiable_replicas_scaled_away_are_cancelled() -> None:
+    """Issue #29 item 2: a scale-down ends the gangs of the replicas it removes, Unsatisfiable
+    ones too (they stayed Unsatisfiable, their FluxJobs saying so after their pods went)."""
+    def big(replicas: int) -> dict[str, Any]:
+        obj = lws(replicas)
+        obj["spec"]["leaderWorkerTemplate"].update(size=5, workerTemplate=tmpl("16"))
+        return obj
+
+    async def main() -> None:
+        c, _ = controller()
+        c.handle(("LeaderWorkerSet", "ADDED", big(2)))
+        keys = [("ns", "leaderworkerset-serve-0"), ("ns", "leaderworkerset-serve-1")]
+        for gi in (0, 1):
+            for w in range(5):
+                p = lws_pod(gi, w)
+                p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2" if w == 0 else "16"
+                c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        assert [c.groups[k].phase for k in keys] == [Phase.UNSATISFIABLE] * 2
+        c.handle(("LeaderWorkerSet", "MODIFIED", big(1)))
+        assert c.groups[keys[1]].phase == Phase.CANCELLED and c.groups[keys[0]].phase == Phase.UNSATISFIABLE
+        assert "scaled down" in c.groups[keys[1]].reason
 
     asyncio.run(main())
 

@@ -257,43 +257,79 @@ def test_node_loss_releases_exactly_the_pods_that_ended(k8s_cluster: Any, op: Op
 
 
 
-def pinned_pod(name: str, cpu: str, node_name: str) -> dict[str, Any]:
-    p = cpu_pod(name, cpu, name, 1)
-    p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
+def small_node(name: str) -> dict[str, Any]:
+    n = node(name)
+    n["metadata"]["labels"]["shape"] = "small"
+    for k in ("allocatable", "capacity"):
+        n["status"][k].update({"cpu": "4", "memory": "16Gi"})
+    return n
+
+
+def on_small(p: dict[str, Any], hostname: str | None = None) -> dict[str, Any]:
+    p["spec"]["nodeSelector"] = {"shape": "small", **({"kubernetes.io/hostname": hostname} if hostname else {})}
     return p
 
 
 def test_each_survivor_gives_its_node_back_when_it_ends() -> None:
-    """Issue #29.3: a gang loses a node; each surviving pod's share goes back the moment
-    that pod ends (not when the last survivor does), and work waiting for its node runs."""
+    """Issue #29.3: a gang of 3 (3 of 4 cpu each) loses a node; each surviving pod's share
+    goes back the moment that pod ends, not when the last survivor does: a pod waiting for
+    that whole node runs at once, ahead of a later small one."""
     async def main() -> None:
-        c, _kube = make_controller()  # n0..n3, 16 cpu each
-        gang = [cpu_pod(f"g-{i}", "12", "g", 3) for i in range(3)]
+        c, _kube = make_controller()
+        for i in range(3):
+            c.handle(("Node", "ADDED", small_node(f"s{i}")))
+        await settle(c)
+        gang = [on_small(cpu_pod(f"g-{i}", "3", "g", 3)) for i in range(3)]
         for p in gang:
             c.handle(("Pod", "ADDED", p))
         await settle(c)
         g = c.groups[("ns", "g")]
         on = [node_of(c, g.key, p) for p in gang]
-        assert len(set(on)) == 3
         for p, n in zip(gang, on, strict=True):
             c.handle(("Pod", "MODIFIED", bound(p, n)))
-        c.handle(("Node", "DELETED", node(on[2])))
+        c.handle(("Node", "DELETED", small_node(on[2])))
         await settle(c)
         assert str(g.phase) == "Failed" and sorted(g.held) == sorted(on[:2])
-        big = pinned_pod("big", "16", on[0])
-        c.handle(("Pod", "ADDED", big))
+        c.handle(("Pod", "ADDED", on_small(cpu_pod("big", "4", "big", 1), on[0])))
         await settle(c)
         b = c.groups[("ns", "big")]
         assert str(b.phase) in ("Pending", "Reserved")  # g-0 still runs there
         c.handle(("Pod", "DELETED", bound(gang[0], on[0])))
         await settle(c)
-        small = pinned_pod("small", "1", on[0])
-        c.handle(("Pod", "ADDED", small))
-        await settle(c)
         assert list(g.held) == [on[1]]  # only g-1 still holds
         assert str(b.phase) == "Running" and b.slots == [on[0]], (b.phase, b.reason)
-        assert str(c.groups[("ns", "small")].phase) != "Running"  # not ahead of big
+        c.handle(("Pod", "ADDED", on_small(cpu_pod("small", "1", "small", 1), on[0])))
+        await settle(c)
+        assert str(c.groups[("ns", "small")].phase) != "Running"  # big has the whole node
         c.cluster.matcher.check_invariants()
+
+    asyncio.run(main())
+
+
+def test_a_gang_pod_that_ends_wakes_work_waiting_for_its_whole_node() -> None:
+    """The same without a lost node: one pod of a running gang ends, and a pod waiting for
+    that whole node (parked as unable to start) is woken and runs."""
+    async def main() -> None:
+        c, _kube = make_controller()
+        for i in range(2):
+            c.handle(("Node", "ADDED", small_node(f"s{i}")))
+        await settle(c)
+        gang = [on_small(cpu_pod(f"g-{i}", "3", "g", 2)) for i in range(2)]
+        for p in gang:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "g")]
+        on = [node_of(c, g.key, p) for p in gang]
+        for p, n in zip(gang, on, strict=True):
+            c.handle(("Pod", "MODIFIED", bound(p, n)))
+        c.handle(("Pod", "ADDED", on_small(cpu_pod("big", "4", "big", 1), on[0])))
+        await settle(c)
+        b = c.groups[("ns", "big")]
+        assert str(b.phase) in ("Pending", "Reserved")
+        c.handle(("Pod", "MODIFIED", {**bound(gang[0], on[0]), "status": {"phase": "Succeeded"}}))
+        await settle(c)
+        assert str(g.phase) == "Running" and list(g.held) == [on[1]]
+        assert str(b.phase) == "Running" and b.slots == [on[0]], (b.phase, b.reason)
 
     asyncio.run(main())
 

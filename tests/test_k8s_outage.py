@@ -54,7 +54,7 @@ class Follower:
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(cluster.kubeconfig),
-             "--webhook-port", str(port), "--namespace", OP_NS, *PINNED_MODES],
+             "--webhook-port", str(port), "--webhook-share-port", "--namespace", OP_NS, *PINNED_MODES],
             stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         wait("the follower's webhook", lambda: "webhook serving" in log.read_text() or self.proc.poll() is not None)
         assert self.proc.poll() is None, log.read_text()[-3000:]
@@ -153,7 +153,7 @@ def test_follower_keeps_admitting_and_binds_new_work_after_the_leader_is_killed(
         k8s_cluster: Any, tmp_path: Path, webhooks_removed: None) -> None:
     port = free_port()
     leader = Operator(k8s_cluster, tmp_path)
-    leader.start("--webhook-port", str(port))
+    leader.start("--webhook-port", str(port), "--webhook-share-port")
     follower = Follower(k8s_cluster, tmp_path / "follower.log", port)
     try:
         with namespace(k8s_cluster) as ns:
@@ -189,7 +189,7 @@ def test_cycles_longer_than_the_lease_keep_it_and_sigterm_mid_cycle_is_prompt(
     a cycle: the leader is gone within 2 s and the follower leads right after."""
     port = free_port()
     leader = Operator(k8s_cluster, tmp_path)
-    leader.start_with({"FLUXNETES_DEBUG_SLOW_CYCLE": "12"}, "--webhook-port", str(port))
+    leader.start_with({"FLUXNETES_DEBUG_SLOW_CYCLE": "12"}, "--webhook-port", str(port), "--webhook-share-port")
     follower = Follower(k8s_cluster, tmp_path / "follower.log", port)
     try:
         assert leader.proc is not None

@@ -424,3 +424,39 @@ def test_the_replay_puts_nodes_and_fluxjobs_last() -> None:
     out = [c.queue.get_nowait() for _ in range(len(events))]
     assert [e[0] for e in out] == ["Pod", "Job", "Pod", "Namespace", "Node", "FluxJob", "Node"]
     assert out[4][2]["metadata"]["name"] == "n9" and out[6][2]["metadata"]["name"] == "n8"
+
+
+def test_a_job_whose_fluxjob_is_final_is_never_queued_again_after_a_restart() -> None:
+    """Issue #29.4: after an API server outage the operator (its lease lost) starts over from
+    the cluster. A Job whose group ended (its FluxJob final) while the Job controller has not
+    marked the Job finished yet (it lags after the outage) is not queued and allocated again."""
+    from test_k8s_prune import job, make_controller, settle
+
+    async def main() -> None:
+        c, kube = make_controller()
+        j = job("done", 2)
+        j["spec"]["suspend"] = False  # resumed before the outage; its pods Succeeded
+        j["status"] = {"succeeded": 1, "active": 0}  # the second success not counted yet
+        fj = {"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob",
+              "metadata": {"name": "job-done", "namespace": "ns", "uid": "fj-done"},
+              "spec": {"size": 2, "request": {"cpu": 2000}, "duration": 0, "priority": 0,
+                       "workload": {"apiVersion": "batch/v1", "kind": "Job", "name": "done",
+                                    "uid": j["metadata"]["uid"]}},
+              "status": {"phase": "Completed", "reason": "all pods finished"}}
+        c.owners[("Job", "ns", "done")] = j
+        c.recover([fj])
+        c.recover_from_cluster([], [fj])
+        c.handle(("Job", "ADDED", j))
+        await settle(c)
+        g = c.groups.get(("ns", "job-done"))
+        assert g is None or g.phase.final, (g and g.phase)
+        assert not c.cluster.matcher.jobs and "done" not in kube.resumed
+        # a new Job of the same name (a new uid) is queued as usual
+        c.handle(("Job", "DELETED", j))
+        again = job("done", 2)
+        again["metadata"]["uid"] = "job-done-2"
+        c.handle(("Job", "ADDED", again))
+        await settle(c)
+        assert str(c.groups[("ns", "job-done")].phase) == "Running"
+
+    asyncio.run(main())

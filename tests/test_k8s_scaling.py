@@ -163,3 +163,56 @@ def test_statefulset_scale_up_keeps_ordinals(k8s_cluster: Any, ns: str) -> None:
     groups = placed_by_group(k8s_cluster, ns, ps)
     assert groups.keys() == {"statefulset-db", "statefulset-db-scale-1"}
     assert len({p["spec"]["nodeName"] for p in ps}) == 3
+
+
+# -- issue #29 item 2: an Unsatisfiable group follows a scale-down --------------------------------
+
+
+def statefulset(name: str, replicas: int, cpu: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "c", "image": "nginx",
+                                                           "resources": {"requests": {"cpu": cpu}}}]}}}}
+
+
+def label_group_deployment(name: str, replicas: int, cpu: str) -> dict[str, Any]:
+    """A Deployment whose pods form label group ``name`` (sized by the Deployment)."""
+    d = deployment(name, replicas, cpu)
+    d["spec"]["template"]["metadata"]["labels"]["fluxnetes.io/group"] = name
+    return d
+
+
+def group_of(cluster: Any, ns: str, prefix: str) -> str:
+    def find() -> str | None:
+        names = [fj["metadata"]["name"] for fj in cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"]]
+        return next((n for n in names if n.startswith(prefix) and "-scale-" not in n), None)
+
+    return str(wait(f"the FluxJob {prefix}*", find, timeout=30))
+
+
+@pytest.mark.parametrize("kind", ["deployment", "statefulset", "label-group"])
+def test_an_unsatisfiable_workload_scaled_down_runs(k8s_cluster: Any, ns: str, kind: str) -> None:
+    """Five pods of a whole node each on the four nodes: Unsatisfiable. Scaled to 4 (as
+    `kubectl scale` does), the group is judged again at 4 and its pods bind."""
+    cpus = [int(n["status"]["allocatable"]["cpu"]) for n in k8s_cluster.kubectl_json("get", "nodes")["items"]]
+    whole, count = str(min(cpus)), len(cpus)
+    make, prefix, resource = {
+        "deployment": (deployment, "replicaset-web-", "deployment"),
+        "statefulset": (statefulset, "statefulset-web", "statefulset"),
+        "label-group": (label_group_deployment, "web", "deployment"),
+    }[kind]
+    with OverbookingWatch(k8s_cluster) as watch:
+        apply(k8s_cluster, ns, [make("web", count + 1, whole)])
+        name = group_of(k8s_cluster, ns, prefix)
+        wait(f"{name} unsatisfiable", lambda: phase(k8s_cluster, ns, name) == "Unsatisfiable", timeout=60)
+        k8s_cluster.kubectl("scale", resource, "web", "-n", ns, f"--replicas={count}")
+        ps = running_pods(k8s_cluster, ns, "web", count)
+        assert len({p["spec"]["nodeName"] for p in ps}) == count
+        assert {p["metadata"]["annotations"]["fluxnetes.io/fluxjob"] for p in ps} == {name}
+        wait(f"{name} Running at size {count}", lambda: phase(k8s_cluster, ns, name) == "Running"
+             and fluxjob(k8s_cluster, ns, name)["spec"]["size"] == count, timeout=30)
+        types = [h["phase"] for h in fluxjob(k8s_cluster, ns, name)["status"]["history"]]
+        assert "Unsatisfiable" in types and types[-1] == "Running", types
+    assert watch.violations == []

@@ -397,3 +397,144 @@ def test_a_group_name_is_never_used_twice_for_one_workload() -> None:
         assert str(c2.groups[SCALE1].phase) == "Running" and len(c2.groups[SCALE1].members) == 2
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------- issue #29 item 2: an
+# Unsatisfiable group follows a scale-down (as a Pending one does): judged again at its new
+# size, it runs once it fits
+
+
+def sts(replicas: int) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "db", "namespace": "ns", "uid": "sts-db"},
+            "spec": {"replicas": replicas, "podManagementPolicy": "Parallel",
+                     "template": {"metadata": {"labels": {names.LABEL_MANAGED: "true"}},
+                                  "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "16"}}}]}}}}
+
+
+def sts_pod(i: int) -> dict[str, Any]:
+    p = pod(f"db-{i}", owner=sts(0))
+    p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+    return p
+
+
+def label_pod(i: int, size: int | None) -> dict[str, Any]:
+    """A ReplicaSet's pod in label group "lg" (its size from the label, or else the owner)."""
+    labels = {names.LABEL_GROUP: "lg", **({names.LABEL_GROUP_SIZE: str(size)} if size else {})}
+    p = pod(f"web-{i}", owner=rs(0), labels=labels)
+    p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+    return p
+
+
+async def unsatisfiable_then_scaled_down(c: Controller, owner: Any, make_pod: Any, key: tuple[str, str]) -> Any:
+    """Five 16-cpu pods on four 16-cpu nodes: Unsatisfiable. The owner is scaled to 4 and
+    its controller deletes the fifth pod. Returns the group."""
+    c.handle((owner(5)["kind"], "ADDED", owner(5)))
+    ps = [make_pod(i) for i in range(5)]
+    for p in ps:
+        c.handle(("Pod", "ADDED", p))
+    await settle(c)
+    g = c.groups[key]
+    assert str(g.phase) == "Unsatisfiable" and g.spec.size == 5, g.reason
+    c.handle((owner(4)["kind"], "MODIFIED", owner(4)))
+    c.handle(("Pod", "DELETED", ps[4]))
+    await settle(c)
+    return c.groups[key]
+
+
+def test_an_unsatisfiable_replicaset_scaled_down_runs_at_its_new_size() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        g = await unsatisfiable_then_scaled_down(c, rs, rs_pod, BASE)
+        assert str(g.phase) == "Running" and g.spec.size == 4, g.reason
+        assert sorted(kube.placed) == ["web-0", "web-1", "web-2", "web-3"]
+        assert held_nodes(c) == ["n0", "n1", "n2", "n3"]
+        conds = [cd["type"] for cd in kube.fluxjob_status[BASE]["conditions"]]
+        assert "Unsatisfiable" in conds and "Running" in conds
+
+    asyncio.run(main())
+
+
+def test_an_unsatisfiable_statefulset_scaled_down_runs_at_its_new_size() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        g = await unsatisfiable_then_scaled_down(c, sts, sts_pod, ("ns", "statefulset-db"))
+        assert str(g.phase) == "Running" and g.spec.size == 4, g.reason
+        assert sorted(kube.placed) == ["db-0", "db-1", "db-2", "db-3"]
+
+    asyncio.run(main())
+
+
+def test_an_unsatisfiable_label_group_follows_its_owners_scale_down() -> None:
+    for size in (None, 5):  # sized by the ReplicaSet, or by its size label
+        async def main(size: int | None = size) -> None:
+            c, kube = make_controller()
+            g = await unsatisfiable_then_scaled_down(c, rs, lambda i: label_pod(i, size), ("ns", "lg"))
+            assert str(g.phase) == "Running" and g.spec.size == 4, (size, g.reason)
+            assert sorted(kube.placed) == ["web-0", "web-1", "web-2", "web-3"]
+
+        asyncio.run(main())
+
+
+def test_a_pending_label_group_follows_its_owners_scale_down() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        blocker = bound(pod("other"), "n0")
+        blocker["metadata"]["labels"] = {}
+        blocker["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+        c.handle(("Pod", "ADDED", blocker))  # a foreign pod fills n0: 4 pods wait
+        c.handle(("ReplicaSet", "ADDED", rs(4)))
+        ps = [label_pod(i, 4) for i in range(4)]
+        for p in ps:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "lg")]
+        assert str(g.phase) in ("Pending", "Reserved")
+        c.handle(("ReplicaSet", "MODIFIED", rs(3)))
+        c.handle(("Pod", "DELETED", ps[3]))
+        await settle(c)
+        assert str(g.phase) == "Running" and g.spec.size == 3 and len(kube.placed) == 3
+
+    asyncio.run(main())
+
+
+def test_an_unsatisfiable_scale_group_scaled_down_runs_at_its_new_size() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        start_two(c)
+        await settle(c)
+        c.handle(("ReplicaSet", "MODIFIED", rs(7)))  # 5 more 16-cpu pods: 2 nodes left, 4 in all
+        for i in range(2, 7):
+            c.handle(("Pod", "ADDED", rs_pod(i)))
+        await settle(c)
+        g = c.groups[SCALE1]
+        assert str(g.phase) == "Unsatisfiable" and g.spec.size == 5, g.reason
+        c.handle(("ReplicaSet", "MODIFIED", rs(4)))
+        for i in (4, 5, 6):
+            c.handle(("Pod", "DELETED", rs_pod(i)))
+        await settle(c)
+        assert str(g.phase) == "Running" and g.spec.size == 2, g.reason
+        assert sorted(kube.placed[2:]) == ["web-2", "web-3"] and held_nodes(c) == ["n0", "n1", "n2", "n3"]
+
+    asyncio.run(main())
+
+
+def test_an_unsatisfiable_replicaset_scaled_to_zero_is_cancelled() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        c.handle(("ReplicaSet", "ADDED", rs(5)))
+        for i in range(5):
+            c.handle(("Pod", "ADDED", rs_pod(i)))
+        await settle(c)
+        g = c.groups[BASE]
+        assert str(g.phase) == "Unsatisfiable"
+        c.handle(("ReplicaSet", "MODIFIED", rs(0)))
+        await settle(c)
+        assert str(g.phase) == "Cancelled" and not kube.placed
+        # its pods (being deleted) wait for the ReplicaSet to want pods again: no group of 0
+        assert list(c.groups) == [BASE] and len(c.parked) == 5
+        c.handle(("ReplicaSet", "MODIFIED", rs(3)))  # it changed its mind before deleting them
+        await settle(c)
+        assert str(c.groups[SCALE1].phase) == "Running" and len(kube.placed) == 3
+
+    asyncio.run(main())

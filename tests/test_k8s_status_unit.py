@@ -129,6 +129,35 @@ def test_a_phase_between_two_writes_stays_a_condition() -> None:
     asyncio.run(main())
 
 
+def test_the_history_keeps_every_transition_in_time_order_repeats_included() -> None:
+    """Issue #29 item 6: conditions keep one entry per phase, so Pending, Unsatisfiable,
+    Pending again lost the first Pending and listed the phases out of time order."""
+    async def main() -> None:
+        now = [1_000]
+        b, fake, kube = book(status_interval=0.0)
+        b._ctx.clock = lambda: now[0]
+        g = fake.groups[("ns", "g")] = group()
+        steps = [(Phase.PENDING, "queued"), (Phase.UNSATISFIABLE, "can never run"),
+                 (Phase.PENDING, "queued again"), (Phase.RESERVED, "reserved; at 1"),
+                 (Phase.RESERVED, "reserved; at 2"), (Phase.RUNNING, "allocated on n0")]
+        for i, (phase, reason) in enumerate(steps):
+            now[0] = 1_000 + 10 * i
+            b.set_phase(g, phase, reason)
+            if i in (0, 3):  # two writes; the other transitions pass between them
+                b.fluxjobs_due(float(i))
+                await b.flush_fluxjobs(now=float(i))
+        b.fluxjobs_due(9.0)
+        await b.flush_fluxjobs(now=9.0)
+        hist = kube.fluxjob_status[("ns", "g")]["history"]
+        assert [(h["phase"], h["message"]) for h in hist] == [
+            ("Provisional", ""), ("Pending", "queued"), ("Unsatisfiable", "can never run"),
+            ("Pending", "queued again"), ("Reserved", "reserved; at 2"), ("Running", "allocated on n0")]
+        times = [h["time"] for h in hist]
+        assert times == sorted(times) and times[1] < times[2] < times[3]
+
+    asyncio.run(main())
+
+
 class Refusing(Events):
     """The API server is away (its restart): every status write fails to connect."""
 
@@ -225,5 +254,26 @@ def test_a_fluxjob_refused_by_a_namespace_being_deleted_is_not_retried() -> None
         b.fluxjobs_due(103.0)
         await b.flush_fluxjobs(now=103.0)
         assert kube.refused == 2 and not g.fj_dirty
+
+    asyncio.run(main())
+
+
+def test_the_history_is_written_only_once_a_phase_repeats() -> None:
+    """A group that never enters a phase twice (most) writes no history: its conditions
+    say the same, and the FluxJob write stays as small as before."""
+    async def main() -> None:
+        b, fake, kube = book(status_interval=0.0)
+        g = fake.groups[("ns", "g")] = group()
+        for phase, reason in ((Phase.PENDING, "queued"), (Phase.RUNNING, "allocated on n0")):
+            b.set_phase(g, phase, reason)
+            b.fluxjobs_due(0.0)
+            await b.flush_fluxjobs(now=0.0)
+            assert "history" not in kube.fluxjob_status[("ns", "g")]
+        b.set_phase(g, Phase.PREEMPTED, "evicted")
+        b.set_phase(g, Phase.PENDING, "queued again")
+        b.fluxjobs_due(1.0)
+        await b.flush_fluxjobs(now=1.0)
+        hist = kube.fluxjob_status[("ns", "g")]["history"]
+        assert [h["phase"] for h in hist] == ["Provisional", "Pending", "Running", "Preempted", "Pending"]
 
     asyncio.run(main())

@@ -237,3 +237,36 @@ def test_a_short_job_shows_running_and_deleted_pods_say_cancelled(k8s_cluster: A
     k8s_cluster.kubectl("delete", "pod", "-n", ns, "stopped-0", "stopped-1")
     wait("stopped cancelled", lambda: phase(k8s_cluster, ns, "stopped") == "Cancelled")
     assert fluxjob(k8s_cluster, ns, "stopped")["status"]["reason"].startswith("pods deleted")
+
+
+@pytest.mark.k8s
+def test_an_extended_resource_is_matched_by_its_full_name(k8s_cluster: Any, ns: str) -> None:
+    """Issue #29.1 as a user drives it: `example.com/fpga` is Unsatisfiable with the full name,
+    a node offering `other.com/fpga` does not take it, one offering `example.com/fpga` does."""
+    import time
+
+    p = pod("fpga", "1")
+    p["spec"]["containers"][0]["resources"]["requests"]["example.com/fpga"] = "1"
+    p["spec"]["containers"][0]["resources"]["limits"] = {"example.com/fpga": "1"}
+    apply(k8s_cluster, ns, [p])
+    reason = unsatisfiable_reason(k8s_cluster, ns, "pod-fpga")
+    assert "needs 1 example.com/fpga in all" in reason, reason
+    other, mine = f"{EXTRA}-other", f"{EXTRA}-mine"
+    try:
+        for name, res in ((other, "other.com/fpga"), (mine, None)):
+            n = kwok_node(name, "4")
+            if res:
+                n["status"]["allocatable"][res] = n["status"]["capacity"][res] = "2"
+            k8s_cluster.kubectl("apply", "-f", "-", input=json.dumps(n))
+        wait("nodes seen", lambda: all(k8s_cluster.kubectl("get", "node", n, check=False).returncode == 0
+                                       for n in (other, mine)))
+        time.sleep(5)  # the operator saw both nodes: the pod must still wait
+        assert phase(k8s_cluster, ns, "pod-fpga") == "Unsatisfiable"
+        assert not k8s_cluster.kubectl_json("get", "pod", "-n", ns, "fpga")["spec"].get("nodeName")
+        patch = {"status": {"capacity": {"example.com/fpga": "2"}, "allocatable": {"example.com/fpga": "2"}}}
+        k8s_cluster.kubectl("patch", "node", mine, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+        wait("fpga bound on the node that has one", lambda: k8s_cluster.kubectl_json(
+            "get", "pod", "-n", ns, "fpga")["spec"].get("nodeName") == mine, timeout=90)
+    finally:
+        for n in (other, mine):
+            k8s_cluster.kubectl("delete", "node", n, "--ignore-not-found", check=False)

@@ -132,3 +132,79 @@ def test_gate_policy_is_cel_with_the_operator_identity() -> None:
     assert names.GATE in rule["expression"] and names.GATE in rule["messageExpression"]
     assert policy["spec"]["matchConstraints"]["objectSelector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.asyncio
+async def test_operators_of_two_clusters_never_share_a_webhook_port() -> None:
+    """Issue #29 item 7: two clusters' operators on one host with one --webhook-port. The second
+    must not bind beside the first (SO_REUSEPORT would let the kernel hand it the first
+    cluster's admission calls), even when both ask to share: its CA did not sign the holder's
+    certificate. It stops with an error naming the port; the first keeps the port alone."""
+    from fluxnetes.k8s.admission.webhook import WebhookPortError
+
+    port = _free_port()
+    one, other = certs.make_bundle(["127.0.0.1"]), certs.make_bundle(["127.0.0.1"])
+    first = WebhookServer("127.0.0.1", port, one, lambda: {"operator"}, share_port=True)
+    await first.start_in_process()
+    try:
+        for share in (False, True):
+            second = WebhookServer("127.0.0.1", port, other, lambda: {"operator"}, share_port=share)
+            with pytest.raises(WebhookPortError, match=f"--webhook-port {port} is held by a process"):
+                await second.start_in_process()
+        # every connection still reaches the first cluster's operator
+        ctx = ssl.create_default_context(cadata=one.ca_crt.decode())
+        async with aiohttp.ClientSession() as s:
+            for _ in range(20):
+                async with s.get(f"https://127.0.0.1:{port}/healthz", ssl=ctx) as r:
+                    assert r.status == 200
+    finally:
+        await first.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_taken_port_is_an_error_unless_replicas_of_one_operator_ask_to_share() -> None:
+    from fluxnetes.k8s.admission.webhook import WebhookPortError
+
+    port = _free_port()
+    bundle = certs.make_bundle(["127.0.0.1"])
+    first = WebhookServer("127.0.0.1", port, bundle, lambda: {"operator"}, share_port=True)
+    await first.start_in_process()
+    second = WebhookServer("127.0.0.1", port, bundle, lambda: {"operator"})
+    try:
+        with pytest.raises(WebhookPortError, match="--webhook-share-port"):
+            await second.start_in_process()  # a replica, but it did not ask to share
+        second = WebhookServer("127.0.0.1", port, bundle, lambda: {"operator"}, share_port=True)
+        assert await second.start_in_process() == port  # same CA (same Secret), both asked
+        await first.stop()  # the kernel sends new connections to the replica left
+        ctx = ssl.create_default_context(cadata=bundle.ca_crt.decode())
+        async with aiohttp.ClientSession() as s, s.get(f"https://127.0.0.1:{port}/healthz", ssl=ctx) as r:
+            assert r.status == 200
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_port_held_without_sharing_is_never_joined() -> None:
+    """A replica that did not ask to share holds the port alone: a second one that asks gets
+    an error (the kernel refuses it too), not a half-shared port."""
+    from fluxnetes.k8s.admission.webhook import WebhookPortError
+
+    port = _free_port()
+    bundle = certs.make_bundle(["127.0.0.1"])
+    first = WebhookServer("127.0.0.1", port, bundle, lambda: {"operator"})
+    await first.start_in_process()
+    try:
+        second = WebhookServer("127.0.0.1", port, bundle, lambda: {"operator"}, share_port=True)
+        with pytest.raises(WebhookPortError, match=f"--webhook-port {port} is in use"):
+            await second.start_in_process()
+    finally:
+        await first.stop()

@@ -158,7 +158,8 @@ graphs = st.one_of(descriptions().map(lambda d: (from_description, d)),
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs, st.sampled_from(STATIC), st.lists(st.tuples(st.one_of(jobspecs(), jobspecs(big_memory=True)),
+@given(graphs, st.sampled_from([*STATIC, "locality", "variation"]),
+       st.lists(st.tuples(st.one_of(jobspecs(), jobspecs(big_memory=True)),
                                                             st.integers(0, 255)), min_size=1, max_size=6))
 def test_counted_satisfiability_equals_the_walk(graph: Any, policy: str, specs: list[Any]) -> None:
     """Every slot request the counts decide (no cache involved) gets the walk's answer, with
@@ -299,7 +300,7 @@ def gangs(draw: Any) -> Any:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(k8s_nodes(), st.sampled_from(["lonode", "first"]), st.lists(gangs(), min_size=1, max_size=4),
+@given(k8s_nodes(), st.sampled_from(["lonode", "first", "locality", "variation"]), st.lists(gangs(), min_size=1, max_size=4),
        st.lists(st.tuples(st.sampled_from(["allocate", "reserve", "sat", "cancel"]), st.integers(0, 99)),
                 min_size=1, max_size=10))
 def test_gang_answers_equal_the_walks(nodes: list[dict[str, Any]], policy: str, specs: list[Any],

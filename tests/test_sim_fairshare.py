@@ -222,7 +222,7 @@ def test_a_flooding_user_no_longer_delays_the_others(
                                                  total_cores=workload.machine.total_cores))
     plain, _ = run_policy(workload, policy_for("easy"))
     fair, summary = run_policy(workload, policy_for("easy"), fairshare=setup)
-    assert summary.policy == "easy+fairshare" and summary.engine == "reference"
+    assert summary.policy == "easy+fairshare" and summary.engine == "queue"
 
     def mean_wait(run: SimRun, flooder: bool) -> float:
         waits = [o.start - o.job.submit for o in run.outcomes if o.start is not None
@@ -244,10 +244,10 @@ def test_groups_and_classic_run_on_kth(kth: tuple[SwfTrace, Workload]) -> None:
                                                  weights=WEIGHTS, total_cores=100))
     _, summary = run_policy(workload, policy_for("easy"), fairshare=setup)
     assert summary.jobs == 600
-    # the queue engine takes the same order (one cycle per instant)
+    # the count oracle takes the same order
     qrun, qsummary = run_policy(Workload(trace, full.machine, full.jobs[:150], full.report),
-                                policy_for("easy"), fairshare=setup, engine="queue")
-    assert qsummary.engine == "queue" and qsummary.jobs == 150
+                                policy_for("easy"), fairshare=setup, engine="count")
+    assert qsummary.engine == "count" and qsummary.jobs == 150
     _never_overfull(qrun, 100)
 
 
@@ -330,7 +330,7 @@ def test_bad_tree_files_are_named_errors(tmp_path: Path, small: str, content: st
     (["--fairshare", "users", "--weight-age", "-1"], "--weight-age: must be a number >= 0"),
     (["--fairshare", "users", "--max-age", "0"], "--max-age: must be > 0"),
     (["--half-life", "1d"], "--half-life needs --fairshare"),
-    (["--fairshare", "users", "-p", "conservative", "--engine", "reference"],
+    (["--fairshare", "users", "-p", "conservative", "--engine", "count"],
      "fair share with conservative"),
 ])
 def test_bad_flags_are_named_errors(small: str, args: list[str], message: str) -> None:

@@ -1,4 +1,4 @@
-"""The fast reference engine (``fluxnetes.sim.fastsim``) against a plain model of the same
+"""The count oracle (``fluxnetes.sim.fastsim``, ``--engine count``) against a plain model of the same
 semantics (tests/sim_oracle.py) on random small traces full of equal timestamps, plus the
 placements it hands out and the seams it shares with the queue engine."""
 
@@ -225,13 +225,15 @@ def test_cli_engine_choice(tmp_path: Any) -> None:
     result = cli.invoke(app, ["simulate", str(path), "--json", "--compare", "easy,hybrid:1"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["easy"]["engine"] == "reference" and data["hybrid:1"]["engine"] == "queue"
-    result = cli.invoke(app, ["simulate", str(path), "--engine", "queue", "--json"])
-    assert result.exit_code == 0 and json.loads(result.stdout)["engine"] == "queue"
-    result = cli.invoke(app, ["simulate", str(path), "--engine", "reference",
+    # the operator's engine by default, every policy; the count oracle only when asked
+    assert data["easy"]["engine"] == "queue" and data["hybrid:1"]["engine"] == "queue"
+    assert data["easy"]["matcher_calls"] > 0
+    result = cli.invoke(app, ["simulate", str(path), "--engine", "count", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["engine"] == "count"
+    result = cli.invoke(app, ["simulate", str(path), "--engine", "count",
                               "--reservations", "pinned"])
     assert result.exit_code == 2 and "pinned reservations" in result.stderr
     result = cli.invoke(app, ["simulate", str(path), "--engine", "fastest"])
     assert result.exit_code == 2 and "--engine" in result.stderr
     result = cli.invoke(app, ["simulate", str(path)])
-    assert "engine   easy: reference" in result.stdout
+    assert "engine   easy: queue (the operator's Scheduler, graph matcher 'first')" in result.stdout

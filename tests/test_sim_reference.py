@@ -1,4 +1,5 @@
-"""`fluxnetes simulate` reproduces the reference backfilling simulator job for job.
+"""`fluxnetes simulate` reproduces the reference backfilling simulator job for job, on the
+operator's engine (the queue's Scheduler and the graph matcher, every job placed by it).
 
 The reference schedules (pyss, as in Gaussier et al., SC'15) are in the shared data folder,
 beside the repository: ``<repo>/../shared/data/reference-schedules`` (README there). They
@@ -47,8 +48,9 @@ def first(workload: Workload, n: int) -> Workload:
 
 def compare(workload: Workload, policy: str, name: str) -> tuple[float, float]:
     ref = reference(name)
-    run, summary = run_policy(workload, policy_for(policy))
-    assert summary.engine == "reference"
+    run, summary = run_policy(workload, policy_for(policy), engine="queue")
+    assert summary.engine == "queue"
+    assert summary.matcher_calls >= len(ref)  # every job placed by the graph matcher
     assert len(run.outcomes) == len(ref)
     inputs = [o.job.id for o in run.outcomes
               if (o.job.submit, o.job.effective_runtime, o.job.procs)

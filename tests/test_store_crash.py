@@ -26,10 +26,14 @@ NODES, CORES, TOTAL, BATCH = 4, 4, 200, 5
 pytestmark = pytest.mark.usefixtures("unfreeze_gc")
 
 
-def worker(url: str, seed: int) -> subprocess.Popen[bytes]:
-    args = [url, NODES, CORES, TOTAL, BATCH, seed]
+def worker(url: str, seed: int, step: bool = False, total: int = TOTAL) -> subprocess.Popen[bytes]:
+    """The stream worker; with ``step`` it waits for a go-ahead line on stdin after each round."""
+    args = [url, NODES, CORES, total, BATCH, seed, *(["step"] if step else [])]
     return subprocess.Popen(
-        [sys.executable, WORKER, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, WORKER, *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -59,11 +63,15 @@ def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(store_u
     Store.open(store_url).close()  # schema first: the kills target the submission stream
     rounds = -(-TOTAL // BATCH)
     for round_ in range(5):
-        p = worker(store_url, seed=round_)
-        assert p.stdout is not None
+        p = worker(store_url, seed=round_, step=True)
+        assert p.stdout is not None and p.stdin is not None
         for _ in range(rng.randint(1, rounds - 2)):  # let it get somewhere in the stream...
             assert p.stdout.readline().startswith(b"round")
-        time.sleep(rng.uniform(0, 0.03))  # ...then kill it at a random point of a round
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+        # ...then kill it at a random point of the round it was let into. It cannot finish
+        # the stream first on a slow machine: it waits for a go-ahead that never comes.
+        time.sleep(rng.uniform(0, 0.03))
         p.send_signal(signal.SIGKILL)
         p.wait()
         assert p.returncode == -signal.SIGKILL
@@ -81,6 +89,26 @@ def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(store_u
     check_store(store, NODES, CORES)
     counts = store.counts()
     assert counts[JobState.COMPLETED] + counts[JobState.UNSATISFIABLE] == TOTAL
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_kill_that_comes_late_still_finds_the_worker_inside_the_stream(store_url: str) -> None:
+    """On a loaded machine the test's kill can come long after the go-ahead (the flake of
+    issue #29 item 9: the worker had finished, `0 == -SIGKILL`). A stepped worker waits."""
+    Store.open(store_url).close()
+    p = worker(store_url, seed=7, step=True, total=4 * BATCH)  # a short stream: four rounds
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline().startswith(b"round 0")
+    p.stdin.write(b"go\n")
+    p.stdin.flush()
+    with pytest.raises(subprocess.TimeoutExpired):  # the rest of the stream takes < 1 s
+        p.wait(timeout=5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL
+    store = Store(store_url)
+    check_store(store, NODES, CORES)
     store.close()
 
 

@@ -93,11 +93,17 @@ def fresh_pg_database() -> Iterator[str]:
 # ----------------------------------------------------------------------------- worker
 
 
-def worker_main(url: str, nodes: int, cores: int, total: int, batch: int, seed: int) -> None:
+def worker_main(
+    url: str, nodes: int, cores: int, total: int, batch: int, seed: int, step: bool = False
+) -> None:
     """A stream of submissions interleaved with cycles and completions, at a fake clock that
     advances one second per step. Resubmits from the start (submissions are idempotent), so
-    running it again after a SIGKILL continues where the store says it stopped."""
+    running it again after a SIGKILL continues where the store says it stopped.
+
+    With ``step`` the worker waits for a line on stdin after each round: a test that kills it
+    then knows it is still inside the stream, however slow or fast the machine is."""
     import random
+    import sys
 
     from fluxnetes.queue.policy import QueuePolicy
     from fluxnetes.store import IllegalTransition, JobState, Store, Submission
@@ -133,6 +139,8 @@ def worker_main(url: str, nodes: int, cores: int, total: int, batch: int, seed: 
                 with contextlib.suppress(IllegalTransition):
                     store.transition(job.id, JobState.COMPLETED, clock["t"], "finished")
         print(f"round {start // batch}", flush=True)
+        if step:
+            sys.stdin.readline()
     print("worker done", flush=True)
 
 
@@ -140,7 +148,7 @@ if __name__ == "__main__":
     import sys
 
     a = sys.argv[1:]
-    worker_main(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]))
+    worker_main(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), "step" in a[6:])
 
 
 def check_store(store: Any, nodes: int, cores: int) -> None:

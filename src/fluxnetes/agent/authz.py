@@ -61,7 +61,7 @@ class LocalAuthorizer:
             raise AuthError(f"{who.user}: only certificate clients are accepted here")
 
     async def audit(self, who: Identity, verb: str, node: str, detail: str) -> None:
-        log.warning("audit: user %s (%s) %s on %s: %s", who.user, who.via, verb, node, detail)
+        log.info("audit: user %s (%s) %s on %s: %s", who.user, who.via, verb, node, detail)
 
 
 @dataclass
@@ -102,7 +102,7 @@ class KubeAuthorizer:
     async def audit(self, who: Identity, verb: str, node: str, detail: str) -> None:
         from fluxnetes.k8s.kube import EVENTS, ApiError
 
-        log.warning("audit: user %s (%s) %s on %s: %s", who.user, who.via, verb, node, detail)
+        log.info("audit: user %s (%s) %s on %s: %s", who.user, who.via, verb, node, detail)
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1", "kind": "Event",

@@ -9,12 +9,17 @@ to rank 0, which is followed once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from pathlib import Path
 from typing import Any
 
 from fluxnetes.agent import proto, tls
 from fluxnetes.agent.transfer import CHUNK_SIZE, TransferError, iter_chunks, make_manifest
+
+EXEC_SLACK = 10.0  # rank 0 waits this much longer than an exec's command timeout
+REPLY_SLACK = 30.0  # and the client this much longer than rank 0
+STATUS_WAIT = 30.0
 
 
 class ClientError(Exception):
@@ -57,16 +62,30 @@ class Client:
         self.user = str(h.get("user", ""))
         return reader, writer
 
-    async def _call(self, request: dict[str, Any], body: Any = None) -> dict[str, Any]:
+    async def _call(self, request: dict[str, Any], body: Any = None,
+                    wait: float = STATUS_WAIT) -> dict[str, Any]:
+        """Send a request (and its body) and read the answer, which may come before the whole
+        body was taken (rank 0 gave up at its deadline). Ends within ``wait`` seconds."""
         reader, writer = await self._open(self.address)
+        sending: asyncio.Task[None] | None = None
         try:
             await proto.send(writer, request)
             if body is not None:
-                await body(writer)
-            h, _ = await proto.recv(reader)
+                sending = asyncio.ensure_future(body(writer))
+            try:
+                h, _ = await asyncio.wait_for(proto.recv(reader), wait)
+            except TimeoutError:
+                raise ClientError(f"no answer from the agents' tree within {wait:.0f} s") from None
         except (OSError, asyncio.IncompleteReadError, ssl.SSLError, proto.ProtocolError) as exc:
-            raise ClientError(f"connection to the agent lost: {exc!r}") from None
+            why: BaseException = exc
+            if sending is not None and sending.done() and not sending.cancelled() and sending.exception():
+                why = sending.exception() or exc
+            raise ClientError(f"connection to the agent lost: {why!r}") from None
         finally:
+            if sending is not None:
+                sending.cancel()
+                with contextlib.suppress(BaseException):
+                    await sending
             writer.close()
         if h.get("t") == "error":
             raise ClientError(str(h.get("error")))
@@ -76,7 +95,9 @@ class Client:
         return await self._call({"t": "status"})
 
     async def exec(self, argv: list[str], nodes: list[str] | None, timeout: float) -> dict[str, Any]:
-        return await self._call({"t": "exec", "argv": argv, "nodes": nodes, "timeout": timeout})
+        # rank 0 answers by the command's timeout + EXEC_SLACK, whatever happens below it
+        return await self._call({"t": "exec", "argv": argv, "nodes": nodes, "timeout": timeout},
+                                wait=timeout + EXEC_SLACK + REPLY_SLACK)
 
     async def broadcast(self, path: Path, dest: str, nodes: list[str] | None, *,
                         chunk_size: int = CHUNK_SIZE, timeout: float = 3600) -> dict[str, Any]:
@@ -92,7 +113,7 @@ class Client:
                 await proto.send(writer, {"t": "chunk", "i": 0}, b"")
 
         return await self._call({"t": "broadcast", "manifest": m.to_json(), "nodes": nodes,
-                                 "timeout": timeout}, body)
+                                 "timeout": timeout}, body, wait=timeout + REPLY_SLACK)
 
 
 def summarise_exec(reply: dict[str, Any]) -> tuple[dict[str, list[str]], int]:

@@ -26,9 +26,10 @@ from typing import Any
 
 from fluxnetes.agent import execute, proto, tls
 from fluxnetes.agent.authz import AuthError, Authorizer, Identity, LocalAuthorizer
+from fluxnetes.agent.client import EXEC_SLACK
 from fluxnetes.agent.proto import Header
 from fluxnetes.agent.transfer import Manifest, Receiver, TransferError
-from fluxnetes.agent.tree import DEFAULT_FANOUT, DEFAULT_PORT, Member, Tree
+from fluxnetes.agent.tree import ADDRESS_ANNOTATION, DEFAULT_FANOUT, DEFAULT_PORT, Member, Tree
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,12 @@ class Link:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.writer.close()
+        with contextlib.suppress(Exception):
+            self.writer.transport.abort()  # at once, even with unsent data queued to a slow peer
+
+
+DEPARTED = "left the tree's membership during the request (its Node was deleted or is not Ready)"
+KEPT_RESULTS = 64  # an agent's own latest results, re-sent after it re-attaches
 
 
 @dataclass
@@ -84,13 +91,26 @@ class _Op:
     kind: str
     expected: set[str]
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    departed: dict[str, str] = field(default_factory=dict)  # node -> why it will not answer
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, node: str, result: dict[str, Any]) -> None:
-        if node in self.expected:
+        if node in self.expected and node not in self.departed:
             self.results[node] = result
-            if set(self.results) >= self.expected:
-                self.done.set()
+            self._check()
+
+    def depart(self, node: str, why: str) -> None:
+        if node in self.expected and node not in self.results:
+            self.departed[node] = why
+            self._check()
+
+    @property
+    def owing(self) -> set[str]:
+        return self.expected - set(self.results) - set(self.departed)
+
+    def _check(self) -> None:
+        if not self.owing:
+            self.done.set()
 
 
 class RequestError(Exception):
@@ -110,9 +130,15 @@ class Agent:
         self.ended: set[str] = set()
         self.ops: dict[str, _Op] = {}
         self.seen_exec: set[str] = set()
+        # this agent's own answers to requests still running (op id -> upward message): one
+        # relayed by an agent that then left, or written to a connection that broke, is lost
+        # on the way; re-sent after every re-attach, dropped at the request's end
+        self.answers: dict[str, Header] = {}
+        self._said: set[tuple[str, ...]] = set()  # problems already logged once
         self.attach_count = 0  # how many times a parent link came up (tests, logs)
         self._up: asyncio.Queue[tuple[Header, bytes]] = asyncio.Queue()
         self._changed = asyncio.Event()
+        self._changed_op = asyncio.Event()  # the membership changed (running requests look)
         self._stopping = False
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -172,6 +198,7 @@ class Agent:
         if tree != self.tree:
             old_rank = self.rank
             self.tree = tree
+            self._changed_op.set()
             if self.rank != old_rank:
                 log.info("agent %s: rank %s -> %s (%d members)", self.node, old_rank, self.rank, len(tree))
             self._changed.set()
@@ -203,7 +230,9 @@ class Agent:
         try:
             peer = tls.peer_identity(writer.get_extra_info("peercert"))
             if peer is None or peer != (member.name, tls.AGENT_ORG):
-                raise proto.ProtocolError(f"{member.address} presented {peer}, not agent {member.name}")
+                link.close()
+                self._wrong_peer(member, peer)
+                return None
             transfers = {tid: r.missing() for tid, r in self.receivers.items() if tid not in self.ended}
             await link.send({"t": "hello", "role": "child", "name": self.node,
                              "subtree": {self.node: member.name, **self.subtree}, "transfers": transfers})
@@ -215,6 +244,28 @@ class Agent:
             link.close()
             return None
         return link
+
+    def _wrong_peer(self, member: Member, peer: tuple[str, str] | None) -> None:
+        """Another agent (or none) answers at a member's address: said once, with what is
+        missing, not at every retry."""
+        key = ("peer", member.name, member.address, str(peer))
+        if key in self._said:
+            log.debug("agent %s: %s still answers as %s, not agent %s", self.node, member.address, peer,
+                      member.name)
+            return
+        self._said.add(key)
+        who = f"agent {peer[0]}" if peer and peer[1] == tls.AGENT_ORG else f"{peer or 'a peer without a certificate'}"
+        if member.origin == "node":
+            hint = (f"its Node has no {ADDRESS_ANNOTATION} annotation, so the address is its InternalIP "
+                    "and the agents' port; on fake (kwok) nodes, or for an agent behind NAT, annotate the "
+                    "Node with its agent's HOST:PORT")
+        elif member.origin == "annotation":
+            hint = f"its Node's {ADDRESS_ANNOTATION} annotation names another agent's address"
+        else:
+            hint = "the peers list gives it another agent's address"
+        log.warning("agent %s: member %s is unreachable: %s answers at %s, not agent %s (%s); "
+                    "routing around it (said once)", self.node, member.name, who, member.address, member.name,
+                    hint)
 
     async def _first_reachable(self, cands: list[Member]) -> tuple[int, Link] | None:
         for i, m in enumerate(cands):
@@ -243,6 +294,8 @@ class Agent:
             index, link = got
             self.parent = link
             self.attach_count += 1
+            for h in self.answers.values():  # whatever was lost on the old way up
+                self._up.put_nowait((h, b""))
             log.info("agent %s (rank %s): attached to %s%s", self.node, self.rank, link.name,
                      "" if index == 0 else f" (designated parent {cands[0].name} unreachable)")
             reader = asyncio.ensure_future(self._read_parent(link))
@@ -272,13 +325,11 @@ class Agent:
                         pending = better
                         break
             finally:
-                reader.cancel()
-                sender.cancel()
-                with contextlib.suppress(BaseException):
-                    await reader
-                with contextlib.suppress(BaseException):
-                    await sender
+                # closed first: a reader whose cancellation raced a frame arriving (3.11's
+                # wait_for can swallow it) then ends on the closed connection instead of
+                # reading on from a parent we left
                 link.close()
+                await _cancel_all([reader, sender])
                 self.parent = None
 
     async def _wait_changed(self, timeout: float) -> None:
@@ -340,7 +391,7 @@ class Agent:
         if t == "ping":
             return
         if t == "exec":
-            if h["id"] in self.seen_exec:
+            if h["id"] in self.seen_exec or h["id"] in self.ended:
                 return
             self.seen_exec.add(h["id"])
             await self._forward(h)
@@ -354,6 +405,7 @@ class Agent:
         elif t == "end":
             tid = str(h["id"])
             self.ended.add(tid)
+            self.answers.pop(tid, None)
             await self._forward(h)
             r = self.receivers.pop(tid, None)
             if r:
@@ -366,7 +418,7 @@ class Agent:
         else:
             timeout = min(float(h.get("timeout") or self.cfg.exec_timeout), self.cfg.exec_timeout)
             res = await execute.run(self.node, rank, list(h["argv"]), self.cfg.exec_user, timeout)
-        self._push_up({"t": "exec_result", "id": h["id"], "node": self.node, "result": res.to_json()})
+        self._answer({"t": "exec_result", "id": h["id"], "node": self.node, "result": res.to_json()})
 
     async def _on_manifest(self, h: Header) -> None:
         try:
@@ -381,7 +433,7 @@ class Agent:
             r = Receiver.open(m, self.cfg.state_dir / "transfers", self.cfg.data_dir if target else None)
         except (OSError, TransferError) as exc:
             log.error("agent %s: transfer %s: %s", self.node, m.id, exc)
-            self._push_up({"t": "bcast_done", "id": m.id, "node": self.node, "error": str(exc)})
+            self._answer({"t": "bcast_done", "id": m.id, "node": self.node, "error": str(exc)})
             return
         self.receivers[m.id] = r
         await self._forward(h)
@@ -409,8 +461,18 @@ class Agent:
         if err:
             log.error("agent %s: transfer %s: %s", self.node, r.manifest.id, err)
         if target:
-            self._push_up({"t": "bcast_done", "id": r.manifest.id, "node": self.node, "error": err,
-                           "path": str(r.dest)})
+            self._answer({"t": "bcast_done", "id": r.manifest.id, "node": self.node, "error": err,
+                          "path": str(r.dest)})
+
+    def _answer(self, h: Header) -> None:
+        """This agent's answer to a request: sent up now, and kept until the request ends."""
+        op_id = str(h["id"])
+        if op_id in self.ended:
+            return
+        self.answers[op_id] = h
+        while len(self.answers) > KEPT_RESULTS:  # requests whose end never reached us
+            self.answers.pop(next(iter(self.answers)))
+        self._push_up(h)
 
     # -- children and clients -------------------------------------------------------------------
     async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -491,10 +553,18 @@ class Agent:
                 if tid not in sent:
                     sent[tid] = set()
                     if tid not in theirs:
-                        await link.send({"t": "manifest", "manifest": r.manifest.to_json()})
+                        await self._send_bounded(link, {"t": "manifest", "manifest": r.manifest.to_json()})
                 for i in sorted(todo):
-                    await link.send({"t": "chunk", "id": tid, "i": i}, r.read(i))
+                    await self._send_bounded(link, {"t": "chunk", "id": tid, "i": i}, r.read(i))
                     sent[tid].add(i)
+
+    async def _send_bounded(self, link: Link, h: Header, payload: bytes = b"") -> None:
+        """A send to a child that must not hang on a child that stopped reading."""
+        try:
+            await asyncio.wait_for(link.send(h, payload), self.cfg.send_timeout)
+        except TimeoutError:
+            link.close()
+            raise ConnectionResetError(f"child {link.name} took over {self.cfg.send_timeout:.0f} s") from None
 
     def _on_up(self, child: str, h: Header) -> None:
         t = h.get("t")
@@ -568,8 +638,13 @@ class Agent:
             await proto.send(writer, {"t": "error", "error": str(exc)})
 
     def status(self) -> dict[str, Any]:
+        members = set(self.tree.names)
         return {"root": self.node, "fanout": self.tree.fanout, "members": self.tree.names,
-                "attached": sorted(self.attached), "parents": dict(sorted(self.subtree.items()))}
+                "attached": sorted(self.attached & members),
+                # agents still attached whose node is no member (any more): they leave once
+                # their own view of the membership catches up
+                "strays": sorted(self.attached - members),
+                "parents": {n: p for n, p in sorted(self.subtree.items()) if n in members}}
 
     def _targets(self, nodes: list[str] | None) -> list[str]:
         if nodes is None:
@@ -590,7 +665,7 @@ class Agent:
         targets = self._targets(nodes)
         await self.authorizer.audit(who, "exec", self.node,
                                     f"exec on {len(targets)} node(s): {' '.join(argv)[:500]}")
-        results, missing = await self._run_op("exec", targets, timeout + 10, {
+        results, missing = await self._run_op("exec", targets, timeout + EXEC_SLACK, {
             "t": "exec", "argv": argv, "targets": None if nodes is None else targets, "timeout": timeout,
             "user": who.user})
         return {"results": sorted(results.values(), key=lambda r: (r["rank"], r["node"])),
@@ -598,29 +673,59 @@ class Agent:
 
     async def _run_op(self, kind: str, targets: list[str], timeout: float, msg: Header,
                       payloads: Callable[[str], Awaitable[None]] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """Send a request down the tree and collect the answers. Ends by ``timeout`` seconds
+        whatever happens below (sending the content included); members that leave the
+        membership meanwhile are reported as departed at once."""
         op_id = str(msg.get("id") or uuid.uuid4().hex)
         msg["id"] = op_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         attached = self.attached
         missing = {n: "agent not attached to the tree" for n in targets if n not in attached}
         op = _Op(kind, {n for n in targets if n in attached})
         self.ops[op_id] = op
+        watch = asyncio.ensure_future(self._watch_departures(op))
         try:
             if op.expected:
-                await self._on_down(msg, b"")
-                if payloads is not None:
-                    await payloads(op_id)
-                await self._wait_op(op, timeout)
-            for n in op.expected - set(op.results):
-                missing[n] = "no answer (node lost or timed out)"
-            return op.results, missing
-        finally:
-            self.ops.pop(op_id, None)
+                async def send() -> None:
+                    await self._on_down(msg, b"")
+                    if payloads is not None:
+                        await payloads(op_id)
 
-    async def _wait_op(self, op: _Op, timeout: float) -> None:
-        """Until every expected node answered, the timeout, or every node still owing an answer
-        has been detached from the tree for a while (lost: its children had time to re-parent)."""
+                try:
+                    await asyncio.wait_for(send(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    log.warning("agent %s: %s %s: the request could not be sent down within %.0f s",
+                                self.node, kind, op_id, timeout)
+                else:
+                    await self._wait_op(op, deadline)
+            missing.update(op.departed)
+            for n in op.owing:
+                missing[n] = f"no answer within {timeout:.0f} s (lost on the way, or too slow)"
+            return dict(op.results), missing
+        finally:
+            watch.cancel()
+            self.ops.pop(op_id, None)
+            if kind == "exec":  # (a broadcast sends its own end: the transfer's)
+                self._spawn(self._on_down({"t": "end", "id": op_id}, b""))
+
+    async def _watch_departures(self, op: _Op) -> None:
+        """Members that leave the membership (Node deleted, not Ready) while a request runs
+        will not answer: say so at once instead of waiting for them."""
+        while not op.done.is_set():
+            members = set(self.tree.names)
+            for n in list(op.owing):
+                if n not in members:
+                    op.depart(n, DEPARTED)
+            self._changed_op.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed_op.wait(), 1.0)
+
+    async def _wait_op(self, op: _Op, deadline: float) -> None:
+        """Until every expected node answered or departed, the deadline, or every node still
+        owing an answer has been detached from the tree for a while (lost: its children had
+        time to re-parent)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         grace = self.cfg.dead_after + 2 * self.cfg.retry
         gone_since: dict[str, float] = {}
         while not op.done.is_set():
@@ -628,13 +733,15 @@ class Agent:
             if now >= deadline:
                 return
             attached = self.attached
-            owing = op.expected - set(op.results)
+            owing = op.owing
             for n in owing:
                 if n in attached:
                     gone_since.pop(n, None)
                 else:
                     gone_since.setdefault(n, now)
             if owing and all(n in gone_since and now - gone_since[n] >= grace for n in owing):
+                for n in owing:
+                    op.depart(n, "agent detached from the tree during the request and did not come back")
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(op.done.wait(), min(0.25, deadline - now))
@@ -664,6 +771,18 @@ class Agent:
         out = [{"node": n, "rank": self.tree.rank(n), **r} for n, r in results.items()]
         return {"id": m.id, "size": m.size, "sha256": m.sha256, "chunks": m.n_chunks,
                 "results": sorted(out, key=lambda r: r["rank"]), "missing": missing}
+
+
+async def _cancel_all(tasks: list[asyncio.Future[Any]]) -> None:
+    """Cancel until done (a cancellation racing a completing wait_for can be lost on 3.11)."""
+    for _ in range(50):
+        pending = [t for t in tasks if not t.done()]
+        if not pending:
+            return
+        for t in pending:
+            t.cancel()
+        await asyncio.wait(pending, timeout=0.2)
+    log.error("tasks would not stop: %s", [t for t in tasks if not t.done()])
 
 
 class _Bucket:

@@ -26,6 +26,9 @@ class Member:
     name: str
     host: str
     port: int
+    # where the address came from (messages only): "peers" (a static list), "annotation"
+    # (the Node's ADDRESS_ANNOTATION) or "node" (its InternalIP and the agents' port)
+    origin: str = field(default="peers", compare=False)
 
     @property
     def address(self) -> str:
@@ -161,14 +164,14 @@ def members_from_nodes(nodes: Iterable[Mapping[str, Any]], port: int,
         if selector and any(labels.get(k) != v for k, v in selector.items()):
             continue
         host: str | None = node_address(node)
-        p = port
+        p, origin = port, "node"
         override = str((meta.get("annotations") or {}).get(ADDRESS_ANNOTATION, ""))
         h, sep, ps = override.rpartition(":")
         if sep and h and ps.isdigit():
-            host, p = h.strip("[]"), int(ps)
+            host, p, origin = h.strip("[]"), int(ps), "annotation"
         if meta.get("deletionTimestamp") or not host or not node_ready(node):
             continue
-        out.append(Member(str(meta["name"]), host, p))
+        out.append(Member(str(meta["name"]), host, p, origin))
     return out
 
 

@@ -92,15 +92,34 @@ def up(
         typer.Option(help="Controllers of multi-role workloads to run too, comma-separated: "
                      "jobset, mpi, lws, trainer (brings jobset), or all. Built by hack/build-addons.sh."),
     ] = "",
+    pod_duration: Annotated[
+        str | None,
+        typer.Option("--pod-duration", help="How long a Job's pods run on the fake nodes before they "
+                     "succeed (an MPIJob's or JobSet's too: their Jobs' pods), e.g. 30s, 5m, 1h30m; a pod "
+                     "annotated pod-complete.stage.kwok.x-k8s.io/delay=DURATION runs that long instead. "
+                     "Default: they succeed at once (0)."),
+    ] = None,
+    timed_pods: Annotated[
+        bool,
+        typer.Option("--timed-pods", help="Honour the annotation pod-complete.stage.kwok.x-k8s.io/delay "
+                     "on Job pods (implied by --pod-duration); pods without it succeed at once."),
+    ] = False,
+    real_nodes: Annotated[
+        int,
+        typer.Option("--real-nodes", help="Real kubelet nodes (0-2) beside the fake ones: root, "
+                     "hack/build-realnode.sh; docs/real-nodes.md."),
+    ] = 0,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
     create fake nodes; returns when they are Ready (the processes keep running). With
     --addons, also the JobSet, MPI Operator, LeaderWorkerSet and Trainer controllers, with
-    their CRDs and webhooks."""
+    their CRDs and webhooks. With --pod-duration, Jobs run for a while instead of ending
+    the instant they start."""
     from rich.console import Console
 
     from fluxnetes.devcluster import Cluster, ClusterError, ClusterOptions, NodeShape, NodeSpecError
     from fluxnetes.devcluster.addons import AddonError, parse
+    from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
 
     console = Console(stderr=True)
     shape = NodeShape(
@@ -109,7 +128,8 @@ def up(
     try:
         shape.validate()
         wanted = parse(addons)
-    except (NodeSpecError, AddonError) as exc:
+        seconds = _pod_seconds(pod_duration)
+    except (NodeSpecError, AddonError, ValueError) as exc:
         raise error_exit(str(exc), 2) from None
     start = time.monotonic()
     try:
@@ -119,6 +139,9 @@ def up(
                 dir=directory,
                 timeout=timeout,
                 addons=wanted,
+                timed_pods=timed_pods or seconds > 0,
+                pod_duration=seconds,
+                real_nodes=real_nodes,
                 log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False),
             )
         )
@@ -131,14 +154,30 @@ def up(
         f"{t.get('control_plane', 0):.1f} s, node creation {t.get('create_nodes', 0):.1f} s, "
         f"Ready after {t.get('nodes_ready', 0):.1f} s"
         + (f", addons {', '.join(wanted)} in {t.get('addons', 0):.1f} s" if wanted else "")
+        + (f", {real_nodes} real node(s) Ready in {t.get('real_nodes', 0):.1f} s" if real_nodes else "")
         + ")"
     )
+    if seconds > 0 or timed_pods:
+        typer.echo(f"  Job pods   : run {f'{seconds:g} s' if seconds else 'at once'}, or as long as "
+                   f"their annotation {TIMED_POD_ANNOTATION} says")
     typer.echo(f"  API server : {cluster.api_url}")
     typer.echo(f"  kubeconfig : {cluster.kubeconfig}")
     typer.echo(f"  logs       : {cluster.dir / 'logs'}")
     typer.echo(f"  use it     : export KUBECONFIG={cluster.kubeconfig}")
     typer.echo(f"  kubectl    : {cluster.tools.binary('kubectl')}")
     typer.echo(f"  stop it    : fluxnetes dev cluster down --dir {cluster.dir}")
+
+
+def _pod_seconds(text: str | None) -> int:
+    """--pod-duration in seconds (0 when not given); ValueError naming the option."""
+    if text is None:
+        return 0
+    from fluxnetes.k8s.groups import GroupError, parse_duration
+
+    try:
+        return parse_duration(text, "--pod-duration")
+    except GroupError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def down(directory: DirOption = None) -> None:

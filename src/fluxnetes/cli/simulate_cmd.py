@@ -67,6 +67,21 @@ def simulate_command(
     graph: Annotated[
         Path | None, typer.Option("--graph", help="Machine: a graph file (.json JGF or .yaml)")
     ] = None,
+    from_cluster: Annotated[
+        Path | None,
+        typer.Option("--from-cluster", help="Machine: the graph built from a live cluster's "
+                     "Nodes and labels (zone, rack label), as `kubectl fluxnetes graph` "
+                     "exports it; the value is the kubeconfig file"),
+    ] = None,
+    rack_label: Annotated[
+        str, typer.Option("--rack-label", help="With --from-cluster: the Node label that "
+                          "names a node's rack")
+    ] = "fluxnetes.io/rack",
+    racks: Annotated[
+        int, typer.Option("--racks", help="Machine: spread the nodes (SWF header or --nodes) "
+                          "over N racks (a rack level in the graph); the summary then shows "
+                          "how multi-node jobs spread over racks")
+    ] = 0,
     whole_nodes: Annotated[
         bool, typer.Option("--whole-nodes", help="Jobs ask for whole (exclusive) nodes, not cores")
     ] = False,
@@ -88,12 +103,12 @@ def simulate_command(
     ] = "counted",
     engine: Annotated[
         str,
-        typer.Option("--engine", help="auto (default): the fast reference engine (the "
-                     "backfilling literature's simulator, decision for decision) for fcfs, easy "
-                     "and conservative with counted reservations on identical nodes, else the "
-                     "queue engine; reference: that engine or an error saying why not; queue: "
-                     "the operator's Scheduler and graph matcher (one cycle per instant)"),
-    ] = "auto",
+        typer.Option("--engine", help="queue (default): the operator's Scheduler and graph "
+                     "matcher, in the reference simulator's event order (its schedules exactly, "
+                     "with counted reservations on identical nodes); count: the count-only "
+                     "oracle the tests compare it with (no graph placement; fcfs, easy, "
+                     "conservative with counted reservations on identical nodes)"),
+    ] = "queue",
     strict: Annotated[
         bool, typer.Option("--strict", help="Stop at the first malformed SWF line")
     ] = False,
@@ -165,8 +180,8 @@ def simulate_command(
         raise _err("--nodes and --cores go together (e.g. --nodes 100 --cores 1)")
     if reservations not in ("pinned", "counted"):
         raise _err(f"--reservations must be pinned or counted (got {reservations!r})")
-    if engine not in ("auto", "reference", "queue"):
-        raise _err(f"--engine must be auto, reference or queue (got {engine!r})")
+    if engine not in ("queue", "count"):
+        raise _err(f"--engine must be queue or count (got {engine!r})")
     names = [p.strip() for p in (compare or policy).split(",") if p.strip()]
     if not names:
         raise _err("--compare needs at least one policy")
@@ -211,13 +226,25 @@ def simulate_command(
     if not swf.records:
         detail = f" ({len(swf.problems)} malformed lines, first: {swf.problems[0]})" if swf.problems else ""
         raise _err(f"{path}: no job records{detail}")
+    given = [flag for flag, value in (("--graph", graph), ("--from-cluster", from_cluster),
+                                      ("--nodes/--cores", nodes)) if value is not None]
+    if len(given) > 1:
+        raise _err(f"give the machine one way: {' and '.join(given)} were both given")
     try:
-        if graph is not None:
+        if from_cluster is not None:
+            if racks:
+                raise MachineError("--racks builds racks for a machine given by size; a "
+                                   "cluster's racks come from its Node labels (--rack-label)")
+            machine = _cluster_machine(from_cluster, rack_label, whole_nodes)
+        elif graph is not None:
+            if racks:
+                raise MachineError("--racks builds racks for a machine given by size (the SWF "
+                                   "header or --nodes/--cores); a --graph has its own")
             machine = machine_from_graph_file(graph, whole_nodes=whole_nodes)
         elif nodes is not None and cores is not None:
-            machine = machine_from_size(nodes, cores, whole_nodes=whole_nodes)
+            machine = machine_from_size(nodes, cores, whole_nodes=whole_nodes, racks=racks)
         else:
-            machine = machine_from_header(swf.header, whole_nodes=whole_nodes)
+            machine = machine_from_header(swf.header, whole_nodes=whole_nodes, racks=racks)
     except MachineError as exc:
         raise _err(str(exc)) from None
     workload = prepare(swf, machine, filter_published=use_filter, estimate=estimate,  # type: ignore[arg-type]
@@ -247,12 +274,15 @@ def simulate_command(
 
     engines: dict[str, str] = {}
     for label, pol, fs in plan:
-        reason = fast_engine_reason(workload, pol) if engine != "queue" else "--engine queue"
+        if engine == "queue":
+            engines[label] = f"queue (the operator's Scheduler, graph matcher '{match_policy}')"
+            continue
+        reason = fast_engine_reason(workload, pol)
         if not reason and fs is not None and pol.name == "conservative":
-            reason = "fair share with conservative (the reference engine plans each job at submission)"
-        if reason and engine == "reference":
-            raise _err(f"--engine reference cannot run {label}: {reason}")
-        engines[label] = "reference" if not reason else f"queue ({reason})"
+            reason = "fair share with conservative (the count oracle plans each job at submission)"
+        if reason:
+            raise _err(f"--engine count cannot run {label}: {reason}")
+        engines[label] = "count (the oracle: no graph placement)"
     notes = _notes(path, trace is None, swf, workload, use_filter, estimate, reservations)
     if setup is not None:
         notes.append(f"priority {setup.describe()}")
@@ -287,17 +317,30 @@ def simulate_command(
 
         plot_paths = write_plots(runs, plots, title=f"({path.name})")
     reports: dict[str, Any] = {}
+    fits: dict[str, dict[str, float]] = {}
     if setup is not None:
-        from fluxnetes.sim.fairshare import fairness, write_share_plot
+        from fluxnetes.sim.fairshare import fairness, normalized_shares, write_share_plot
+        from fluxnetes.sim.sharefit import share_error
 
         reports = {name: fairness(run, setup.accounts) for name, run in runs.items()}
+        shares = normalized_shares(setup.accounts.tree)
+        fits = {name: share_error(run, setup.accounts.account_of, shares)
+                for name, run in runs.items()}
         if plots is not None:
             plot_paths.append(write_share_plot(runs, setup.accounts, plots / "fairshare_usage.png",
                                                title=f"({path.name})"))
+    from fluxnetes.sim.topology import rack_spread, racks_of
+
+    rack_of = racks_of(workload.machine.graph) if any(
+        s.engine == "queue" for s in summaries.values()) else {}
+    spreads = {name: rack_spread(run.outcomes, rack_of) for name, run in runs.items()}
     if as_json:
         payload: dict[str, Any] = {name: _json_summary(s, workload) for name, s in summaries.items()}
+        for name, spread in spreads.items():
+            if spread:
+                payload[name]["racks"] = spread
         for name, report in reports.items():
-            payload[name]["fairness"] = report.as_dict()
+            payload[name]["fairness"] = {**report.as_dict(), **fits[name]}
         if setup is not None:
             config = setup.config
             for name, _, fs in plan:
@@ -310,7 +353,7 @@ def simulate_command(
         single = len(payload) == 1 and not compare
         sys.stdout.write(json.dumps(next(iter(payload.values())) if single else payload, indent=2) + "\n")
         return
-    _print_table(out, summaries, reports)
+    _print_table(out, summaries, reports, spreads, fits if setup is not None else None)
     if setup is not None:
         _print_accounts(out, reports, accounts_shown)
     impossible = [o for r in runs.values() for o in r.outcomes if o.rejected]
@@ -383,7 +426,7 @@ def _fairshare_setup(how: str, swf: Any, workload: Any, algo: str | None, half_l
 
 def _run_all(workload: Any, plan: list[tuple[str, Any, Any]], match_policy: str, *, quiet: bool,
              console: Any, recorder: Any = None,
-             engine: str = "auto") -> tuple[dict[str, Any], dict[str, Any]]:
+             engine: str = "queue") -> tuple[dict[str, Any], dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fluxnetes.sim.runner import run_policy
@@ -420,7 +463,28 @@ def _json_summary(s: Any, workload: Any) -> dict[str, Any]:
     return d
 
 
-def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None) -> None:
+def _cluster_machine(kubeconfig: Path, rack_label: str, whole_nodes: bool) -> Any:
+    """The machine as the operator sees the cluster: its Nodes (allocatable resources, zone
+    and rack labels) read with ``kubeconfig``, built into the graph ``kubectl fluxnetes
+    graph`` exports (NodeResourceTopology socket subtrees are not read)."""
+    from fluxnetes.cli.ctl.common import Conn, CtlError, fetch
+    from fluxnetes.graph import GraphError, from_k8s_nodes
+    from fluxnetes.sim.machine import MachineError, machine_from_graph
+
+    if not kubeconfig.is_file():
+        raise MachineError(f"--from-cluster: {kubeconfig}: no such kubeconfig file")
+    try:
+        view = fetch(Conn(kubeconfig, None, None), nodes=True)
+        graph = from_k8s_nodes(view.nodes, rack_label=rack_label)
+    except (CtlError, GraphError) as exc:
+        raise MachineError(f"--from-cluster {kubeconfig}: {exc}") from None
+    return machine_from_graph(graph, f"cluster of {kubeconfig} ({len(view.nodes)} Nodes)",
+                              whole_nodes=whole_nodes)
+
+
+def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None,
+                 spreads: dict[str, dict[str, float]] | None = None,
+                 fits: dict[str, dict[str, float]] | None = None) -> None:
     from rich.table import Table
 
     table = Table(title="simulation summary", title_justify="left")
@@ -435,7 +499,7 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
         ("mean wait", lambda s: _hms(s.mean_wait)),
         ("median wait", lambda s: _hms(s.median_wait)),
         ("max wait", lambda s: _hms(s.max_wait)),
-        ("mean bounded slowdown", lambda s: f"{s.mean_bsld:.2f}"),
+        ("mean bounded slowdown (AVEbsld)", lambda s: f"{s.mean_bsld:,.4f}"),
         ("max bounded slowdown", lambda s: f"{s.max_bsld:,.1f}"),
         ("engine", lambda s: s.engine),
         ("scheduling passes", lambda s: f"{s.cycles:,}"),
@@ -444,6 +508,22 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
     ]
     for label, fmt in rows:
         table.add_row(label, *(fmt(s) for s in summaries.values()))
+    if spreads and any(spreads.values()):
+        def cell(name: str, key: str, fmt: str) -> str:
+            value = spreads[name].get(key)
+            return "-" if value is None else format(value, fmt)
+
+        table.add_row("multi-node jobs", *(cell(n, "multi_node_jobs", ",") for n in summaries))
+        table.add_row("  spanning > 1 rack", *(
+            "-" if not spreads[n].get("multi_node_jobs") else
+            f"{spreads[n]['spanning_share'] * 100:.1f} %" for n in summaries))
+        table.add_row("  mean racks (excess)", *(
+            "-" if not spreads[n].get("multi_node_jobs") else
+            f"{spreads[n]['mean_racks']:.2f} (+{spreads[n]['mean_excess_racks']:.2f})"
+            for n in summaries))
+    if fits:
+        table.add_row("share error (contended days)",
+                      *(f"{fits[name]['share_error']:.4f}" for name in summaries))
     if reports:
         table.add_row("Jain index (users' mean bsld)",
                       *(f"{reports[name].jain:.4f}" for name in summaries))

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from fluxnetes.devcluster import addons as addon_defs
-from fluxnetes.devcluster import components, procs, readiness
+from fluxnetes.devcluster import components, procs, readiness, realnode
 from fluxnetes.devcluster.apicalls import Request, http_ok, run_async, send_all, urlopen
 from fluxnetes.devcluster.components import COMPONENTS, PORT_NAMES, SERVICE_IP, kubeconfig_doc
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
@@ -66,9 +66,14 @@ class ClusterOptions:
     log: Callable[[str], None] | None = None  # progress messages (the CLI prints them)
     # Job pods annotated components.TIMED_POD_ANNOTATION="20s" run that long (default: at once)
     timed_pods: bool = False
+    # seconds Job pods without that annotation run (0: at once); > 0 implies timed_pods
+    pod_duration: float = 0.0
     # controllers of multi-role workload kinds to run (devcluster/addons.py): jobset, mpi, lws,
     # trainer (addons.parse() gives the order and what each requires)
     addons: tuple[str, ...] = ()
+    # real kubelet nodes beside the kwok ones (realnode.py; 0, 1 or 2; needs root and
+    # hack/build-realnode.sh)
+    real_nodes: int = 0
 
 
 def start_timeout(nodes: int) -> float:
@@ -98,6 +103,9 @@ class ClusterState:
     timed_pods: bool = False
     die_with_parent: bool = False
     addons: list[str] = field(default_factory=list)
+    pod_duration: float = 0.0
+    # slot, node names, dirs, cgroups of the real nodes (realnode.py); empty without them
+    real_nodes: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -312,6 +320,7 @@ class Cluster:
         """
         opts = options or ClusterOptions()
         shape = opts.nodes.validate()
+        realnode.check_count(opts.real_nodes)
         if opts.timeout is None:
             opts = replace(opts, timeout=start_timeout(shape.count))
         tools = toolchain(opts.k8s_home)
@@ -325,6 +334,7 @@ class Cluster:
         absent = addon_defs.missing(wanted, tools.home)
         if absent:
             raise BinariesMissing(addon_defs.missing_message(wanted, absent))
+        realnode.preflight(tools, opts.real_nodes)
         directory = (opts.dir or default_cluster_dir()).expanduser().resolve()
         directory.mkdir(parents=True, exist_ok=True)
         with dir_lock(directory):
@@ -337,6 +347,7 @@ class Cluster:
                         f"{', '.join(str(p.pid) for p in running)}); stop it with "
                         f"`fluxnetes dev cluster down --dir {directory}` or use another --dir"
                     )
+                realnode.stop(cls(previous, tools))  # a crashed run's interfaces, mounts
                 _cleanup(directory, previous)
             started = time.monotonic()
             cluster = cls._start(directory, tools, opts)
@@ -344,6 +355,11 @@ class Cluster:
         try:
             timeout = opts.timeout or start_timeout(shape.count)
             cluster.create_nodes(shape, timeout=timeout, log=opts.log)
+            if opts.real_nodes:
+                started = time.monotonic()
+                realnode.start(cluster, opts.real_nodes, time.monotonic() + timeout,
+                               opts.log or (lambda _msg: None))
+                cluster.timings["real_nodes"] = time.monotonic() - started
             if wanted:
                 cluster.start_addons(wanted, timeout=timeout, log=opts.log)
         except BaseException:
@@ -378,7 +394,8 @@ class Cluster:
             data_dir=data_dir,
             nodes=asdict(opts.nodes),
             started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            timed_pods=opts.timed_pods,
+            timed_pods=opts.timed_pods or opts.pod_duration > 0,
+            pod_duration=opts.pod_duration,
             die_with_parent=opts.die_with_parent,
         )
         cluster = cls(state, tools)
@@ -414,6 +431,7 @@ class Cluster:
             pki=self.pki,
             run=run,
             timed_pods=st.timed_pods,
+            pod_duration=st.pod_duration,
             nodes=int(st.nodes.get("count", 0)),
         )
         popen, rec = procs.spawn(
@@ -427,9 +445,23 @@ class Cluster:
         self._popens[rec.pid] = popen
         others = [p for p in st.processes if p.name != rec.name]
         # keep start order (ALL_COMPONENTS), so `down` stops them in reverse
-        st.processes = sorted([*others, rec], key=lambda p: ALL_COMPONENTS.index(p.name))
+        st.processes = sorted([*others, rec], key=lambda p: _start_order(p.name))
         _save_state(st)  # saved after every spawn: `down` can always find them
         return rec
+
+    # -- for realnode.py: processes beyond the control plane, the state file, waiting ----------
+    def spawn_extra(self, name: str, argv: list[str], *, cwd: Path,
+                    env: dict[str, str] | None = None) -> procs.ProcessRecord:
+        popen, rec = procs.spawn(name, argv, self.dir / "logs" / f"{name}.log", cwd=cwd,
+                                 die_with_parent=self.state.die_with_parent, env=env)
+        return self._record(popen, rec)
+
+    def save_state(self) -> None:
+        _save_state(self.state)
+
+    def wait_for(self, what: str, check: Callable[[], bool], deadline: float,
+                 interval: float = 0.2) -> None:
+        self._wait_for(what, check, deadline, interval=interval)
 
     # -- addons: the controllers of multi-role workload kinds (devcluster/addons.py) -------------
     def _spawn_addon(self, component: str) -> procs.ProcessRecord:
@@ -714,6 +746,7 @@ class Cluster:
         state file. Returns the names of processes that needed SIGKILL."""
         # clients first, then the apiserver, etcd last: an apiserver whose etcd is gone
         # retries its shutdown writes until killed
+        left = realnode.stop(self)  # first: its pods are deleted through the API server
         by_name = {p.name: p for p in self.state.processes}
         order: list[list[procs.ProcessRecord]] = [
             [p for p in self.state.processes if p.name not in ("kube-apiserver", "etcd")],
@@ -725,6 +758,8 @@ class Cluster:
             with contextlib.suppress(Exception):
                 popen.wait(timeout=1)
         _cleanup(self.dir, self.state)
+        if left:
+            raise ClusterError("the real nodes left behind (remove by hand):\n  " + "\n  ".join(left))
         return killed
 
     def __enter__(self) -> Cluster:
@@ -736,6 +771,11 @@ class Cluster:
 
 # -- helpers -----------------------------------------------------------------------------------
 _untaint_request = readiness.untaint_request
+
+
+def _start_order(name: str) -> int:
+    # real nodes' processes (realnode.py) start last
+    return ALL_COMPONENTS.index(name) if name in ALL_COMPONENTS else len(ALL_COMPONENTS)
 
 
 def _load_state(directory: Path) -> ClusterState | None:

@@ -36,11 +36,14 @@ def argv(
     run: Path,
     timed_pods: bool = False,
     nodes: int = 0,
+    pod_duration: float = 0.0,
 ) -> list[str]:
     """Command line of one component; every listener and every client URL is on 127.0.0.1.
 
     timed_pods: Job pods carrying the annotation TIMED_POD_ANNOTATION (a duration such as
     "20s") complete that long after they run instead of at once (kwok stages below).
+    pod_duration: seconds Job pods without that annotation run (0: they complete at once);
+    above 0 it implies timed_pods.
     nodes: how many kwok nodes the cluster is made for (sets the node lease duration and the
     controller-manager's grace period above 1,000 nodes: node_lease_seconds).
     """
@@ -80,6 +83,9 @@ def argv(
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--kubelet-preferred-address-types=InternalIP",
+            # real nodes (realnode.py) trust the cluster CA: kubectl logs/exec reach them
+            f"--kubelet-client-certificate={pki.admin_crt}",
+            f"--kubelet-client-key={pki.admin_key}",
             f"--profiling={_profiling()}",
         ]
     common = [
@@ -121,9 +127,9 @@ def argv(
         config = run / "kwok.yaml"
         config.write_text(KWOK_CONFIG)
         files = [config, *tools.stage_files]
-        if timed_pods:
+        if timed_pods or pod_duration > 0:
             timed = run / "kwok-timed-stages.yaml"
-            timed.write_text(TIMED_STAGES)
+            timed.write_text(timed_stages(pod_duration))
             files = [f for f in files if not str(f).endswith("pod/fast/pod-complete.yaml")] + [timed]
         stages = [f"--config={s}" for s in files]
         return [
@@ -200,6 +206,17 @@ _COMPLETE_STATUS = """\
       {{ end }}
       phase: Succeeded
 """
+
+def timed_stages(default_seconds: float = 0.0) -> str:
+    """The kwok stages replacing its fast pod-complete stage: Job pods with the annotation end
+    after its duration; the others after ``default_seconds`` (0: at once, as before)."""
+    if default_seconds <= 0:
+        return TIMED_STAGES
+    delay = f"  delay:\n    durationMilliseconds: {round(default_seconds * 1000)}\n"
+    untimed, timed = TIMED_STAGES.split("---\n", 1)
+    head, tail = untimed.split("  next:\n", 1)
+    return f"{head}{delay}  next:\n{tail}---\n{timed}"
+
 
 # replaces kwok's fast pod-complete stage: untimed Job pods end at once (as before), timed ones
 # after their annotation's duration

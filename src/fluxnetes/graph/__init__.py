@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from fluxnetes.graph.builders import from_description, from_k8s_nodes, parse_quantity
-from fluxnetes.graph.jgf import parse_json, read_jgf, write_jgf
+from fluxnetes.graph.jgf import parse_jgf_compact, read_jgf, write_jgf
 from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex
 
 
@@ -24,7 +24,7 @@ def load_graph(path: str | Path) -> ResourceGraph:
         raise GraphError(f"{p}: cannot read ({exc.strerror})") from None
     if suffix == ".json":
         try:
-            obj: Any = parse_json(text)
+            obj: Any = parse_jgf_compact(text)
         except GraphError as exc:
             raise GraphError(f"{p}: {exc}") from None
         del text  # the raw bytes are not needed while building (lower peak memory)

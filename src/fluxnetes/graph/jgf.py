@@ -48,6 +48,44 @@ def parse_json(text: str | bytes) -> Any:
             raise GraphError(f"JGF is not valid UTF-8: {exc}") from None
 
 
+_CONTAINMENT_EDGE = {"subsystem": "containment"}  # shared by the parsed containment edges
+
+
+def parse_jgf_compact(text: str | bytes) -> Any:
+    """JSON text -> objects like :func:`parse_json`, but each well-formed JGF vertex object
+    becomes its :class:`Vertex` and each plain containment edge a ``(source, target)`` tuple
+    as soon as the parser has read it, so the document's per-vertex dicts never all exist at
+    once (they were most of the peak memory of loading a big graph). Anything else (other
+    subsystems, extra keys, malformed vertices) stays as parsed and is read (and reported)
+    by :func:`read_jgf` as before. For new graphs only (``read_jgf`` without ``graph``)."""
+    strs: dict[str, str] = {}
+
+    def hook(d: dict[str, Any]) -> Any:
+        md = d.get("metadata")
+        if md is None:
+            if len(d) == 1 and d.get("subsystem") == "containment":
+                return _CONTAINMENT_EDGE
+            return d
+        if "source" in d:
+            if md is _CONTAINMENT_EDGE and len(d) == 3:
+                src = d.get("source")
+                tgt = d.get("target")
+                if type(src) is str and type(tgt) is str:
+                    return (src, tgt)
+            return d
+        if len(d) == 2 and "id" in d:
+            return _fast_vertex(d, strs) or d
+        return d
+
+    with gc_paused():
+        try:
+            return json.loads(text, object_hook=hook)
+        except json.JSONDecodeError as exc:
+            raise GraphError(f"JGF is not valid JSON: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise GraphError(f"JGF is not valid UTF-8: {exc}") from None
+
+
 def _int_field(meta: dict[str, Any], key: str, vid: str) -> int | None:
     if key not in meta:
         return None
@@ -138,9 +176,11 @@ def _vertex_from_jgf(node: Any, i: int) -> Vertex:
     return v
 
 
-def _fast_vertex(node: Any) -> Vertex | None:
+def _fast_vertex(node: Any, strs: dict[str, str] | None = None) -> Vertex | None:
     """The common, well-formed case without per-field error reporting (None: use the
-    validating path, which names what is wrong)."""
+    validating path, which names what is wrong). ``strs``: equal type, basename, unit and
+    name strings are shared through it (the JSON parser makes a new string for every
+    occurrence: "core" and "core7" thousands of times)."""
     try:
         vid = node["id"]
         md = node["metadata"]
@@ -176,17 +216,24 @@ def _fast_vertex(node: Any) -> Vertex | None:
         for pv in props.values():
             if type(pv) is not str:
                 return None
+    if name is None:
+        name = f"{basename}{lid}"
+    if strs is not None:
+        vtype = strs.setdefault(vtype, vtype)
+        basename = strs.setdefault(basename, basename)
+        unit = strs.setdefault(unit, unit)
+        name = strs.setdefault(name, name)
     v = Vertex.__new__(Vertex)
     v.type = vtype
     v.basename = basename
     v.uniq_id = uniq
     v.id = lid
-    v.name = name if name is not None else f"{basename}{lid}"
+    v.name = name
     v.rank = rank
     v.size = size
     v.unit = unit
     v.properties = dict(props) if props else None
-    v.paths = paths
+    v._paths = None  # (only the containment path: Vertex.paths makes the dict on demand)
     v.path = path
     v.status = status
     v.parent = None
@@ -209,7 +256,7 @@ def read_jgf(obj: dict[str, Any] | str | bytes, graph: ResourceGraph | None = No
 
 def _read_jgf(obj: dict[str, Any] | str | bytes, graph: ResourceGraph | None, consume: bool = False) -> ResourceGraph:
     if isinstance(obj, str | bytes):
-        obj = parse_json(obj)
+        obj = parse_json(obj) if graph is not None else parse_jgf_compact(obj)
         consume = True
     if not isinstance(obj, dict) or not isinstance(obj.get("graph"), dict):
         raise GraphError("JGF: top-level object with a 'graph' object is required")
@@ -307,8 +354,10 @@ def _below(child: str, parent: str) -> bool:
 def _read_new(out: ResourceGraph, nodes: list[Any], edges: list[Any], by_id: dict[str, Vertex],
               consume: bool) -> ResourceGraph:
     """Load a whole graph (no attach): the fast path for big core-level JGFs."""
+    strs: dict[str, str] = {}
     for i, node in enumerate(nodes):
-        v = _fast_vertex(node) or _vertex_from_jgf(node, i)
+        # (parse_jgf_compact has made most vertices already)
+        v = node if type(node) is Vertex else (_fast_vertex(node, strs) or _vertex_from_jgf(node, i))
         if v.jgf_id in by_id:
             raise GraphError(f"vertex {v.jgf_id}: duplicate JGF id")
         by_id[v.jgf_id] = v
@@ -316,14 +365,22 @@ def _read_new(out: ResourceGraph, nodes: list[Any], edges: list[Any], by_id: dic
             nodes[i] = None
     other = out.other_edges
     for j, e in enumerate(edges):
-        try:
-            s = e["source"]
-            t = e["target"]
-            src = by_id[s]
-            tgt = by_id[t]
-        except (KeyError, TypeError):
-            _edge_error(j, e, by_id)
-        emeta = e.get("metadata")
+        if type(e) is tuple:  # a plain containment edge (parse_jgf_compact)
+            s, t = e
+            src = by_id.get(s)
+            tgt = by_id.get(t)
+            if src is None or tgt is None:
+                _edge_error(j, {"source": s, "target": t, "metadata": dict(_CONTAINMENT_EDGE)}, by_id)
+            emeta = None
+        else:
+            try:
+                s = e["source"]
+                t = e["target"]
+                src = by_id[s]
+                tgt = by_id[t]
+            except (KeyError, TypeError):
+                _edge_error(j, e, by_id)
+            emeta = e.get("metadata")
         if emeta:
             if not isinstance(emeta, dict):
                 raise GraphError(f"edge {j} ({s} -> {t}): metadata must be an object")

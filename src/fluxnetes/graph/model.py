@@ -58,6 +58,7 @@ class GraphError(ValueError):
 
 class Vertex:
     __slots__ = (
+        "_paths",
         "basename",
         "children",
         "extra",
@@ -67,7 +68,6 @@ class Vertex:
         "name",
         "parent",
         "path",
-        "paths",
         "properties",
         "rank",
         "size",
@@ -106,8 +106,8 @@ class Vertex:
         self.properties = properties or None
         if paths is None:
             paths = {"containment": path}
-        self.paths = paths
         self.path = paths.get("containment", path)
+        self.paths = paths
         self.status = status
         self.parent: Vertex | None = None
         self.children: list[Vertex] = []
@@ -117,6 +117,18 @@ class Vertex:
 
     def __repr__(self) -> str:
         return f"Vertex({self.type} {self.path} size={self.size})"
+
+    @property
+    def paths(self) -> dict[str, str]:
+        """Paths per subsystem. Most vertices have only their containment path: that dict is
+        made on demand instead of kept per vertex (a dict each is ~10% of a big graph)."""
+        p = self._paths
+        return {"containment": self.path} if p is None else p
+
+    @paths.setter
+    def paths(self, val: dict[str, str]) -> None:
+        only_containment = len(val) == 1 and val.get("containment") == self.path
+        self._paths = None if only_containment else val
 
 
 class ResourceGraph:

@@ -21,6 +21,9 @@ class OperatorConfig:
     webhook: bool = True
     webhook_host: str = "127.0.0.1"  # listen address
     webhook_port: int = 9443
+    # replicas on one host may share webhook_port (SO_REUSEPORT), only when each says so and
+    # the one already there proves it is a replica of this operator (webhook.check_sharing)
+    webhook_share_port: bool = False
     webhook_url: str | None = None  # what the API server calls; default https://127.0.0.1:PORT
     service_name: str | None = None  # in cluster: the Service in front of the webhook
     failure_policy: str = "Fail"  # see webhook_config (the outage story)

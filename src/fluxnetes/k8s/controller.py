@@ -138,6 +138,7 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
             if cached is None or _meta(cached).get("uid") in (None, "", uid):
                 self.owners.pop(key, None)  # (a re-list may show the new object first: keep it)
             self.spent_names.pop(uid, None)
+            self.ended_workloads.discard(uid)
             for k in [gkey, *self.scale_groups.get(gkey, ())]:
                 g = self.groups.get(k)
                 if g is not None and not g.phase.final and self.same_owner(g, uid):
@@ -149,7 +150,8 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
             self.drop_earlier_owner(gkey, f"{kind_name} {name} was deleted (a new one has its name)")
             g = None
         managed = template_is_ours(kind.template(obj))
-        if g is None and managed and kind.resume_patch(obj) is not None and not kind.finished(obj):
+        if g is None and managed and kind.resume_patch(obj) is not None and not kind.finished(obj) \
+                and uid not in self.ended_workloads:
             # a Job: its group is known without any pod (its template was held at admission or
             # names fluxnetes; a Job created while the webhook was away has neither and runs alone)
             try:

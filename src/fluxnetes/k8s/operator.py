@@ -32,7 +32,7 @@ from fluxnetes.k8s.admission.install import (
     wait_webhook_ready,
     whoami,
 )
-from fluxnetes.k8s.admission.webhook import WebhookServer
+from fluxnetes.k8s.admission.webhook import WebhookPortError, WebhookServer
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.kube import (
@@ -105,7 +105,7 @@ class Operator:
                 hosts = [f"{cfg.service_name}.{cfg.namespace}.svc", f"{cfg.service_name}.{cfg.namespace}.svc.cluster.local", *hosts]
             bundle = await ensure_cert(kube, cfg.namespace, hosts, owner)
             self.webhook = WebhookServer(cfg.webhook_host, cfg.webhook_port, bundle, lambda: self.operators,
-                                         job_mode=cfg.job_mode,
+                                         job_mode=cfg.job_mode, share_port=cfg.webhook_share_port,
                                          hold=PLACEMENTS[cfg.placement])
             port = await self.webhook.start_in_process()
             if cfg.service_name:
@@ -473,6 +473,9 @@ def main(config: OperatorConfig) -> None:
         asyncio.run(_run())
     except (StoreUnavailable, StoreConfigError) as exc:
         log.error("store: %s", exc)  # the message names the database (password hidden)
+        raise SystemExit(2) from None
+    except WebhookPortError as exc:
+        log.error("webhook: %s", exc)
         raise SystemExit(2) from None
     except ApiError as exc:
         if not exc.forbidden:

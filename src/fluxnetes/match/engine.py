@@ -498,9 +498,10 @@ class Engine:
                 s.f = s.f.retyped(dict(zip(types, s.ftot, strict=True)))
             else:
                 s.f = PlannerMulti.aligned(types, s.fidx, s.ftot)
-            order = sorted(s.children, key=_order_key)
-            s.order = order
-            s.okeys = [(-c.weight, -c.v.uniq_id) for c in order]
+            if self.first:  # (the dynamic child order only `first`-style policies read)
+                order = sorted(s.children, key=_order_key)
+                s.order = order
+                s.okeys = [(-c.weight, -c.v.uniq_id) for c in order]
         if self.root.v.type == "node" and self.root.v.status == UP:
             nodes_up += 1
         self.nodes_up = nodes_up

@@ -27,13 +27,14 @@ filter on node vertices, as in the walk: hosts / nodes whose node fails it are s
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from typing import Any
 
 from sortedcontainers import SortedList
 
-from fluxnetes.graph.model import UP
+from fluxnetes.graph.model import UP, Vertex
 from fluxnetes.jobspec.model import Resource
-from fluxnetes.match.engine import Engine, VState, calc_count
+from fluxnetes.match.engine import Engine, VState, calc_count, perf_class
 
 
 def slot_shape(resources: list[Resource]) -> tuple[Resource, list[Resource]] | None:
@@ -60,6 +61,61 @@ def node_shape(resources: list[Resource]) -> tuple[Resource, Resource, list[Reso
     if inner is None:
         return None
     return n, inner[0], inner[1]
+
+
+def vertex_score(eng: Engine, v: Vertex, ml: int) -> int:
+    """The walk's score of candidate vertex ``v`` (dom_dfv / _leaf): 1 + perf_class under
+    `variation`, else 1 + node factor + id + 1."""
+    return 1 + perf_class(v) if eng.perf else 1 + ml + v.id + 1
+
+
+class ScoreRuns:
+    """A multiset of integer scores seen as Fluxion's `locality` policy sees its candidates:
+    the distinct scores joined into runs of consecutive integers (its interval set), kept up
+    to date as scores come and go instead of being rebuilt per match."""
+
+    __slots__ = ("count", "distinct", "starts")
+
+    def __init__(self) -> None:
+        self.count: dict[int, int] = {}
+        self.distinct: SortedList = SortedList()
+        self.starts: SortedList = SortedList()  # the first score of every run
+
+    def add(self, s: int, n: int = 1) -> None:
+        count = self.count
+        c = count.get(s, 0)
+        count[s] = c + n
+        if c:
+            return
+        self.distinct.add(s)
+        if s - 1 not in count:
+            self.starts.add(s)
+        if s + 1 in count:
+            self.starts.remove(s + 1)  # its run now starts at or below s
+
+    def remove(self, s: int, n: int = 1) -> None:
+        count = self.count
+        c = count[s] - n
+        if c:
+            count[s] = c
+            return
+        del count[s]
+        self.distinct.remove(s)
+        if s - 1 not in count:
+            self.starts.remove(s)
+        if s + 1 in count:
+            self.starts.add(s + 1)  # s split its run: the upper part starts at s + 1
+
+    def runs_desc(self) -> Iterator[tuple[int, int, int]]:
+        """(first, last, distinct scores in it) of each run, the run with the highest first
+        score first (greater_interval_first)."""
+        starts = self.starts
+        distinct = self.distinct
+        for i in range(len(starts) - 1, -1, -1):
+            r = starts[i]
+            lo = distinct.bisect_left(r)
+            hi = distinct.bisect_left(starts[i + 1]) if i + 1 < len(starts) else len(distinct)
+            yield r, distinct[hi - 1], hi - lo
 
 
 Slot = tuple[Any, int, list[tuple[VState, int]]]  # (key, position, members)
@@ -108,6 +164,17 @@ class _Runs:
         self.memo[i] = slot
         return slot
 
+    def score(self, i: int) -> int:
+        """Slot ``i``'s score without building it."""
+        cnt = self.cnt
+        return 1 + sum(sc for sc, _c in self.cands[i * cnt:(i + 1) * cnt])
+
+    def scores(self) -> list[int]:
+        """Every slot's score (1 + its members' scores), in position order."""
+        cnt = self.cnt
+        cands = self.cands
+        return [1 + sum(sc for sc, _c in cands[i:i + cnt]) for i in range(0, len(self) * cnt, cnt)]
+
     def remove(self, gone: set[int]) -> None:
         cnt = self.cnt
         for i in sorted(gone, reverse=True):
@@ -116,7 +183,7 @@ class _Runs:
 
 
 class _Host:
-    __slots__ = ("dfs", "down", "key", "ml", "slots", "total", "unit", "vs")
+    __slots__ = ("dfs", "down", "key", "ml", "scores", "slots", "total", "unit", "vs")
 
     def __init__(self, vs: VState, dfs: int, ml: int) -> None:
         self.vs = vs
@@ -127,6 +194,7 @@ class _Host:
         self.slots: list[Slot] | _Runs = []
         self.total = 0
         self.key: tuple[Any, int] | None = None
+        self.scores: dict[int, int] = {}  # `locality`: slot score -> how many slots have it
 
 
 class SlotIndex:
@@ -148,6 +216,10 @@ class SlotIndex:
         self._lb: list[tuple[Any, int, _Host]] | None = None  # select_at's host order
         self._lb_unknown = False
         self._fcheck: dict[int, list[tuple[int, int]]] = {}  # host dfs -> (filter index, need)
+        # `locality`: the scores of every host's slots as runs, and per score the hosts
+        # (dfs positions) having a slot with it
+        self.runs: ScoreRuns | None = ScoreRuns() if eng.locality else None
+        self.buckets: dict[int, SortedList] = {}
         self._discover()
         for h in self.hosts:
             self._refresh(h)
@@ -215,16 +287,50 @@ class SlotIndex:
         if len(h.slots):
             h.key = h.slots[0][0]
             self.ranked.add((h.key, h.dfs, h))
+        if self.runs is not None:
+            self._rescore(h)
+
+    def _slot_scores(self, h: _Host) -> list[int]:
+        slots = h.slots
+        if isinstance(slots, _Runs):
+            return slots.scores()
+        return [-s[0] if self.eng.high else s[0] for s in slots]
+
+    def _rescore(self, h: _Host) -> None:
+        """`locality`: replace the host's slot scores in the runs and buckets."""
+        runs = self.runs
+        assert runs is not None
+        old = h.scores
+        new: dict[int, int] = {}
+        for sc in self._slot_scores(h):
+            new[sc] = new.get(sc, 0) + 1
+        buckets = self.buckets
+        for sc, n in old.items():
+            runs.remove(sc, n)
+            if sc not in new:
+                b = buckets[sc]
+                b.remove(h.dfs)
+                if not b:
+                    del buckets[sc]
+        for sc, n in new.items():
+            runs.add(sc, n)
+            if sc not in old:
+                b = buckets.get(sc)
+                if b is None:
+                    b = buckets[sc] = SortedList()
+                b.add(h.dfs)
+        h.scores = new
 
     def _static(self, h: _Host) -> list[list[tuple[int, VState]]]:
         """Per element type: (score, child) in the walk's sorted order (scores are static)."""
         st = self._order.get(id(h))
         if st is None:
-            high = self.eng.high
+            eng = self.eng
+            high = eng.slot_high  # slots are packed in this order (`variation`: not eng.high)
             st = []
             for elem in self.elems:
                 t = elem.type
-                cands = [(1 + h.ml + c.v.id + 1, c) for c in h.vs.children if c.v.type == t]
+                cands = [(vertex_score(eng, c.v, h.ml), c) for c in h.vs.children if c.v.type == t]
                 cands.sort(key=(lambda x: -x[0]) if high else (lambda x: x[0]))  # stable
                 st.append(cands)
             self._order[id(h)] = st
@@ -292,7 +398,14 @@ class SlotIndex:
             cnt, cands = per[0]
             if len(cands) < cnt:
                 return []
-            return _Runs([(x[0], x[2]) for x in cands], cnt, high)
+            runs = _Runs([(x[0], x[2]) for x in cands], cnt, high)
+            if eng.slot_high != high and cands[0][0] != cands[-1][0]:
+                # packed in the opposite order to the ranking (`variation`) with unequal
+                # scores: the keys fall along the positions, so keep them sorted by key
+                out = [runs[i] for i in range(len(runs))]
+                out.sort(key=_slot_key)
+                return out
+            return runs
         # cnt_slot: shares per type (whole candidates, remainders not carried)
         nslots = None
         for cnt, cands in per:
@@ -370,6 +483,10 @@ class SlotIndex:
                 self.ranked.remove((h.key, h.dfs, h))
                 h.key = None
             self.total_slots -= h.total
+            if self.runs is not None:
+                # the slots left keep their members and scores: take the gone ones out
+                high = self.eng.high
+                self._unscore(h, [-k if high else k for k in (h.slots[i][0] for i in gone)])
             if isinstance(h.slots, _Runs):
                 h.slots.remove(gone)
             else:
@@ -379,6 +496,23 @@ class SlotIndex:
             if len(h.slots):
                 h.key = h.slots[0][0]
                 self.ranked.add((h.key, h.dfs, h))
+
+    def _unscore(self, h: _Host, gone: list[int]) -> None:
+        """`locality`: slots with these scores left host ``h``."""
+        runs = self.runs
+        assert runs is not None
+        scores = h.scores
+        for sc in gone:
+            runs.remove(sc)
+            k = scores[sc] - 1
+            if k:
+                scores[sc] = k
+                continue
+            del scores[sc]
+            b = self.buckets[sc]
+            b.remove(h.dfs)
+            if not b:
+                del self.buckets[sc]
 
     def _allowed(self, allow: Allow) -> Any:
         """The ranked hosts whose node passes ``allow`` (the walk prunes the others)."""
@@ -402,6 +536,8 @@ class SlotIndex:
         n = calc_count(slot.count, total)
         if n == 0:
             return None
+        if self.runs is not None:
+            return self._select_runs(n, None if allow is None else [e[2] for e in ranked])
         chosen: list[tuple[VState, int]] = []
         it = iter(ranked)
         nxt = next(it, None)
@@ -424,6 +560,63 @@ class SlotIndex:
                 heapq.heappush(heap, (s1[0], h.dfs, si + 1, h))
         return chosen
 
+
+    def _select_runs(self, n: int, allowed: list[_Host] | None) -> list[tuple[VState, int]] | None:
+        """`locality`'s root choice of ``n`` slots: runs of consecutive slot scores, the run
+        with the highest first score first; within a run every slot ranks equal, so they
+        come in discovery order (host depth-first, then packing position). ``allowed``: the
+        hosts a constraint leaves (their runs are counted apart), None: every host."""
+        if allowed is None:
+            runs = self.runs
+            buckets = self.buckets
+            assert runs is not None
+            candidates = self.hosts
+        else:
+            runs = ScoreRuns()
+            buckets = {}
+            for h in allowed:
+                for sc, k in h.scores.items():
+                    runs.add(sc, k)
+                    buckets.setdefault(sc, SortedList()).add(h.dfs)
+            candidates = sorted(allowed, key=lambda h: h.dfs)
+        high = self.eng.high
+        hosts = self.hosts
+        chosen: list[tuple[VState, int]] = []
+        picks = self.picks
+        taken = 0
+        for first, last, width in runs.runs_desc():
+            if width <= _MERGE_MAX:
+                # the hosts having a slot in the run, merged from the runs' buckets
+                seq: Iterator[_Host] = (hosts[d] for d in _unique(heapq.merge(
+                    *[iter(buckets[sc]) for sc in runs.distinct.irange(first, last)])))
+            else:  # many distinct scores: scan the hosts in order instead
+                seq = (h for h in candidates if h.total and any(first <= sc <= last for sc in h.scores))
+            for h in seq:
+                slots = h.slots
+                if isinstance(slots, _Runs):
+                    # runs: keys never decrease along the positions, so scores move one way
+                    # (down when ranking high): stop at the first slot past the run
+                    for si in range(len(slots)):
+                        sc = slots.score(si)
+                        if sc < first if high else sc > last:
+                            break
+                        if first <= sc <= last:
+                            chosen.extend(slots[si][2])
+                            picks.append((h, si))
+                            taken += 1
+                            if taken == n:
+                                return chosen
+                    continue
+                for si in sorted(range(len(slots)), key=lambda i: slots[i][1]):
+                    s = slots[si]
+                    sc = -s[0] if high else s[0]
+                    if first <= sc <= last:
+                        chosen.extend(s[2])
+                        picks.append((h, si))
+                        taken += 1
+                        if taken == n:
+                            return chosen
+        return None
 
     # ------------------------------------------------------------------ as of a future window
     def _bounds(self) -> list[tuple[Any, int, _Host]] | None:
@@ -626,6 +819,18 @@ def _slot_key(s: tuple[Any, int, Any]) -> tuple[Any, int]:
     return (s[0], s[1])
 
 
+_MERGE_MAX = 256  # `locality`: runs of up to this many distinct scores merge their buckets
+
+
+def _unique(it: Iterator[int]) -> Iterator[int]:
+    """A sorted iterator without repeats."""
+    prev = None
+    for x in it:
+        if x != prev:
+            yield x
+            prev = x
+
+
 class NodeIndex:
     """Eligible whole nodes for ``node[N] exclusive -> slot[k] -> leaves``."""
 
@@ -637,6 +842,10 @@ class NodeIndex:
         self.ranked: SortedList = SortedList()
         self.member: dict[int, Any] = {}
         self.dirty: set[int] = set()
+        # `locality`: eligible nodes' scores as runs, and the nodes by (score, dfs)
+        self.runs: ScoreRuns | None = ScoreRuns() if eng.locality else None
+        self.by_score: SortedList = SortedList()
+        self.score: dict[int, int] = {}  # id(vs) -> score (static between set-ups)
         dfs = 0
         stack = [eng.root]
         while stack:
@@ -647,6 +856,12 @@ class NodeIndex:
                     dfs += 1
                 continue
             stack.extend(reversed(u.children))
+        for k, (u, _d) in self.nodes.items():
+            self.score[k] = vertex_score(eng, u.v, 0)
+        # scores ascending in depth-first order: a run's nodes in score order are already in
+        # discovery order (the usual case: node ids follow the tree)
+        pairs = sorted((self.score[k], d) for k, (_u, d) in self.nodes.items())
+        self.monotone = all(pairs[i][1] < pairs[i + 1][1] for i in range(len(pairs) - 1))
         for k in self.nodes:
             self._refresh(k)
 
@@ -702,13 +917,20 @@ class NodeIndex:
     def _refresh(self, k: int) -> None:
         u, dfs = self.nodes[k]
         old = self.member.pop(k, None)
+        runs = self.runs
+        score = self.score[k]
         if old is not None:
             self.ranked.remove(old)
+            if runs is not None:
+                runs.remove(score)
+                self.by_score.remove((score, dfs, k))
         if self._eligible(u):
-            score = 1 + u.v.id + 1
             key = (-score if self.eng.high else score, dfs, k)
             self.member[k] = key
             self.ranked.add(key)
+            if runs is not None:
+                runs.add(score)
+                self.by_score.add((score, dfs, k))
 
     def touch(self, changed: list[VState]) -> None:
         for u in changed:
@@ -729,4 +951,30 @@ class NodeIndex:
         n = calc_count(node_req.count, len(ranked))
         if n == 0:
             return None
+        if self.runs is not None:
+            return self._select_runs(n, None if allow is None else ranked)
         return [self.nodes[key[2]][0] for key in ranked[:n]]
+
+    def _select_runs(self, n: int, allowed: list[Any] | None) -> list[VState] | None:
+        """`locality`'s root choice: the eligible nodes' scores joined into runs of
+        consecutive integers, the run with the highest first score first, nodes within a run
+        in discovery order."""
+        runs = self.runs
+        by_score = self.by_score
+        if allowed is not None:
+            runs = ScoreRuns()
+            by_score = SortedList()
+            for _key, dfs, k in allowed:
+                runs.add(self.score[k])
+                by_score.add((self.score[k], dfs, k))
+        assert runs is not None
+        out: list[VState] = []
+        for first, last, _w in runs.runs_desc():
+            members = by_score.irange((first,), (last + 1,), inclusive=(True, False))
+            if not self.monotone:
+                members = sorted(members, key=lambda m: m[1])
+            for _sc, _dfs, k in members:
+                out.append(self.nodes[k][0])
+                if len(out) == n:
+                    return out
+        return None

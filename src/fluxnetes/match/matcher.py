@@ -154,8 +154,11 @@ class Matcher:
         self._next_jobid = 1
         self._capacity = graph.summary()
         self.stats = {"succeeded": 0, "failed": 0, "fast": 0}
-        # fast paths (static policies, stable ties): see match/fast.py
-        self._fast_policy = not s1 and not nx and tie_break == "stable" and policy not in _ENGINE_EXTRAS
+        # index fast paths (every policy that explores all children, stable ties): see
+        # match/fast.py. The counted satisfiability and the reservation index follow the
+        # static policies' order only (not `locality`/`variation`): _static_policy.
+        self._fast_policy = not s1 and not nx and tie_break == "stable"
+        self._static_policy = policy not in _ENGINE_EXTRAS
         self._slot_idx: dict[Any, SlotIndex] = {}
         self._node_idx: dict[Any, NodeIndex] = {}
         self._span_dirty = False
@@ -361,7 +364,8 @@ class Matcher:
 
     def _pristine_sat(self, js: Jobspec, x_types: set[str]) -> bool | None:
         """The walk's answer for ``slot[N] -> {leaves}`` from slot counts on the empty graph
-        (static policies with stable ties, as the index fast paths); None: walk."""
+        (policies that explore every child, stable ties, as the index fast paths: the count
+        does not depend on the order the policy ranks candidates in); None: walk."""
         if not self._fast_policy or x_types:
             return None
         shape = slot_shape(js.resources)
@@ -388,7 +392,8 @@ class Matcher:
                        x_types: set[str]) -> Callable[[int], list[tuple[VState, int]] | None] | None:
         """The walk's answer at a candidate time from the slot index (static policies with
         stable ties, ``slot[N] -> {leaves}``, fixed counts): SlotIndex.select_at."""
-        if not self.fast_fail or not self._fast_policy or x_types or "slot" in self.graph.by_type:
+        if not self.fast_fail or not self._fast_policy or not self._static_policy or x_types \
+                or "slot" in self.graph.by_type:
             return None
         shape = slot_shape(js.resources)
         if shape is None:
@@ -895,6 +900,9 @@ class Matcher:
         # a new dict: results already returned keep the properties they were emitted with
         v.properties = {**(v.properties or {}), key: str(value)}
         self._sat_changed()
+        if self.engine.perf:  # `variation`'s scores are perf_class: the indexes' orders moved
+            self._slot_idx.clear()
+            self._node_idx.clear()
 
     def add_subgraph(self, jgf_or_graph: Mapping[str, Any] | str | ResourceGraph) -> list[str]:
         """Attach vertices (JGF with the path from the root, or a graph); returns new paths."""

@@ -4,8 +4,10 @@ When a request cannot start now and gets no reservation, the matcher asks whethe
 ever run: a satisfiability walk at the far future with node status ignored (fluxion-spec §5.6).
 There every recorded span has ended (spans end by the graph horizon), so the walk sees the
 empty graph, and its answer depends only on the graph's structure, the vertices'
-properties/names/ranks (constraints) and the request. For a static policy (every child
-explored, no ``first`` early stop) and ``slot[N] -> {leaf requests}`` that answer is a count:
+properties/names/ranks (constraints) and the request. For a policy that explores every
+child (the static ones, `locality`, `variation`: no ``first`` early stop; they differ only in
+how they rank candidates, which a count does not see) and ``slot[N] -> {leaf requests}``
+that answer is a count:
 the walk places slots at the first vertices (top-down) whose direct children hold every
 slot type ("hosts", as in :mod:`.fast`), packs each host's free leaves into slots
 (``dom_slot``'s cnt_slot), and succeeds when the slots found allow ``slot.count``. On the

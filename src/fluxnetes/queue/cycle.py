@@ -453,6 +453,7 @@ DYNAMIC_ORDER_POLICIES = frozenset({"first", "firstnodex"})
 class _Running:
     result: Any
     cores: int
+    expired: bool = False  # its window is over and already given back in the matcher
 
 
 @dataclass
@@ -616,6 +617,26 @@ class Scheduler:
         else:
             self._freed.update(nodes)
 
+    def released_part(self, job_id: str, node: str, cores: int) -> None:
+        """The caller gave back ``cores`` of running job ``job_id``'s share on ``node`` in the
+        matcher itself (``partial_cancel``: one pod of a gang ended, or its node is gone).
+        The job's counted cores there shrink with it, so a parked job that needs the node
+        whole is woken (``_woken`` reads these counts), and ``node`` counts as freed."""
+        placed = self._counted.get(job_id)
+        if placed is not None and cores > 0:
+            left = cores
+            kept: list[tuple[str, int]] = []
+            for name, held in placed:
+                if name == node and left > 0:
+                    take = min(held, left)
+                    left -= take
+                    held -= take
+                    self._used[name] = self._used.get(name, 0) - take
+                if held > 0:
+                    kept.append((name, held))
+            self._counted[job_id] = kept
+        self.freed([node])
+
     def allocation(self, job_id: str) -> Any:
         """The match result of a running job (KeyError if unknown)."""
         return self.running[job_id].result
@@ -676,22 +697,37 @@ class Scheduler:
             return self._pinned_cycle(order, now)
         prefix = self._prefix(order)
         walk = self._walk
+        counted = self._policy.reservation_style == "counted"
+        passed = counted and self._end_passed(now)
+        reservations = self.reservations
+        due = [job.id for job in order[:prefix or 0]
+               if job.id in reservations and int(reservations[job.id].at) <= now] \
+            if reservations and any(int(res.at) <= now for res in reservations.values()) else []
         if (
             prefix is not None
             and walk is not None
             and self.incremental
-            and self._policy.reservation_style == "counted"  # see compress below
+            and counted  # see compress below
             and not self._released
-            and all(int(res.at) > now for res in self.reservations.values())
+            # every waiting job holds its own reservation (conservative): a new job is
+            # planned alone and a reservation whose time came is started alone; with a
+            # limited number of reservations (easy, hybrid) the next job would take the
+            # started one's place, and with none (fcfs) a running job reaching its planned
+            # end frees room for jobs walked before: both need the whole walk
+            and (self._policy.reservations is None or not (due or passed))
         ):
             if walk.stopped and walk.order and walk.order[-1] not in {j.id for j in order[:prefix]}:
                 prefix = None  # the fcfs head that stopped the last walk left: walk again
             else:
+                result = CycleResult(now=now, mode="incremental")
+                if due:
+                    came = {job_id: self.reservations.pop(job_id) for job_id in due}
+                    _walk([job for job in order[:prefix] if job.id in came], self.matcher, now,
+                          self._policy, _Walk(), result, self.profile, came, self._satisfiable)
                 still = order[:prefix]
                 walk.order = [job.id for job in still]
                 walk.considered = prefix
                 walk.reservations = sum(1 for job in still if job.id in self.reservations)
-                result = CycleResult(now=now, mode="incremental")
                 _walk(order[prefix:], self.matcher, now, self._policy, walk, result, self.profile,
                       None, self._satisfiable)
                 self._record(result)
@@ -802,6 +838,23 @@ class Scheduler:
         ``first`` policies)? Then cancelling and re-placing a reservation at the same time
         may put it elsewhere, so reservations are never carried over."""
         return getattr(self.matcher, "policy", None) in DYNAMIC_ORDER_POLICIES
+
+    def _end_passed(self, now: int) -> bool:
+        """(counted) Did ``now`` reach a running job's planned end since the last cycle? Its
+        cores are free in the plan from then on, before the job is released."""
+        last = self._last_now
+        self._last_now = now
+        if last is None or now < last:
+            return True
+        ends = self._ends
+        while ends and ends[0] <= last:
+            heapq.heappop(ends)
+        return bool(ends and ends[0] <= now)
+
+    def free_now(self, now: int) -> int | None:
+        """Cores free at ``now`` in the core profile (running jobs at their planned end count
+        as free; None: no profile)."""
+        return None if self.profile is None else self.profile.avail_during(now, 1)
 
     def _crossed(self, now: int) -> bool:
         """Did time pass a point where the matcher's state changes by itself (a running
@@ -927,11 +980,35 @@ class Scheduler:
         running = self.running.pop(job_id, None)
         if running is None:
             return False
-        self.matcher.cancel(running.result.jobid)
-        self.matcher_calls += 1
+        if not running.expired:
+            self.matcher.cancel(running.result.jobid)
+            self.matcher_calls += 1
         if self.profile is not None:
             self.profile.remove(job_id)
         self.freed(self._uncount(job_id) or None)
+        return True
+
+    def expire(self, job_id: str) -> bool:
+        """A running job reached its planned end and the caller knows it ends at this
+        instant (a job never runs past its duration: the simulator), but its end is handled
+        later in the instant. Its cores are already free in the plan (a window is
+        ``[at, at + duration)``); give them back in the matcher now too, so that a cycle
+        before its ``release`` can place jobs there (the matcher still counts a window ending
+        at ``now`` as held by some fast paths). ``release`` later does the rest. False if it
+        is not running."""
+        running = self.running.get(job_id)
+        if running is None or running.expired:
+            return False
+        running.expired = True
+        self.matcher.cancel(running.result.jobid)
+        self.matcher_calls += 1
+        span = self.profile.span(job_id) if self.profile is not None else None
+        if self.profile is not None and span is not None:
+            # keep its window in the calendars, but no longer count its cores as held now
+            start, end, cores = span
+            self.profile.add(job_id, start, end - start, cores, shares_of(running.result))
+        if self._freed is not None:  # parked jobs (pinned) may use these nodes now
+            self._freed.update(name for name, _ in shares_of(running.result))
         return True
 
     def partial_release(self, job_id: str, release: Any) -> bool:

@@ -104,7 +104,15 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     reorder: Callable[[int, list[SimJob]], Sequence[int]] | None = None,
 ) -> SimRun:
-    """Run ``jobs`` (any order) through ``scheduler``; ``jobspec_for`` builds the request.
+    """Run ``jobs`` (any order; equal submit times keep their order) through ``scheduler``;
+    ``jobspec_for`` builds the request.
+
+    Events in the reference's order (``sim/README.md``, "Semantics"): at an instant, every
+    submission (in trace order), then every termination (in the order the jobs started),
+    each followed by its own scheduling cycle; under ``easy`` a submission whose job does
+    not fit now runs none (the reference's rule). A reservation whose time has come and
+    that no cycle of its instant started gets a cycle of its own (conservative's start
+    event).
 
     ``reorder(now, waiting)``: a dynamic queue order (fair share): the positions of the
     waiting jobs (given in priority / submit order) in the order of this cycle.
@@ -113,92 +121,145 @@ def simulate(
     then (for a progress bar). Jobs that can never start (the queue cannot even reserve them)
     are reported in ``SimRun.never_started`` instead of looping forever.
     """
-    # the queue (and the matcher behind it) is imported here, not at module level: the fast
-    # reference engine shares this module's types and never needs them
+    # the queue (and the matcher behind it) is imported here, not at module level: the
+    # count oracle shares this module's types and never needs them
     from fluxnetes.queue import QueuedJob
     from fluxnetes.queue.protocol import cores_of, shares_of
 
-    ordered = sorted(jobs, key=lambda j: (j.submit, j.id))
+    ordered = sorted(jobs, key=lambda j: j.submit)  # stable: trace order at one instant
     outcomes = {job.id: JobOutcome(job) for job in ordered}
     by_id = {job.id: job for job in ordered}
-    ends: list[tuple[int, int, str]] = []  # heap of (end time, seq, job id)
+    easy = scheduler.policy.name == "easy"
+    # fcfs in a static order: a pass starts jobs from the head while it fits now, so a pass
+    # whose head does not fit now starts nothing (skipping it saves a walk of the queue)
+    head_gate = scheduler.policy.name == "fcfs" and reorder is None
+    # conservative's reservations are start events: a job keeps the rank of the decision
+    # that set its planned start (ends at one instant come in the order jobs started)
+    planned = scheduler.policy.reservations is None
+    ends: list[tuple[int, int, int, str]] = []  # heap of (end, start, decision, job id)
+    windows: list[tuple[int, str]] = []  # heap of (planned end, job id) of started jobs
+    due: list[tuple[int, str]] = []  # heap of (reserved start, job id); stale ones skipped
+    plan: dict[str, tuple[int, int]] = {}  # job id -> (reserved start, decision)
     pending: dict[str, QueuedJob] = {}
-    order: list[tuple[Any, str]] = []  # pending jobs kept in queue order
+    order: list[tuple[tuple[int, int, int], str]] = []  # pending jobs kept in queue order
     samples: list[Sample] = []
-    busy = 0
-    done = 0
-    seq = 0
-    i = 0
+    state = {"busy": 0, "done": 0, "decision": 0}
     n = len(ordered)
     report_every = max(1, n // 200)
     next_report = report_every
 
-    while i < n or ends:
-        next_submit = ordered[i].submit if i < n else None
-        now = ends[0][0] if ends else next_submit
-        if next_submit is not None and (now is None or next_submit < now):
-            now = next_submit
-        assert now is not None
-        changed = False
-        while ends and ends[0][0] == now:
-            _, _, job_id = heapq.heappop(ends)
-            scheduler.release(job_id)
-            outcome = outcomes[job_id]
-            outcome.end = now
-            busy -= outcome.cores
-            done += 1
-            changed = True
+    def run_cycle(now: int) -> None:
+        nonlocal order
+        if head_gate and order:
+            free = scheduler.free_now(now)
+            if free is not None and free < pending[order[0][1]].cores:
+                return
+        walk = [pending[job_id] for _, job_id in order]
+        if reorder is not None and len(walk) > 1:
+            walk = [walk[p] for p in reorder(now, [by_id[q.id] for q in walk])]
+        result = scheduler.cycle(walk, now, ordered=True)
+        removed: set[str] = set()
+        for queued, allocation in result.started:
+            job = by_id[queued.id]
+            outcome = outcomes[queued.id]
+            outcome.start = now
+            outcome.cores = cores_of(allocation)
+            outcome.shares = tuple(shares_of(allocation))
+            state["busy"] += outcome.cores
+            held = plan.pop(queued.id, None)
+            if held is not None and held[0] == now and planned:
+                decision = held[1]
+            else:
+                state["decision"] += 1
+                decision = state["decision"]
+            heapq.heappush(ends, (now + job.effective_runtime, now, decision, queued.id))
+            if job.estimate > 0:
+                heapq.heappush(windows, (now + job.estimate, queued.id))
+            removed.add(queued.id)
             if observer is not None:
-                observer.on_end(by_id[job_id], now)
+                observer.on_start(job, now, allocation)
+        for queued, reservation in result.reserved:
+            at = int(reservation.at)
+            held = plan.get(queued.id)
+            if held is None or held[0] != at:
+                state["decision"] += 1
+                plan[queued.id] = (at, state["decision"])
+                heapq.heappush(due, (at, queued.id))
+        for queued, reason in result.unsatisfiable:
+            outcomes[queued.id].rejected = reason
+            scheduler.withdraw(queued.id)
+            removed.add(queued.id)
+            plan.pop(queued.id, None)
+            state["done"] += 1
+            if observer is not None:
+                observer.on_reject(by_id[queued.id], now, reason)
+        if removed:
+            for job_id in removed:
+                del pending[job_id]
+            order = [item for item in order if item[1] not in removed]
+
+    def next_due() -> int | None:
+        while due:
+            at, job_id = due[0]
+            if job_id in pending and plan.get(job_id, (None,))[0] == at:
+                return at
+            heapq.heappop(due)
+        return None
+
+    i = 0
+    while i < n or ends or (pending and next_due() is not None):
+        now = min(t for t in (ordered[i].submit if i < n else None,
+                              ends[0][0] if ends else None, next_due()) if t is not None)
+        while windows and windows[0][0] <= now:
+            # jobs at their planned end end at this instant (never past their estimate):
+            # free in the plan from its first event on, so free in the matcher too
+            scheduler.expire(heapq.heappop(windows)[1])
         while i < n and ordered[i].submit == now:
             job = ordered[i]
             i += 1
-            spec = jobspec_for(job)
-            queued = QueuedJob(
-                id=job.id,
-                jobspec=spec,
-                submit_time=job.submit,
-                priority=job.priority,
-                min_cores=min_cores_for(job) if min_cores_for else 0,
-            )
-            pending[job.id] = queued
-            insort(order, (queued.sort_key(), job.id))
-            changed = True
             if observer is not None:
                 observer.on_submit(job, now)
-        if changed and pending:
-            walk = [pending[job_id] for _, job_id in order]
-            if reorder is not None and len(walk) > 1:
-                walk = [walk[p] for p in reorder(now, [by_id[q.id] for q in walk])]
-            result = scheduler.cycle(walk, now, ordered=True)
-            removed: set[str] = set()
-            for queued, allocation in result.started:
-                job = by_id[queued.id]
-                outcome = outcomes[queued.id]
-                outcome.start = now
-                outcome.cores = cores_of(allocation)
-                outcome.shares = tuple(shares_of(allocation))
-                busy += outcome.cores
-                seq += 1
-                heapq.heappush(ends, (now + job.effective_runtime, seq, queued.id))
-                removed.add(queued.id)
+            cores = min_cores_for(job) if min_cores_for else job.procs
+            if cores > total_cores:
+                reason = f"needs {cores} cores; the whole graph has {total_cores}"
+                outcomes[job.id].rejected = reason
+                state["done"] += 1
                 if observer is not None:
-                    observer.on_start(job, now, allocation)
-            for queued, reason in result.unsatisfiable:
-                outcomes[queued.id].rejected = reason
-                scheduler.withdraw(queued.id)
-                removed.add(queued.id)
-                done += 1
-                if observer is not None:
-                    observer.on_reject(by_id[queued.id], now, reason)
-            if removed:
-                for job_id in removed:
-                    del pending[job_id]
-                order = [item for item in order if item[1] not in removed]
-        samples.append(Sample(now, len(pending), busy))
-        if progress is not None and done >= next_report:
-            progress(done)
-            next_report = done + report_every
+                    observer.on_reject(job, now, reason)
+                continue
+            queued = QueuedJob(id=job.id, jobspec=jobspec_for(job), submit_time=job.submit,
+                               priority=job.priority,
+                               min_cores=min_cores_for(job) if min_cores_for else 0)
+            pending[job.id] = queued
+            key = (-job.priority, job.submit, i)
+            if not order or order[-1][0] < key:
+                order.append((key, job.id))
+            else:
+                insort(order, (key, job.id))
+            if easy:
+                free = scheduler.free_now(now)
+                if free is not None and free < queued.cores:
+                    continue  # easy: a submission that cannot start now runs no pass
+            run_cycle(now)
+        while ends and ends[0][0] == now:
+            job_id = heapq.heappop(ends)[3]
+            scheduler.release(job_id)
+            outcome = outcomes[job_id]
+            outcome.end = now
+            state["busy"] -= outcome.cores
+            state["done"] += 1
+            if observer is not None:
+                observer.on_end(by_id[job_id], now)
+            run_cycle(now)
+        at = next_due() if pending else None
+        if at is not None and at <= now:
+            run_cycle(now)  # a reservation's time came and no cycle of this instant started it
+            while pending and (at := next_due()) is not None and at <= now:
+                heapq.heappop(due)  # it could not start (the shape does not fit yet)
+        samples.append(Sample(now, len(pending), state["busy"]))
+        if progress is not None and state["done"] >= next_report:
+            progress(state["done"])
+            next_report = state["done"] + report_every
 
     never = [outcomes[job_id] for job_id in pending]
     for outcome in never:

@@ -348,7 +348,7 @@ def fairness(run: SimRun, accounts: Accounts) -> FairnessReport:
         used[leaf] += o.cores * (o.end - o.start)
         by_user[accounts.user_of[o.job.id]].append(b)
     total = sum(used.values()) or 1
-    shares = _normalized_shares(accounts.tree)
+    shares = normalized_shares(accounts.tree)
     rows = {leaf: AccountRow(leaf, shares[leaf], len(waits[leaf]), used[leaf], used[leaf] / total,
                              statistics.fmean(waits[leaf]), statistics.fmean(bslds[leaf]))
             for leaf in accounts.tree.leaves if waits.get(leaf)}
@@ -357,7 +357,7 @@ def fairness(run: SimRun, accounts: Accounts) -> FairnessReport:
     return FairnessReport(rows, user_bsld, jain)
 
 
-def _normalized_shares(tree: AccountTree) -> dict[str, float]:
+def normalized_shares(tree: AccountTree) -> dict[str, float]:
     out = {"root": 1.0}
     for name in tree.order[1:]:
         node = tree.nodes[name]
@@ -404,7 +404,7 @@ def write_share_plot(runs: Mapping[str, SimRun], accounts: Accounts, path: Path,
     span = max(spans, default=day)
     # about 60 bins, of whole days (whole minutes for traces shorter than 20 days)
     width = day * max(1, span // (60 * day)) if span > 20 * day else 60 * max(1, span // 3600)
-    shares = _normalized_shares(accounts.tree)
+    shares = normalized_shares(accounts.tree)
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.6 * len(runs)), sharex=True, squeeze=False)
     first = next(iter(runs.values()))
     _, base = usage_over_time(first, accounts, width)

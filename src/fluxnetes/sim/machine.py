@@ -20,7 +20,7 @@ class MachineError(ValueError):
 class Machine:
     """The simulated machine. ``graph`` is the resource graph the queue engine matches on;
     for a machine given by size (``--nodes/--cores`` or the SWF header) it is built on first
-    use, since the fast reference engine only needs the node names and sizes (the very names
+    use, since the count oracle only needs the node names and sizes (the very names
     the graph gives its nodes: ``node0``, ``node1``, ...)."""
 
     nodes: int
@@ -105,40 +105,67 @@ def _from_graph(graph: Any, origin: str, whole_nodes: bool) -> Machine:
     return machine
 
 
-def machine_from_size(nodes: int, cores: int, *, whole_nodes: bool = False, origin: str = "") -> Machine:
-    """``nodes`` nodes of ``cores`` cores each, under one rack-less cluster."""
+def rack_sizes(nodes: int, racks: int) -> list[int]:
+    """``nodes`` nodes over ``racks`` racks, as evenly as possible (the first racks take
+    one more when they do not divide)."""
+    base, extra = divmod(nodes, racks)
+    return [base + (1 if r < extra else 0) for r in range(racks)]
+
+
+def machine_from_size(nodes: int, cores: int, *, whole_nodes: bool = False, origin: str = "",
+                      racks: int = 0) -> Machine:
+    """``nodes`` nodes of ``cores`` cores each, under one cluster; with ``racks`` > 0 the
+    nodes are spread over that many racks (``rack_sizes``; nodes keep their numbering
+    across the cluster: rack0 holds node0.., the next rack the next ones)."""
     if nodes < 1:
         raise MachineError(f"--nodes: must be >= 1 (got {nodes})")
     if cores < 1:
         raise MachineError(f"--cores: must be >= 1 (got {cores})")
+    if racks < 0 or racks > nodes:
+        raise MachineError(f"--racks: must be between 1 and the number of nodes ({nodes}), "
+                           f"got {racks}")
     origin = origin or f"--nodes {nodes} --cores {cores}"
+    if racks:
+        origin += f", {racks} racks"
 
     def build() -> Any:
         from fluxnetes.graph import from_description
 
-        return from_description({"cluster": "swf", "node": {"sockets": 0, "cores": cores},
-                                 "nodes": nodes})
+        desc: dict[str, Any] = {"cluster": "swf", "node": {"sockets": 0, "cores": cores}}
+        if racks:
+            desc["racks"] = [{"name": f"rack{r}", "nodes": size}
+                             for r, size in enumerate(rack_sizes(nodes, racks))]
+        else:
+            desc["nodes"] = nodes
+        return from_description(desc)
 
     return Machine(nodes, cores, nodes * cores, origin, whole_nodes, _build=build,
                    _node_cores={f"node{i}": cores for i in range(nodes)})
 
 
-def machine_from_header(header: SwfHeader, *, whole_nodes: bool = False) -> Machine:
-    """MaxNodes x (MaxProcs / MaxNodes) from the SWF header (MaxProcs alone: 1-core nodes)."""
+def machine_from_header(header: SwfHeader, *, whole_nodes: bool = False,
+                        racks: int = 0) -> Machine:
+    """MaxNodes x (MaxProcs / MaxNodes) from the SWF header (MaxProcs alone: 1-core nodes);
+    ``racks``: spread the nodes over that many racks."""
     max_nodes, max_procs = header.max_nodes, header.max_procs
     if max_nodes and max_procs and max_procs % max_nodes == 0:
         return machine_from_size(max_nodes, max_procs // max_nodes, whole_nodes=whole_nodes,
-                                 origin="SWF header MaxNodes/MaxProcs")
+                                 origin="SWF header MaxNodes/MaxProcs", racks=racks)
     if max_procs:
         return machine_from_size(max_procs, 1, whole_nodes=whole_nodes,
-                                 origin="SWF header MaxProcs (one core per node)")
+                                 origin="SWF header MaxProcs (one core per node)", racks=racks)
     if max_nodes:
         return machine_from_size(max_nodes, 1, whole_nodes=whole_nodes,
-                                 origin="SWF header MaxNodes (one core per node)")
+                                 origin="SWF header MaxNodes (one core per node)", racks=racks)
     raise MachineError(
         "the SWF header has no MaxNodes/MaxProcs: give the machine with --nodes N --cores C "
         "or --graph FILE"
     )
+
+
+def machine_from_graph(graph: Any, origin: str, *, whole_nodes: bool = False) -> Machine:
+    """A machine from a graph already built (e.g. from a live cluster's Nodes)."""
+    return _from_graph(graph, origin, whole_nodes)
 
 
 def machine_from_graph_file(path: str | Path, *, whole_nodes: bool = False) -> Machine:

@@ -46,10 +46,36 @@ def fmt_limits(limits: Mapping[str, Any] | None) -> str:
     return ",".join(f"{label}<={limits[key]}" for key, label in LIMIT_LABELS if limits.get(key) is not None)
 
 
+def implicit_default(fluxaccounts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The default account the operator adds when no FluxAccount is the default (none has
+    ``spec.default: true`` and none is named "default"): a top-level leaf of 1 share, which
+    every other account's normalized shares count (with one FluxAccount of 1 share, each has
+    0.5). It has no object, so no published status: its normalized shares are computed here
+    from the shares alone. None when there is none, or the configuration is refused."""
+    from fluxnetes.k8s.fairshare import accounts as acc
+    from fluxnetes.queue.fairshare import classic
+
+    if not fluxaccounts:
+        return None  # no FluxAccount: fair share is off
+    try:
+        config = acc.parse_accounts(fluxaccounts)
+    except acc.AccountConfigError:
+        return None
+    if not config.implicit_default:
+        return None
+    norm = classic(config.tree, {})[config.default].shares_norm
+    return {"metadata": {"name": config.default}, "spec": {"shares": 1, "default": True},
+            "status": {"normalizedShares": round(norm, 6)}, "implicit": True}
+
+
 def account_rows(fluxaccounts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per FluxAccount, parents before their children (siblings by name), with its
-    depth in the tree. An account whose parent is missing is shown at the top."""
+    depth in the tree, and the implicit default account (``implicit_default``) where the
+    operator adds one. An account whose parent is missing is shown at the top."""
     by_name = {_name(a): a for a in fluxaccounts if _name(a)}
+    extra = implicit_default(fluxaccounts)
+    if extra is not None:
+        by_name[_name(extra)] = extra
     children: dict[str, list[str]] = {}
     for name, a in by_name.items():
         parent = str((a.get("spec") or {}).get("parent") or "")
@@ -70,6 +96,7 @@ def account_rows(fluxaccounts: Sequence[Mapping[str, Any]]) -> list[dict[str, An
                 "parent": str(spec.get("parent") or ""),
                 "depth": depth,
                 "default": bool(spec.get("default", False)),
+                "implicit": bool(a.get("implicit", False)),  # no FluxAccount: added by the operator
                 "shares": int(spec.get("shares", 1)),
                 "normalizedShares": status.get("normalizedShares"),
                 "usage": status.get("usage"),
@@ -105,14 +132,18 @@ def render(rows: list[dict[str, Any]]) -> Any:
     cols = ("ACCOUNT", "SHARES", "NORM SHARES", "USAGE", "NORM USAGE", "FAIRSHARE",
             "RUNNING", "CORES", "QUEUED", "HELD", "LIMITS", "NAMESPACES")
     body = [
-        ("  " * r["depth"] + r["name"] + (" (default)" if r["default"] else ""), r["shares"],
+        ("  " * r["depth"] + r["name"] + (" (default, implicit)" if r["implicit"] else " (default)" if r["default"]
+                                          else ""), r["shares"],
          _num(r["normalizedShares"], ".4f"), _num(r["usage"], ".0f"), _num(r["normalizedUsage"], ".4f"),
          _num(r["fairShare"], ".4f"), _num(r["running"], "d"), _num(r["runningCores"], "d"),
          _num(r["queued"], "d"), _num(r["held"], "d"), fmt_limits(r["limits"]), ",".join(r["namespaces"]))
         for r in rows
     ]
     notes = [Text(f"FluxAccount {r['name']}: {r['error']}", style="red") for r in rows if r["error"]]
-    if any(r["fairShare"] is None for r in rows):
+    if any(r["implicit"] for r in rows):
+        notes.append(Text("implicit: no FluxAccount is the default, so the operator adds this account of 1 share; "
+                          "namespaces that choose no account charge it (its usage is not published)"))
+    if any(r["fairShare"] is None and not r["implicit"] for r in rows):
         notes.append(Text("-: not published yet (the operator writes each FluxAccount's status "
                           "while it runs)"))
     return Group(table("Accounts", cols, body), *notes)

@@ -282,6 +282,8 @@ def broadcast_cmd(
     dest: Annotated[str, typer.Argument(help="Path below each agent's data directory.")],
     nodes: NodesOpt = None,
     chunk_mib: Annotated[int, typer.Option("--chunk-mib", min=1, max=32, help="Chunk size in MiB.")] = 1,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds the whole broadcast may take; "
+                                           "nodes that have not confirmed the file by then are listed.")] = 3600.0,
     address: AddressOpt = None,
     cert_dir: CertDirOpt = None,
     token: TokenOpt = None,
@@ -300,7 +302,8 @@ def broadcast_cmd(
             raise OpsError(str(exc)) from None
         targets = _expand(nodes)
         reply = _call(address, cert_dir, token, kubeconfig, context, agent_namespace,
-                      lambda c: c.broadcast(file, dest, targets, chunk_size=chunk_mib * 1024 * 1024))
+                      lambda c: c.broadcast(file, dest, targets, chunk_size=chunk_mib * 1024 * 1024,
+                                            timeout=timeout))
     except OpsError as exc:
         raise fail(exc) from None
     failed = [r for r in reply["results"] if r["error"]]
@@ -343,6 +346,8 @@ def tree_cmd(
         parent = st["parents"].get(name, "-" if name == st["root"] else "")
         state = "attached" if name in attached else "NOT ATTACHED"
         typer.echo(f"{rank:>5}  {name:<30} parent {parent or '?':<30} {state}")
+    for name in st.get("strays") or []:
+        typer.echo(f"    -  {name:<30} still attached, no member (leaving)")
 
 
 def _yaml(data: Any) -> str:

@@ -214,6 +214,52 @@ def request_of(fj: Mapping[str, Any]) -> dict[str, int]:
     return {str(k): int(v) for k, v in req.items() if isinstance(v, int | float)}
 
 
+def pod_sets(fj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The FluxJob's pod sets, each with its own per-pod request: ``name``, ``count``,
+    ``request`` (as ``spec.request``) and, once allocated, the ``nodes`` of its slots. A
+    multi-role workload's come from ``status.podSets`` (the operator writes each set's
+    request; a status written before it did: ``spec.request``, the largest set's), else from
+    its jobspec; a one-template group is one set (``name`` "") of ``spec.size`` pods."""
+    spec, st = fj.get("spec") or {}, fj.get("status") or {}
+    nodes = [str(n) for n in st.get("nodes") or []]
+    listed = [ps for ps in st.get("podSets") or [] if isinstance(ps, Mapping)]
+    if not listed:
+        listed = [{"name": name, "count": count} for name, count in _jobspec_sets(spec.get("jobspec"))]
+    if not listed:
+        return [{"name": "", "count": int(spec.get("size") or 1), "request": request_of(fj), "nodes": nodes}]
+    out, at = [], 0
+    for ps in listed:
+        count = int(ps.get("count") or 0)
+        req = ps.get("request")
+        own = ps.get("nodes")
+        out.append({
+            "name": str(ps.get("name") or ""),
+            "count": count,
+            "request": {str(k): int(v) for k, v in req.items() if isinstance(v, int | float)}
+            if isinstance(req, Mapping) else request_of(fj),
+            # slots are numbered set after set (status.nodes is in slot order)
+            "nodes": [str(n) for n in own] if isinstance(own, list) else nodes[at:at + count],
+        })
+        at += count
+    return out
+
+
+def _jobspec_sets(text: Any) -> list[tuple[str, int]]:
+    from fluxnetes.jobspec import parse_jobspec
+    from fluxnetes.jobspec.podsets import podsets_of_jobspec
+
+    try:
+        return podsets_of_jobspec(parse_jobspec(text or ""))
+    except Exception:  # no jobspec, or one this version does not read: one set
+        return []
+
+
+def fmt_pod_sets(sets: Sequence[Mapping[str, Any]]) -> str:
+    """``4 x (4c,4Gi)``, or per set: ``leader 1 x (2c,2Gi), worker 3 x (1c,1Gi)``."""
+    return ", ".join(f"{ps['name'] + ' ' if ps['name'] else ''}{ps['count']} x ({fmt_request(ps['request'])})"
+                     for ps in sets)
+
+
 def fmt_request(req: Mapping[str, int]) -> str:
     parts = []
     if req.get("cpu"):

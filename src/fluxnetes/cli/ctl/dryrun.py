@@ -80,12 +80,13 @@ class Verdict:
 # -- reading FILE ------------------------------------------------------------------------------
 
 
-def _fmt_req(cpu_millis: int, memory: int, gpus: int) -> str:
+def _fmt_req(cpu_millis: int, memory: int, gpus: int, extended: Mapping[str, int] | None = None) -> str:
     parts = [f"{max(1, math.ceil(cpu_millis / 1000))}c"]
     if memory:
         parts.append(f"{math.ceil(memory / 2**20)}Mi")
     if gpus:
         parts.append(f"{gpus}gpu")
+    parts += [f"{n} {name}" for name, n in sorted((extended or {}).items()) if n]  # full names
     return ",".join(parts)
 
 
@@ -171,7 +172,7 @@ def candidates_from_docs(docs: Sequence[Any], source: str = "FILE") -> list[Cand
                     js,
                     duration,
                     priority,
-                    _fmt_req(req.cpu_millis, req.memory_bytes, req.gpus),
+                    _fmt_req(req.cpu_millis, req.memory_bytes, req.gpus, req.extended),
                 )
             )
         except (GroupError, JobspecError) as exc:

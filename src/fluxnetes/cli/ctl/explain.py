@@ -24,12 +24,13 @@ from fluxnetes.cli.ctl.common import (
     fail,
     fetch,
     find_fluxjob,
+    fmt_pod_sets,
     fmt_request,
     name_of,
     parse_time,
+    pod_sets,
     queue_key,
     relative,
-    request_of,
     split_job,
     table,
 )
@@ -47,61 +48,46 @@ def explain_job(
     short now (from the nodes' free room), and the jobs ahead of it in the queue."""
     spec, st = fj.get("spec") or {}, fj.get("status") or {}
     phase = st.get("phase") or "Provisional"
-    size = int(spec.get("size") or 1)
-    req = request_of(fj)
+    sets = pod_sets(fj)  # each pod set at its own shape (an MPIJob: a small launcher, big workers)
+    size = int(spec.get("size") or 0) or sum(ps["count"] for ps in sets)
     out: dict[str, Any] = {
         "job": name_of(fj),
         "state": phase,
         "reason": st.get("reason") or "",
         "size": size,
-        "perPod": fmt_request(req),
+        "perPod": "; ".join(f"{ps['name'] + ' ' if ps['name'] else ''}{fmt_request(ps['request'])}" for ps in sets),
+        "shape": fmt_pod_sets(sets),
         "duration": spec.get("duration") or 0,
         "priority": spec.get("priority") or 0,
         "expectedStart": st.get("expectedStart"),
         "expectedStartIn": relative(parse_time(st.get("expectedStart")), now),
         "nodes": st.get("nodes") or [],
-        "podSets": pod_sets_of(spec, st.get("nodes") or []),
-        "history": [
-            {
-                "time": c.get("lastTransitionTime"),
-                "state": c.get("type"),
-                "message": c.get("message") or c.get("reason") or "",
-            }
-            for c in st.get("conditions") or []
-        ],
+        "podSets": [{**ps, "request": fmt_request(ps["request"])} for ps in sets if ps["name"]],
+        "history": history_of(st),
     }
     if phase in WAITING:
         others = [f for f in fluxjobs if name_of(f) != name_of(fj)]
         rows = node_rows(nodes, pods, others)
-        need = {
-            "cores": cores(req.get("cpu", 0)),
-            "memory": req.get("memory", 0),
-            "gpus": req.get(GPU, 0),
-        }
+        shapes = [(ps["count"], _need(ps["request"])) for ps in sets]
         exclusive = bool(spec.get("exclusive"))
-        fits: dict[str, int] = {}
-        short: dict[str, int] = {"cores": 0, "memory": 0, "gpus": 0, "down": 0}
+        # extended resources (``example.com/fpga``) by their full names: free = allocatable
+        # less what the pods bound there ask
+        extended = sorted({k for _, need in shapes for k in need if k not in RESOURCES})
+        ext_free = _extended_free(nodes, pods, extended) if extended else {}
+        free: dict[str, dict[str, int]] = {}
+        short: dict[str, int] = {"cores": 0, "memory": 0, "gpus": 0, **dict.fromkeys(extended, 0), "down": 0}
         for r in rows:
             if r["status"] == "down":
                 short["down"] += 1
                 continue
             if exclusive and (r["fluxnetesPods"] or r["foreignPods"]):
                 continue
-            room = []
-            for res in ("cores", "memory", "gpus"):
-                free = r[f"{res}Free"] if res != "memory" else r["memoryFree"]
-                if need[res] > 0:
-                    slots = max(0, free) // need[res]
-                    if slots == 0:
-                        short[res] += 1
-                    room.append(slots)
-            n = min(room) if room else 0
-            if exclusive:
-                n = min(n, 1)
-            if n > 0:
-                fits[r["node"]] = n
+            free[r["node"]] = {res: max(0, r[f"{res}Free"]) for res in RESOURCES} | ext_free.get(r["node"], {})
+        fits, missing = gang_room(shapes, free, exclusive)
+        for res, n in missing.items():
+            short[res] += n
         placeable = sum(fits.values())
-        capacity_ok = could_ever_fit(need, size, exclusive, nodes)
+        capacity_ok = could_ever_fit(shapes, size, exclusive, nodes)
         if not capacity_ok:
             out["short"] = "the cluster as a whole is too small for this job (Unsatisfiable)"
         elif placeable >= size:
@@ -152,6 +138,94 @@ def explain_job(
             for t, name in sorted(ends)
         ]
     return out
+
+
+RESOURCES = ("cores", "memory", "gpus")
+
+
+def _need(req: Mapping[str, int]) -> dict[str, int]:
+    """What one pod takes, as the nodes view counts it (whole cores, bytes, GPUs), and any
+    other extended resource by its full name."""
+    need = {"cores": cores(req.get("cpu", 0)), "memory": req.get("memory", 0), "gpus": req.get(GPU, 0)}
+    return need | {k: v for k, v in req.items() if k not in ("cpu", "memory", GPU) and v > 0}
+
+
+def _allocatable(node: Mapping[str, Any]) -> dict[str, int] | None:
+    """A node's room as explain counts it (None: its allocatable does not parse)."""
+    from fluxnetes.k8s.resources import ResourceError, node_allocatable
+
+    try:
+        a = node_allocatable(node)
+    except ResourceError:
+        return None
+    return {"cores": a.cpu_millis // 1000, "memory": a.memory_bytes, "gpus": a.gpus, **a.extended}
+
+
+def _extended_free(nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
+                   names: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per node, the free amount of each extended resource in ``names``."""
+    from fluxnetes.k8s.resources import ResourceError, pod_request
+
+    free: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        cap = _allocatable(node) or {}
+        free[str((node.get("metadata") or {}).get("name", ""))] = {k: cap.get(k, 0) for k in names}
+    for pod in pods:
+        where = (pod.get("spec") or {}).get("nodeName")
+        if not where or where not in free or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        try:
+            asked = pod_request(pod.get("spec") or {}).extended
+        except ResourceError:
+            continue
+        for k in names:
+            free[where][k] -= int(asked.get(k, 0))
+    return free
+
+
+def gang_room(
+    shapes: Sequence[tuple[int, Mapping[str, int]]], free: Mapping[str, Mapping[str, int]], exclusive: bool
+) -> tuple[dict[str, int], dict[str, int]]:
+    """How many of the gang's pods the ``free`` room (per node) takes now, each pod set at
+    its own shape: the largest shape first, nodes filled in name order (an estimate: the
+    matcher may pack otherwise). Returns the pods placed per node and, for the first pod
+    that finds no room, the number of nodes short of each resource for it."""
+    left = {n: dict(v) for n, v in free.items()}
+    placed: dict[str, int] = {}
+    missing: dict[str, int] = {}
+    for count, need in sorted(shapes, key=lambda s: tuple(-s[1].get(r, 0) for r in RESOURCES)):
+        todo = count
+        for node in sorted(left):
+            if todo <= 0:
+                break
+            if exclusive and placed.get(node):
+                continue  # one pod per node, whole nodes
+            room = [left[node].get(r, 0) // v for r, v in need.items() if v > 0]
+            n = min(todo, min(room) if room else todo, 1 if exclusive else todo)
+            if n > 0:
+                for r, v in need.items():
+                    left[node][r] = left[node].get(r, 0) - v * n
+                placed[node] = placed.get(node, 0) + n
+                todo -= n
+        if todo > 0 and not missing:
+            missing = {r: sum(1 for n in left.values() if n.get(r, 0) < v) for r, v in need.items() if v > 0}
+    return placed, missing
+
+
+def history_of(st: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every phase the job entered, oldest first: ``status.history`` (a phase entered again
+    is a new entry), else, for a status written before the operator kept it, the
+    conditions (one per phase, its latest entry) in time order."""
+    entries = [h for h in st.get("history") or [] if isinstance(h, Mapping)]
+    if entries:
+        rows = [{"time": h.get("time"), "state": h.get("phase"), "message": h.get("message") or ""}
+                for h in entries]
+    else:
+        rows = [{"time": c.get("lastTransitionTime"), "state": c.get("type"),
+                 "message": c.get("message") or c.get("reason") or ""}
+                for c in st.get("conditions") or [] if isinstance(c, Mapping)]
+    # stable: entries of one second keep the order they were written in
+    return sorted(rows, key=lambda h: str(h["time"] or ""))
 
 
 def pod_sets_of(spec: Mapping[str, Any], nodes: Sequence[str]) -> list[dict[str, Any]]:
@@ -217,7 +291,7 @@ def priority_factors(
             total += node_allocatable(n).cpu_millis // 1000
         except ResourceError:
             continue
-    job_cores = int(spec.get("size") or 1) * max(1, cores(request_of(fj).get("cpu", 0)))
+    job_cores = sum(ps["count"] * max(1, cores(ps["request"].get("cpu", 0))) for ps in pod_sets(fj))
     size = min(job_cores / total, 1.0) if total else 0.0
     top = acc.qos_max(acc.priority_classes_of(priority_classes))
     qos = acc.qos_factor(int(spec.get("priority") or 0), top)
@@ -246,21 +320,16 @@ def _optional(conn: Conn, path: str) -> Any:
 
 
 def could_ever_fit(
-    need: Mapping[str, int], size: int, exclusive: bool, nodes: Sequence[Mapping[str, Any]]
+    shapes: Sequence[tuple[int, Mapping[str, int]]], size: int, exclusive: bool, nodes: Sequence[Mapping[str, Any]]
 ) -> bool:
-    from fluxnetes.k8s.resources import ResourceError, node_allocatable
-
-    total = 0
+    """Would the whole gang fit on the empty nodes (each pod set at its own shape)?"""
+    caps: dict[str, dict[str, int]] = {}
     for node in nodes:
-        try:
-            a = node_allocatable(node)
-        except ResourceError:
-            continue
-        caps = {"cores": a.cpu_millis // 1000, "memory": a.memory_bytes, "gpus": a.gpus}
-        slots = [caps[k] // v for k, v in need.items() if v > 0]
-        n = min(slots) if slots else size
-        total += min(n, 1) if exclusive else n
-    return total >= size
+        cap = _allocatable(node)
+        if cap is not None:
+            caps[str((node.get("metadata") or {}).get("name", ""))] = cap
+    placed, _ = gang_room(shapes, caps, exclusive)
+    return sum(placed.values()) >= size
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -298,8 +367,9 @@ def explain_cmd(
     duration = f"{info['duration']}s" if info["duration"] else "unknown"
     out = console()
     out.print(
-        f"[bold]{info['job']}[/]: {info['state']}  size {info['size']} x ({info['perPod']})"
-        f"  priority {info['priority']}  duration {duration}"
+        f"[bold]{info['job']}[/]: {info['state']}  size {info['size']}"
+        + (f": {info['shape']}" if info["podSets"] else f" x ({info['perPod']})")
+        + f"  priority {info['priority']}  duration {duration}"
     )
     if info["reason"]:
         out.print(f"reason: {info['reason']}")
@@ -309,7 +379,7 @@ def explain_cmd(
         out.print(f"nodes: {', '.join(info['nodes'])}")
     for ps in info["podSets"]:
         where = f": {', '.join(ps['nodes'])}" if ps["nodes"] else ""
-        out.print(f"pod set {ps['name']} ({ps['count']} pods){where}")
+        out.print(f"pod set {ps['name']} ({ps['count']} pods, {ps['request']} each){where}")
     pf = info.get("priorityFactors")
     if pf is not None:
         out.print(f"fair share: {pf['line']} (default weights unless the operator runs with --fairshare-weights)")

@@ -23,7 +23,7 @@ from fluxnetes.cli.ctl.common import (
     fail,
     fetch,
     fmt_bytes,
-    request_of,
+    pod_sets,
     table,
 )
 
@@ -92,9 +92,9 @@ def node_rows(
             continue
         if st.get("phase") != "Running":
             continue
-        req = request_of(fj)
-        for node in st.get("nodes") or []:
-            planned.setdefault(node, _Use()).add(req)
+        for ps in pod_sets(fj):  # each set at its own shape (an MPIJob's launcher is small)
+            for node in ps["nodes"]:
+                planned.setdefault(node, _Use()).add(ps["request"])
     bound: dict[str, _Use] = {}
     foreign: dict[str, _Use] = {}
     for pod in pods:

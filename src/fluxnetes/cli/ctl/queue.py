@@ -24,9 +24,9 @@ from fluxnetes.cli.ctl.common import (
     fmt_request,
     name_of,
     parse_time,
+    pod_sets,
     queue_key,
     relative,
-    request_of,
     table,
 )
 
@@ -49,6 +49,7 @@ def queue_rows(
     for position, fj in enumerate(order, 1):
         spec, st, md = fj.get("spec") or {}, fj.get("status") or {}, fj.get("metadata") or {}
         phase = st.get("phase") or "Provisional"
+        sets = pod_sets(fj)
         expected = parse_time(st.get("expectedStart"))
         started = parse_time(st.get("startTime"))
         rows.append(
@@ -59,8 +60,12 @@ def queue_rows(
                 "state": phase,
                 "size": spec.get("size"),
                 # a multi-role workload's pod sets (status.podSets), e.g. "launcher 1, worker 8"
-                "podSets": ", ".join(f"{ps.get('name')} {ps.get('count')}" for ps in st.get("podSets") or []),
-                "request": fmt_request(request_of(fj)),
+                "podSets": ", ".join(f"{ps['name']} {ps['count']}" for ps in sets if ps["name"]),
+                # per pod; each pod set at its own shape, e.g. "launcher 1c,1Gi; worker 4c,4Gi"
+                "request": "; ".join(f"{ps['name'] + ' ' if ps['name'] else ''}{fmt_request(ps['request'])}"
+                                     for ps in sets),
+                "podSetRequests": [{"name": ps["name"], "count": ps["count"], "request": ps["request"]}
+                                   for ps in sets if ps["name"]],
                 "priority": spec.get("priority") or 0,
                 "duration": spec.get("duration") or 0,
                 "jobid": st.get("jobid"),

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import socket
 import ssl
 import tempfile
 import threading
@@ -101,11 +103,52 @@ def make_app(operators: Callable[[], Collection[str]], job_mode: str = "suspend"
     return app
 
 
+class WebhookPortError(RuntimeError):
+    """The webhook's port cannot be used (taken, or shared with something that is not us)."""
+
+
+def port_holder(host: str, port: int, ca_crt: bytes) -> str:
+    """Who listens on ``port``: "free", "ours" (a TLS server whose certificate our own CA
+    signed: a replica of this operator, same installation, same cluster — the CA lives in
+    that cluster's Secret) or "other" (anything else: another cluster's operator, another
+    program)."""
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    try:
+        sock = socket.create_connection((target, port), timeout=5)
+    except OSError:
+        return "free"
+    ctx = ssl.create_default_context(cadata=ca_crt.decode())
+    ctx.check_hostname = False  # the chain is the proof; the name may be a Service's
+    try:
+        with ctx.wrap_socket(sock, server_hostname=target):
+            return "ours"
+    except (OSError, ssl.SSLError):
+        return "other"
+    finally:
+        sock.close()
+
+
+def check_sharing(port: int, holder: str, share_port: bool) -> bool:
+    """Whether to bind with SO_REUSEPORT. Two processes share a port only when both said so
+    and the one there proves it is a replica of this operator: otherwise the kernel would
+    hand this cluster's admission calls to another cluster's operator (issue #29 item 7)."""
+    if holder == "other":
+        raise WebhookPortError(
+            f"--webhook-port {port} is held by a process that is not a replica of this operator "
+            "(its TLS certificate is not signed by this cluster's fluxnetes CA): choose another port")
+    if holder == "ours" and not share_port:
+        raise WebhookPortError(
+            f"--webhook-port {port} is served by another replica of this operator; replicas on "
+            "one host share it only when asked: --webhook-share-port on each, or another port")
+    return share_port
+
+
 class WebhookServer:
     def __init__(self, host: str, port: int, bundle: CertBundle,
                  operators: Callable[[], Collection[str]], *, job_mode: str = "suspend", hold: str = "gate",
-                 observe: Observe = _observe_here) -> None:
+                 observe: Observe = _observe_here, share_port: bool = False) -> None:
         self.host, self.port, self.bundle = host, port, bundle
+        self.share_port = share_port
         self.job_mode, self.hold = job_mode, hold
         self._app = make_app(operators, job_mode, observe, hold)
         self._runner = web.AppRunner(self._app, access_log=None)
@@ -115,13 +158,26 @@ class WebhookServer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> int:
+        reuse = False
+        if self.port != 0:
+            holder = await asyncio.to_thread(port_holder, self.host, self.port, self.bundle.ca_crt)
+            reuse = check_sharing(self.port, holder, self.share_port)
         await self._runner.setup()
-        # SO_REUSEPORT: replicas on one host (out of cluster) share the port the webhook
-        # configuration names, and the kernel sends each connection to a live one; so the
-        # webhook keeps answering while any replica runs (the outage story: webhook_config)
+        # SO_REUSEPORT only when asked for (--webhook-share-port) and the port is free or held
+        # by a replica of this very operator (check_sharing): then replicas on one host (out
+        # of cluster) share the port the webhook configuration names, and the kernel sends
+        # each connection to a live one (the outage story: webhook_config)
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context(self.bundle),
-                           reuse_port=self.port != 0)
-        await site.start()
+                           reuse_port=reuse)
+        try:
+            await site.start()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise WebhookPortError(
+                f"--webhook-port {self.port} is in use by another process"
+                + ("" if reuse else " (replicas of one operator on one host may share it: "
+                   "--webhook-share-port on each)")) from None
         server: Any = site._server
         if self.port == 0 and server is not None and getattr(server, "sockets", None):
             self.port = int(server.sockets[0].getsockname()[1])
@@ -153,14 +209,16 @@ class WebhookServer:
         self._proc = ctx.Process(
             target=_serve_child,
             args=(self.host, self.port, self.bundle.as_secret_data(), sorted(self._operators()), child,
-                  self.job_mode, self.hold),
+                  self.job_mode, self.hold, self.share_port),
             name="fluxnetes-webhook", daemon=True,
         )
         self._proc.start()
         loop = asyncio.get_running_loop()
         msg = await loop.run_in_executor(None, parent.recv)
-        if isinstance(msg, str):
-            raise RuntimeError(f"webhook process failed: {msg}")
+        if isinstance(msg, tuple):  # (exception class name, message)
+            if msg[0] == WebhookPortError.__name__:
+                raise WebhookPortError(msg[1])
+            raise RuntimeError(f"webhook process failed: {msg[0]}: {msg[1]}")
         self.port = int(msg)
         log.info("webhook serving on https://%s:%d (process %d)", self.host, self.port, self._proc.pid)
         # the child sends its answer times in batches; they land in this process's metrics
@@ -194,7 +252,7 @@ class WebhookServer:
 
 
 def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[str], conn: Any,
-                 job_mode: str = "suspend", hold: str = "gate") -> None:
+                 job_mode: str = "suspend", hold: str = "gate", share_port: bool = False) -> None:
     """Entry point of the webhook process (see ``WebhookServer.start_in_process``)."""
     import os
     import signal
@@ -203,12 +261,12 @@ def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[s
 
     async def main() -> None:
         server = WebhookServer(host, port, CertBundle.from_secret_data(data), lambda: frozenset(operators),
-                               job_mode=job_mode, hold=hold,
+                               job_mode=job_mode, hold=hold, share_port=share_port,
                                observe=lambda k, w, s: pending.append((k, w, s)))
         try:
             conn.send(await server.start())
         except Exception as exc:
-            conn.send(repr(exc))
+            conn.send((type(exc).__name__, str(exc)))
             return
         parent = os.getppid()
         while os.getppid() == parent:  # the operator is gone (even SIGKILLed): stop serving

@@ -251,6 +251,7 @@ class ClusterView:
                 with contextlib.suppress(Exception):
                     self._matcher.remove_subgraph(name)
                 self.node_lost(name)
+                self.sync_node_cores()
             return
         old = self._nodes.get(name)
         self._nodes[name] = node
@@ -346,7 +347,9 @@ class ClusterView:
 
     def lose_share(self, g: Group, name: str) -> None:
         """The group's share on lost node ``name`` is gone with the node (and its slots)."""
-        g.held.pop(name, None)
+        lost = g.held.pop(name, None)
+        if lost is not None:
+            self.scheduler.released_part(g.qid, name, lost.cores)  # (a node of that name may come back)
         g.released.update(i for i, n in enumerate(g.slots) if n == name)
         g.holdings_changed()
         if not g.held:

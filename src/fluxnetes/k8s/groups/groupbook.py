@@ -62,9 +62,11 @@ class GroupBook(Context):
         def cancel_group(self, g: Group, reason: str) -> None: ...
         @staticmethod
         def capacity(g: Group) -> int: ...
-        def family(self, base: tuple[str, str]) -> list[Group]: ...
+        def family(self, base: tuple[str, str], stuck: bool = False) -> list[Group]: ...
         def finish_group(self, g: Group) -> None: ...
         def index_scale_group(self, g: Group) -> None: ...
+        def index_label_group(self, g: Group, drop: bool = False) -> None: ...
+        def follow_owner(self, kind_name: str, namespace: str, name: str) -> None: ...
         def release_all(self, g: Group) -> None: ...
         def release_slot(self, g: Group, slot: int) -> None: ...
         def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
@@ -133,6 +135,7 @@ class GroupBook(Context):
             self.status.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
         self.groups[spec.key] = g
         self.index_scale_group(g)
+        self.index_label_group(g)
         return g
 
     def enqueue(self, g: Group) -> None:
@@ -274,10 +277,12 @@ class GroupBook(Context):
             self.prune_check.add(g.key)
 
     def owner_changed(self, kind_name: str, namespace: str, name: str) -> None:
-        """A workload object changed or went: the groups over it kept look again."""
+        """A workload object changed or went: the groups over it kept look again, and its
+        label groups follow its replica count (scaling.follow_owner)."""
         waiting = self.prune_waits.pop((kind_name, namespace, name), None)
         if waiting:
             self.prune_check |= waiting
+        self.follow_owner(kind_name, namespace, name)
 
     def drop_group(self, g: Group) -> None:
         key = g.key
@@ -305,6 +310,7 @@ class GroupBook(Context):
             self.scale_groups[base].remove(key)
         if base is not None and not self.scale_groups.get(base, True):
             del self.scale_groups[base]
+        self.index_label_group(g, drop=True)
         if self.journal is not None and g.store_uid:
             self.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
         self.pruned[str(g.phase)] = self.pruned.get(str(g.phase), 0) + 1
@@ -354,6 +360,11 @@ class GroupBook(Context):
             spec = self.pod_group_spec(pod)
         except GroupError as exc:
             self.status.event(self.status.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
+            return
+        if spec.size < 1:
+            # its owner asks for no pod (scaled to 0: it is deleting this one): no group of 0;
+            # it waits for the owner's next change (controller.on_owner retries parked pods)
+            self.parked[uid] = pod
             return
         g = self.groups.get(spec.key)
         if g is None or (g.phase.final and not g.members):

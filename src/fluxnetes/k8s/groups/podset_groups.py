@@ -268,7 +268,8 @@ class PodSetGroups(Context):
         if kind.replica_groups(obj) is not None:  # LWS scaled down: the last replicas' gangs end
             keep = {object_name(b) for b in bases}
             for old in self.groups_of(kind_name, ns, name, uid):
-                if old.spec.name not in keep and not old.phase.final:
+                # an Unsatisfiable gang ends too: it is no longer wanted, whatever the nodes
+                if old.spec.name not in keep and (not old.phase.final or old.phase == Phase.UNSATISFIABLE):
                     self.cancel_group(old, f"{kind_name} {name} was scaled down")
         for base in bases:
             gkey = (ns, object_name(base))

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.groups import GroupSpec, controller_of, object_name
+from fluxnetes.k8s.groups import GroupSpec, controller_of, explicit_group, object_name
 from fluxnetes.k8s.groups.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _dump_jobspec, _gated, _meta, _terminal
@@ -29,6 +29,7 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 if TYPE_CHECKING:
     from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.k8s.scheduling.cycle import SchedulingCycle
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -42,6 +43,7 @@ class Scaling(Context):
 
     if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
         cluster: ClusterView
+        scheduling: SchedulingCycle
         status: StatusWriter
         groups: GroupTable
         member_of: dict[str, tuple[str, str]]
@@ -63,6 +65,14 @@ class Scaling(Context):
         # workload uid -> names of its groups that are over (from set_phase and, after a
         # restart, from the final FluxJobs the informer lists)
         self.spent_names: dict[str, set[str]] = {}
+        # uids of workloads queued whole (Jobs) whose group's FluxJob is final: never queued
+        # again. Live, the ended group itself says so until it is pruned; after a restart
+        # (or a lost lease) only the final FluxJob does, while the Job controller may not
+        # have marked the Job finished yet (it lags after an API server outage)
+        self.ended_workloads: set[str] = set()
+        # label groups (fluxnetes.io/group) of a ReplicaSet's or StatefulSet's pods: (owner
+        # kind, namespace, owner name) -> their keys (they follow its replica count: follow_owner)
+        self.label_groups: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
 
     def spend_name(self, g: Group) -> None:
         """``g`` is over: its name is not given to another group of its workload."""
@@ -81,6 +91,8 @@ class Scaling(Context):
             return
         if final and wl.get("uid") and kind is not None and kind.owns_pods and kind.resume_patch({}) is None:
             self.spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
+        if final and wl.get("uid") and kind is not None and kind.resume_patch({}) is not None:
+            self.ended_workloads.add(str(wl["uid"]))
 
     def name_for_new_group(self, spec: GroupSpec) -> GroupSpec:
         """A new base group of a replicated workload whose base name an ended group of the same
@@ -118,14 +130,65 @@ class Scaling(Context):
             if g.key not in keys:
                 keys.append(g.key)
 
-    def family(self, base: tuple[str, str]) -> list[Group]:
-        """The live groups of one workload: its base group, then its scale groups."""
+    def index_label_group(self, g: Group, drop: bool = False) -> None:
+        """Index (or, ``drop``, forget) a label group made of a replicated workload's pods."""
+        o = g.spec.owner
+        kind = kind_of(o.kind) if o is not None else None
+        if o is None or kind is None or not kind.owns_pods or kind.resume_patch({}) is not None \
+                or explicit_group(g.spec.labels) is None:
+            return
+        ref = (o.kind, g.spec.namespace, o.name)
+        if not drop:
+            self.label_groups.setdefault(ref, set()).add(g.key)
+            return
+        keys = self.label_groups.get(ref)
+        if keys is not None and self.groups.get(g.key) in (None, g):
+            keys.discard(g.key)
+            if not keys:
+                del self.label_groups[ref]
+
+    def follow_owner(self, kind_name: str, namespace: str, name: str) -> None:
+        """A ReplicaSet or StatefulSet changed: its label groups that have not started (or are
+        Unsatisfiable, their pods waiting) take its replica count, at most their size label
+        (``fluxnetes.io/group-size``): a group never waits for pods its owner will not make."""
+        keys = self.label_groups.get((kind_name, namespace, name))
+        kind = kind_of(kind_name)
+        obj = self.owners.get((kind_name, namespace, name))
+        if not keys or kind is None or obj is None:
+            return
+        uid = str(_meta(obj).get("uid", ""))
+        # the replicas it asks for (a size label caps them), or, without a size label, the
+        # pods its controller makes now (an OrderedReady StatefulSet: one at a time), as
+        # groups.group_of_pod sized the group
+        replicas = WorkloadKind.size(kind, obj)
+        for key in sorted(keys):
+            g = self.groups.get(key)
+            if g is None or not self.same_owner(g, uid) or g.spec.jobspec is not None:
+                continue
+            if g.phase not in (Phase.PROVISIONAL, *QUEUED) and not self.resizable(g):
+                continue
+            label = explicit_group(g.spec.labels)
+            size = min(replicas, label[1]) if label is not None and label[1] is not None else kind.size(obj)
+            if size >= 1:
+                self.resize(g, size)
+            elif not g.phase.final:
+                self.cancel_group(g, f"{kind_name} {name} scaled down to 0 before the group started")
+
+    def family(self, base: tuple[str, str], stuck: bool = False) -> list[Group]:
+        """The live groups of one workload: its base group, then its scale groups.
+        ``stuck``: with those Unsatisfiable whose pods still wait (see ``resizable``)."""
         out = []
         for k in (base, *self.scale_groups.get(base, ())):
             g = self.groups.get(k)
-            if g is not None and not g.phase.final:
+            if g is not None and (not g.phase.final or (stuck and self.resizable(g))):
                 out.append(g)
         return out
+
+    def resizable(self, g: Group) -> bool:
+        """An Unsatisfiable group that follows its workload's size like one not started yet:
+        its pods still wait, gated (a smaller group may fit where this one never can)."""
+        return (g.phase == Phase.UNSATISFIABLE and g.spec.jobspec is None
+                and not g.reason.startswith("invalid jobspec") and self.scheduling.still_waits(g))
 
     @staticmethod
     def capacity(g: Group) -> int:
@@ -161,11 +224,14 @@ class Scaling(Context):
 
     def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
         """Follow the workload's replica count (see the comment above)."""
-        fam = self.family(base)
+        uid = str(_meta(obj).get("uid", ""))
+        # an Unsatisfiable group whose pods wait absorbs the change too: scaled down, it may fit
+        fam = [g for g in self.family(base, stuck=True) if g.phase != Phase.UNSATISFIABLE or self.same_owner(g, uid)]
         if not fam:
             return  # nothing live: new pods form a new group (join_group)
         # pods still running from a group that failed by node loss count as replicas
-        diff = kind.size(obj) - sum(self.capacity(g) for g in fam) - self.survivors(base, str(_meta(obj).get("uid", "")))
+        diff = kind.size(obj) - sum(g.spec.size if g.phase == Phase.UNSATISFIABLE else self.capacity(g)
+                                    for g in fam) - self.survivors(base, uid)
         # the newest group that has not started yet absorbs the change
         while diff and fam and fam[-1].phase != Phase.RUNNING and fam[-1].spec.jobspec is None:
             g = fam[-1]
@@ -201,12 +267,18 @@ class Scaling(Context):
                     self.finish_group(g)
 
     def resize(self, g: Group, size: int) -> None:
-        """A group that has not started takes the workload's new size."""
+        """A group that has not started (or is Unsatisfiable, its pods waiting) takes the
+        workload's new size."""
         if size == g.spec.size:
             return
         if g.phase in QUEUED:
             self.cluster.scheduler.withdraw(g.qid)
             g.phase = Phase.PROVISIONAL  # enqueued again below once complete
+        elif g.phase == Phase.UNSATISFIABLE:
+            # judged again at its new size: a Deployment of 10 pods that never fit, scaled to 4
+            self.scheduling.reopen(g)
+            self.status.set_phase(g, Phase.PROVISIONAL, f"resized from {g.spec.size} to {size} pods: judged again")
+            self.status.event(g.ref(), "Normal", "Resized", g.reason)
         g.spec = replace(g.spec, size=size)
         try:
             g.jobspec = self.make_jobspec(g)

@@ -13,6 +13,8 @@ from fluxnetes.k8s import names
 from fluxnetes.k8s.groups import GroupSpec
 
 CRD_FILE = "fluxjobs.fluxnetes.io.yaml"
+# status.history keeps the latest transitions (a group requeued for days stays one object)
+HISTORY_LIMIT = 50
 
 
 class Phase(enum.StrEnum):
@@ -125,4 +127,43 @@ def status(
         conditions[str(phase)] = {"type": str(phase), "status": "True", "reason": str(phase),
                                   "message": reason, "lastTransitionTime": rfc3339(now)}
     st["conditions"] = list(conditions.values())
+    st["history"] = with_history(history_of(previous), phase, reason, now)
     return st
+
+
+def history_of(st: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The phases a status shows the group entered, oldest first: its ``history`` or, where
+    it has none (written before it was kept, or without a repeated phase: see
+    ``sent_status``), its conditions in time order."""
+    st = st or {}
+    history = st.get("history")
+    if isinstance(history, list):
+        return [dict(h) for h in history if isinstance(h, Mapping)]
+    conds = [c for c in st.get("conditions") or [] if isinstance(c, Mapping)]
+    return [{"time": c.get("lastTransitionTime"), "phase": c.get("type"), "message": c.get("message") or ""}
+            for c in sorted(conds, key=lambda c: str(c.get("lastTransitionTime") or ""))]
+
+
+def with_history(history: list[dict[str, Any]], phase: Phase, reason: str, at: int | float) -> list[dict[str, Any]]:
+    """``status.history``: every phase the group entered, in time order, a phase entered
+    again being a new entry (the conditions keep one per phase: Pending, Unsatisfiable,
+    Pending again shows one Pending). The latest entry takes the phase's latest reason."""
+    out = [dict(h) for h in history]
+    if out and out[-1].get("phase") == str(phase):
+        out[-1]["message"] = reason
+    else:
+        out.append({"time": rfc3339(at), "phase": str(phase), "message": reason})
+    return out[-HISTORY_LIMIT:]
+
+
+def sent_status(st: Mapping[str, Any]) -> dict[str, Any]:
+    """What a FluxJob write carries of a full status: its history only once a phase was
+    entered twice. Until then the conditions, one per phase, tell the same story, and most
+    groups never repeat a phase: their FluxJob writes stay as small as before (the API
+    server's cost per write grows with the object). A merge patch without it keeps what was
+    written, so a history written once is written again each time."""
+    history = st.get("history") or []
+    phases = [h.get("phase") for h in history]
+    if len(phases) != len(set(phases)):
+        return dict(st)
+    return {k: v for k, v in st.items() if k != "history"}

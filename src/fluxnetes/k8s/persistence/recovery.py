@@ -49,6 +49,7 @@ class Recovery(Context):
         accounting: AccountingCheck
         status: StatusWriter
         def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
+        ended_workloads: set[str]
         groups: GroupTable
         member_of: dict[str, tuple[str, str]]
         owners: dict[tuple[str, str, str], dict[str, Any]]
@@ -293,7 +294,7 @@ class Recovery(Context):
         try:
             if owner is not None and okind is not None and okind.resume_patch({}) is not None:
                 obj = self.owner_obj(owner, key[0])
-                if obj is None or okind.finished(obj):
+                if obj is None or okind.finished(obj) or owner.uid in self.ended_workloads:
                     return None
                 spec, kind = self.group_for_workload(okind, obj), okind
             else:

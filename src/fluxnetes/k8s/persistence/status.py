@@ -23,6 +23,7 @@ from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
 from fluxnetes.k8s.persistence import fluxjob
 from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.resources import GPU
 from fluxnetes.logging import log_context
 from fluxnetes.metrics import METRICS
 
@@ -127,6 +128,10 @@ class StatusWriter:
             before = g.phase
             if changed:
                 self.keep_condition(g, before, g.reason)
+                # the transition, at its time, even if no status write shows ``phase`` itself
+                g.fj_status = {**g.fj_status, "history": fluxjob.with_history(
+                    fluxjob.with_history(fluxjob.history_of(g.fj_status), before, g.reason, self._ctx.now()),
+                    phase, reason, self._ctx.now())}
             g.phase, g.reason = phase, reason
             g.fj_dirty = True
             if phase.final:
@@ -209,7 +214,10 @@ class StatusWriter:
         started = g.phase == Phase.RUNNING and len(g.slot_set) == len(g.slots)
         out = []
         for ps in g.sets:
-            entry: dict[str, Any] = {"name": ps.name, "count": ps.count}
+            r = ps.request  # per pod, in the units of spec.request (kubectl fluxnetes charges each set its own)
+            req = {"cpu": r.cpu_millis, "memory": r.memory_bytes, GPU: r.gpus, **r.extended}
+            entry: dict[str, Any] = {"name": ps.name, "count": ps.count,
+                                     "request": {k: v for k, v in req.items() if v}}
             if started:
                 entry["nodes"] = [n for n, name in zip(g.slots, g.slot_set, strict=True) if name == ps.name]
             out.append(entry)
@@ -238,7 +246,7 @@ class StatusWriter:
             if not g.fj_exists:
                 body = fluxjob.manifest(g.spec, jobspec=self.jobspec_text(g),
                                         match_policy=self._ctx.config.match_policy)
-                body["status"] = st
+                body["status"] = fluxjob.sent_status(st)
                 if g.spec.owner is None and g.spec.size == 1 and len(g.members) == 1:
                     # a lone pod owns its FluxJob: deleting the pod cleans it up
                     ref = self.pod_ref(next(iter(g.members.values())))
@@ -262,7 +270,7 @@ class StatusWriter:
                     g.fj_status = st
                     self._ctx.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))
                     return
-            body_st = {"status": st, "metadata": fluxjob.write_meta(g.fj_uid)}
+            body_st = {"status": fluxjob.sent_status(st), "metadata": fluxjob.write_meta(g.fj_uid)}
             await self._ctx.kube.patch(FLUXJOBS, name, body_st, ns, background=True)
             g.fj_status = st
             self._ctx.crash_point("fluxjob-written", g.qid, phase=st.get("phase"))

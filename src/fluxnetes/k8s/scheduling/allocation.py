@@ -207,7 +207,8 @@ class Allocation(Context):
                 self.cluster.matcher.partial_cancel(g.jobid, shares.to_match([part]))
             except Exception as exc:
                 log.warning("partial release of %s on %s failed: %s", g.qid, node, exc)
-            self.cluster.scheduler.freed([node])  # wakes only the jobs that could use that node
+            # wakes only the jobs that could use that node, counting it as freed by this much
+            self.cluster.scheduler.released_part(g.qid, node, part.cores)
         g.fj_dirty = True
         self.dirty = True
 

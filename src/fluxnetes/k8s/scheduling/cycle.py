@@ -445,18 +445,24 @@ class SchedulingCycle:
                 g.jobspec, g.jobspec_yaml = js, None
                 if g.fj_exists:
                     self._ctx.spawn(self._side.status.patch_fluxjob_spec(g, {"jobspec": self._side.status.jobspec_text(g)}))
-            self._fitted.pop(g.key, None)
-            if self._ctx.journal is not None:
-                if g.store_uid:
-                    self._ctx.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
-                base = g.store_uid or (g.spec.owner.uid if g.spec.owner else next(iter(g.members), ""))
-                stem, _, n = base.rpartition("~requeue-")
-                g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
-                g.store_id = None
-            g.end, g.expected_start = None, None
+            self.reopen(g)
             self._side.status.set_phase(g, Phase.PENDING, "queued again: the cluster changed and the group can run on it now")
             self._side.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
             self._ctx.dirty = True
+
+    def reopen(self, g: Group) -> None:
+        """An Unsatisfiable group is judged again (the cluster changed, or its workload was
+        resized): its node fit is made afresh and, its store row being final, it continues
+        under a new one (uid suffix ``~requeue-N``). The caller sets its next phase."""
+        self._fitted.pop(g.key, None)
+        if self._ctx.journal is not None:
+            if g.store_uid:
+                self._ctx.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
+            base = g.store_uid or (g.spec.owner.uid if g.spec.owner else next(iter(g.members), ""))
+            stem, _, n = base.rpartition("~requeue-")
+            g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
+            g.store_id = None
+        g.end, g.expected_start = None, None
 
     def still_waits(self, g: Group) -> bool:
         """Is the group's work still there, held for fluxnetes (gated pods, or a workload

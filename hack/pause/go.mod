@@ -1,0 +1,3 @@
+module local.test/fluxnetes-pause
+
+go 1.26

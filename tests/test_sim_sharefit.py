@@ -1,0 +1,41 @@
+"""The fair-share error: delivered core-seconds against shares among contending accounts."""
+
+from __future__ import annotations
+
+import pytest
+
+from fluxnetes.sim.engine import JobOutcome, SimJob, SimRun
+from fluxnetes.sim.sharefit import share_error
+
+
+def _ran(job_id: str, submit: int, start: int, end: int, cores: int) -> JobOutcome:
+    return JobOutcome(SimJob(job_id, submit, end - start, end - start, cores),
+                      start=start, end=end, cores=cores)
+
+
+def test_by_shares_is_zero_and_all_to_one_is_the_others_share() -> None:
+    owners = {"a1": "a", "b1": "b", "a2": "a", "b2": "b"}
+    shares = {"a": 0.75, "b": 0.25}
+    # both wait from 0; a gets 3 cores, b 1 core, over the whole day: exactly by shares
+    fair = SimRun([_ran("a1", 0, 10, 100, 3), _ran("b1", 0, 10, 100, 1)], [], 4)
+    assert share_error(fair, owners, shares, width=100) == {
+        "share_error": 0.0, "contended_bins": 1, "bins": 1}
+    # a gets everything while b waits: b was due 25 %
+    unfair = SimRun([_ran("a1", 0, 0, 100, 4), _ran("b1", 0, 100, 150, 4)], [], 4)
+    result = share_error(unfair, owners, shares, width=100)
+    assert result["share_error"] == pytest.approx(0.25 * 400 / 600 + 0.0 * 200 / 600)
+    # nobody waited: nothing for fair share to decide
+    idle = SimRun([_ran("a2", 0, 0, 50, 1), _ran("b2", 0, 0, 50, 1)], [], 4)
+    assert share_error(idle, owners, shares, width=100)["contended_bins"] == 0
+
+
+def test_an_account_wanting_less_than_its_share_leaves_the_rest_to_the_others() -> None:
+    owners = {"a1": "a", "b1": "b", "c1": "c"}
+    shares = {"a": 0.5, "b": 0.25, "c": 0.25}
+    # a runs one core and waits for nothing; b and c wait and split the other 3 cores
+    run = SimRun([_ran("a1", 0, 0, 100, 1), _ran("b1", 0, 10, 100, 2),
+                  _ran("c1", 0, 10, 100, 1)], [], 4)
+    # targets: a wants 100 (less than its half of 370), b and c share the 270 left
+    # equally by weight: 135 each; they got 180 and 90
+    result = share_error(run, owners, shares, width=100)
+    assert result["share_error"] == pytest.approx(0.5 * (50 + 40) / 370)
