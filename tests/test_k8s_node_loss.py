@@ -270,23 +270,31 @@ def on_small(p: dict[str, Any], hostname: str | None = None) -> dict[str, Any]:
     return p
 
 
+async def small_gang(size: int) -> tuple[Controller, list[dict[str, Any]], list[str]]:
+    """``size`` nodes of 4 cpu labelled shape=small, and a running gang ``g`` of ``size`` pods
+    of 3 cpu bound on them: (the controller, its pods, the node of each)."""
+    c, _kube = make_controller()
+    for i in range(size):
+        c.handle(("Node", "ADDED", small_node(f"s{i}")))
+    await settle(c)
+    gang = [on_small(cpu_pod(f"g-{i}", "3", "g", size)) for i in range(size)]
+    for p in gang:
+        c.handle(("Pod", "ADDED", p))
+    await settle(c)
+    g = c.groups[("ns", "g")]
+    on = [node_of(c, g.key, p) for p in gang]
+    for p, n in zip(gang, on, strict=True):
+        c.handle(("Pod", "MODIFIED", bound(p, n)))
+    return c, gang, on
+
+
 def test_each_survivor_gives_its_node_back_when_it_ends() -> None:
     """Issue #29.3: a gang of 3 (3 of 4 cpu each) loses a node; each surviving pod's share
     goes back the moment that pod ends, not when the last survivor does: a pod waiting for
     that whole node runs at once, ahead of a later small one."""
     async def main() -> None:
-        c, _kube = make_controller()
-        for i in range(3):
-            c.handle(("Node", "ADDED", small_node(f"s{i}")))
-        await settle(c)
-        gang = [on_small(cpu_pod(f"g-{i}", "3", "g", 3)) for i in range(3)]
-        for p in gang:
-            c.handle(("Pod", "ADDED", p))
-        await settle(c)
+        c, gang, on = await small_gang(3)
         g = c.groups[("ns", "g")]
-        on = [node_of(c, g.key, p) for p in gang]
-        for p, n in zip(gang, on, strict=True):
-            c.handle(("Pod", "MODIFIED", bound(p, n)))
         c.handle(("Node", "DELETED", small_node(on[2])))
         await settle(c)
         assert str(g.phase) == "Failed" and sorted(g.held) == sorted(on[:2])
@@ -310,18 +318,8 @@ def test_a_gang_pod_that_ends_wakes_work_waiting_for_its_whole_node() -> None:
     """The same without a lost node: one pod of a running gang ends, and a pod waiting for
     that whole node (parked as unable to start) is woken and runs."""
     async def main() -> None:
-        c, _kube = make_controller()
-        for i in range(2):
-            c.handle(("Node", "ADDED", small_node(f"s{i}")))
-        await settle(c)
-        gang = [on_small(cpu_pod(f"g-{i}", "3", "g", 2)) for i in range(2)]
-        for p in gang:
-            c.handle(("Pod", "ADDED", p))
-        await settle(c)
+        c, gang, on = await small_gang(2)
         g = c.groups[("ns", "g")]
-        on = [node_of(c, g.key, p) for p in gang]
-        for p, n in zip(gang, on, strict=True):
-            c.handle(("Pod", "MODIFIED", bound(p, n)))
         c.handle(("Pod", "ADDED", on_small(cpu_pod("big", "4", "big", 1), on[0])))
         await settle(c)
         b = c.groups[("ns", "big")]
