@@ -337,7 +337,7 @@ def test_each_survivor_frees_its_node_when_it_ends_and_views_charge_it(k8s_clust
     """Issue #29.3, as a user drives it: a gang of 3 (3 of 4 cpu each) loses a node; a pod
     pinned to a survivor's node waits; that survivor ends and the pinned pod runs there at once,
     while the other survivor still runs. Meanwhile the plugin charges the survivors' nodes."""
-    from fluxnetes.cli.ctl.cluster.nodes import node_rows
+    from fluxnetes.cli.ctl.nodes import node_rows
 
     nodes = [f"kwok-surv-{RUN}-{i}-{op.placement}" for i in range(3)]  # type: ignore[attr-defined]
     add_nodes(k8s_cluster, nodes)
