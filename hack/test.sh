@@ -11,29 +11,40 @@ cd "$(dirname "$0")/.."
 
 ensure_venv
 ensure_postgres_installed
-# -- addons (1/2): the controllers of the multi-role workload kinds (JobSet, MPI Operator,
-# LeaderWorkerSet, Kubeflow Trainer), from Go modules (hack/build-addons.sh; cached: seconds).
-# Cold it takes minutes, so it runs in the background while the other builds run.
+# Builds that take minutes cold run in the background beside the others (cached: seconds).
+# Each is awaited before the tests; once built, its tests must run, never skip.
+bg_pids=()
+stop_builds() { for p in "${bg_pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap stop_builds EXIT
+start_build() {  # start_build SCRIPT: runs hack/SCRIPT in the background, logging to a file
+  local log; log=$(mktemp)
+  bash "hack/$1" >"$log" 2>&1 &
+  bg_pids+=("$!"); build_pid=$!; build_log=$log
+}
+await_build() {  # await_build PID LOG WHAT REQUIRE_VAR
+  if wait "$1"; then
+    cat "$2"; rm -f "$2"; export "$4=1"
+  else
+    cat "$2" >&2; echo "test.sh: $3 could not be built (above)" >&2; exit 1
+  fi
+}
+
+# -- the controllers of the multi-role workload kinds (JobSet, MPI Operator, LeaderWorkerSet,
+# Kubeflow Trainer), from Go modules (hack/build-addons.sh; tests/test_addons.py)
 addons_pid=""
-realnode_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ] && [ "${FLUXNETES_SKIP_ADDONS_BUILD:-0}" != "1" ]; then
-  addons_log=$(mktemp)
-  bash hack/build-addons.sh >"$addons_log" 2>&1 &
-  addons_pid=$!
-  trap 'kill "$addons_pid" 2>/dev/null || true' EXIT
+  start_build build-addons.sh; addons_pid=$build_pid; addons_log=$build_log
 fi
+realnode_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
   # The control plane's tests must run, never skip: a failed build fails the run (set
   # FLUXNETES_SKIP_K8S_BUILD=1 to run without them on purpose).
   bash hack/build-k8s.sh || { echo "test.sh: the Kubernetes binaries could not be built (hack/build-k8s.sh, above)" >&2; exit 1; }
   export FLUXNETES_REQUIRE_K8S=1
-  # -- real nodes (1/2): kubelet, containerd and their images (hack/build-realnode.sh; cached:
-  # seconds; cold ~2-3 min) in the background while helm and the image build
+  # -- real nodes: kubelet, containerd and their images (hack/build-realnode.sh, which needs
+  # build-k8s.sh's module; tests/test_realnode*.py)
   if [ "${FLUXNETES_SKIP_REALNODE_BUILD:-0}" != "1" ]; then
-    realnode_log=$(mktemp)
-    bash hack/build-realnode.sh >"$realnode_log" 2>&1 &
-    realnode_pid=$!
-    trap 'kill "$addons_pid" "$realnode_pid" 2>/dev/null || true' EXIT
+    start_build build-realnode.sh; realnode_pid=$build_pid; realnode_log=$build_log
   fi
   bash hack/build-helm.sh || { echo "test.sh: helm could not be built (hack/build-helm.sh, above)" >&2; exit 1; }
 fi
@@ -45,31 +56,11 @@ if [ "${FLUXNETES_SKIP_IMAGE_BUILD:-0}" != "1" ]; then
   export FLUXNETES_REQUIRE_IMAGE=1
 fi
 
-# -- addons (2/2): once built, their tests must run, never skip (tests/test_addons.py)
-if [ -n "$addons_pid" ]; then
-  if wait "$addons_pid"; then
-    cat "$addons_log"; rm -f "$addons_log"
-    trap '[ -z "$realnode_pid" ] || kill "$realnode_pid" 2>/dev/null || true' EXIT
-    export FLUXNETES_REQUIRE_ADDONS=1
-  else
-    cat "$addons_log" >&2
-    echo "test.sh: the addon controllers could not be built (hack/build-addons.sh, above)" >&2; exit 1
-  fi
-fi
-
-# -- real nodes (2/2): once built, their tests must run, never skip (tests/test_realnode*.py)
-if [ -n "${realnode_pid:-}" ]; then
-  if wait "$realnode_pid"; then
-    cat "$realnode_log"; rm -f "$realnode_log"; trap - EXIT
-    export FLUXNETES_REQUIRE_REALNODE=1
-  else
-    cat "$realnode_log" >&2
-    echo "test.sh: the real-node binaries could not be built (hack/build-realnode.sh, above)" >&2; exit 1
-  fi
-fi
+[ -z "$addons_pid" ] || await_build "$addons_pid" "$addons_log" "the addon controllers (hack/build-addons.sh)" FLUXNETES_REQUIRE_ADDONS
+[ -z "$realnode_pid" ] || await_build "$realnode_pid" "$realnode_log" "the real-node binaries (hack/build-realnode.sh)" FLUXNETES_REQUIRE_REALNODE
 
 pg_start
-trap pg_stop EXIT
+trap 'stop_builds; pg_stop' EXIT
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?
