@@ -618,8 +618,10 @@ class Scheduler:
             self._freed.update(nodes)
 
     def released_part(self, job_id: str, node: str, cores: int) -> None:
-        """The caller gave back ``cores`` of running job ``job_id``'s share on ``node`` in the
-        matcher itself (``partial_cancel``: one pod of a gang ended, or its node is gone).
+        """``cores`` of running job ``job_id``'s share on ``node`` went back in the matcher
+        (``partial_release``; or by the caller itself: the operator cancels parts of groups it
+        re-recorded after a restart, which this queue never started, and a lost node's
+        vertices are gone with it).
         The job's counted cores there shrink with it, so a parked job that needs the node
         whole is woken (``_woken`` reads these counts), and ``node`` counts as freed."""
         placed = self._counted.get(job_id)
@@ -1017,12 +1019,8 @@ class Scheduler:
         running = self.running[job_id]
         answer = self.matcher.partial_cancel(running.result.jobid, release)  # type: ignore[attr-defined]
         self.matcher_calls += 1
-        # which cores went back is not known here: count the job as holding nothing (free
-        # is then over-estimated, which only wakes more parked jobs) and wake on its nodes
-        finite = job_id in self._finite
-        self.freed(self._uncount(job_id) or None)
-        if finite:
-            self._finite.add(job_id)  # what is left still ends by itself
+        for share in release:  # NodeShares: the job's counts shrink by what went back
+            self.released_part(job_id, str(share.name), int(share.cores))
         full = bool(getattr(answer, "full_removal", answer))
         if self.profile is not None:
             self.profile.remove(job_id)
