@@ -81,7 +81,8 @@ class Scaling(Context):
             self.spent_names.setdefault(o.uid, set()).add(g.spec.name)
 
     def on_fluxjob(self, obj: Mapping[str, Any]) -> None:
-        """A FluxJob listed or changed: a final one of a replicated workload spends its name."""
+        """A FluxJob listed or changed: a final one of a replicated workload spends its name;
+        a final one of a Job ends that Job's queueing (``ended_workloads``)."""
         st, spec = obj.get("status") or {}, obj.get("spec") or {}
         wl = spec.get("workload") or {}
         kind = kind_of(str(wl.get("kind", "")))
@@ -89,10 +90,12 @@ class Scaling(Context):
             final = Phase(st.get("phase", "")).final
         except ValueError:
             return
-        if final and wl.get("uid") and kind is not None and kind.owns_pods and kind.resume_patch({}) is None:
-            self.spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
-        if final and wl.get("uid") and kind is not None and kind.resume_patch({}) is not None:
+        if not final or not wl.get("uid") or kind is None:
+            return
+        if kind.resume_patch({}) is not None:  # queued whole (a Job): never queued again
             self.ended_workloads.add(str(wl["uid"]))
+        elif kind.owns_pods:  # replicated: that group name is spent
+            self.spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
 
     def name_for_new_group(self, spec: GroupSpec) -> GroupSpec:
         """A new base group of a replicated workload whose base name an ended group of the same
