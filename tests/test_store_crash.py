@@ -57,6 +57,16 @@ def finish(store: Store) -> None:
     raise AssertionError(f"the queue did not drain: {store.counts()}")
 
 
+def kill_and_check(p: subprocess.Popen[bytes], store_url: str) -> None:
+    """SIGKILL the worker (it waits inside its stream) and check the store it left."""
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL
+    store = Store(store_url)
+    check_store(store, NODES, CORES)
+    store.close()
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(store_url: str) -> None:
     rng = random.Random(os.getpid())
@@ -72,12 +82,7 @@ def test_sigkill_at_random_points_loses_nothing_and_starts_nothing_twice(store_u
         # ...then kill it at a random point of the round it was let into. It cannot finish
         # the stream first on a slow machine: it waits for a go-ahead that never comes.
         time.sleep(rng.uniform(0, 0.03))
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        assert p.returncode == -signal.SIGKILL
-        store = Store(store_url)
-        check_store(store, NODES, CORES)
-        store.close()
+        kill_and_check(p, store_url)
     p = worker(store_url, seed=99)  # runs to the end: resubmits everything, idempotently
     _out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()
@@ -104,12 +109,7 @@ def test_a_kill_that_comes_late_still_finds_the_worker_inside_the_stream(store_u
     p.stdin.flush()
     with pytest.raises(subprocess.TimeoutExpired):  # the rest of the stream takes < 1 s
         p.wait(timeout=5)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    assert p.returncode == -signal.SIGKILL
-    store = Store(store_url)
-    check_store(store, NODES, CORES)
-    store.close()
+    kill_and_check(p, store_url)
 
 
 @pytest.mark.slow
