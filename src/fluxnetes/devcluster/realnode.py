@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fluxnetes.devcluster import procs
+from fluxnetes.devcluster import dns, procs
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
 from fluxnetes.devcluster.nodes import DEV_NODE_LABEL, RACK_LABEL, ZONE_LABEL, is_ready
 from fluxnetes.devcluster.paths import Toolchain
@@ -67,8 +67,10 @@ POD_ROUTES = ("10.251.0.0/16", "10.252.0.0/15", "10.0.0.0/24")
 BUILD_HINT = "bash hack/build-realnode.sh"
 # the kubelet sets these (as on every Kubernetes node) unless protectKernelDefaults; they are
 # put back when the cluster's real nodes stop
-KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
-BINARIES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2")
+# ip_forward: we set it, so that pods on one node's bridge reach those on another's (MPI ranks)
+KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+                   "net/ipv4/ip_forward")
+BINARIES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2", dns.BINARY)
 IMAGE_ARCHIVES = ("pause.tar", "busybox.tar")
 
 
@@ -221,8 +223,8 @@ def cni_config(slot: int, i: int, ipam_dir: Path) -> dict[str, Any]:
 
 
 def kubelet_config(*, ip: str, slot: int, i: int, sock: Path, ca: Path, cert: Path, key: Path,
-                   node_dir: Path) -> dict[str, Any]:
-    return {
+                   node_dir: Path, dns_ip: str | None = None) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": ip,
@@ -256,6 +258,9 @@ def kubelet_config(*, ip: str, slot: int, i: int, sock: Path, ca: Path, cert: Pa
         "imageGCLowThresholdPercent": 99,
         "shutdownGracePeriod": "0s",
     }
+    if dns_ip:  # the pods' resolv.conf: the cluster's DNS (dns.py), its domain searched
+        cfg |= {"clusterDNS": [dns_ip], "clusterDomain": dns.DOMAIN}
+    return cfg
 
 
 def kubeconfig(api_url: str, ca: Path, cert: Path, key: Path) -> dict[str, Any]:
@@ -507,6 +512,10 @@ def start(cluster: Cluster, count: int, deadline: float, log: Callable[[str], No
     st.real_nodes = {"slot": slot, "count": count, "tunables": read_tunables(), "nodes": []}
     cluster.save_state()
     _ip("link", "set", dummy_name(slot), "up")
+    (Path("/proc/sys") / "net/ipv4/ip_forward").write_text("1")  # between the nodes' bridges
+    server = dns.dns_ip(NODE_NET, slot)
+    _ip("addr", "add", f"{server}/32", "dev", dummy_name(slot))
+    dns.start(cluster, server, deadline, log)
     ca = load_ca(cluster.pki)
     names = []
     for i in range(count):
@@ -552,7 +561,7 @@ def start(cluster: Cluster, count: int, deadline: float, log: Callable[[str], No
         kcfg = paths.dir / "kubelet.yaml"
         kcfg.write_text(yaml.safe_dump(kubelet_config(
             ip=ip, slot=slot, i=i, sock=paths.sock, ca=cluster.pki.ca_crt,
-            cert=pki / "serving.crt", key=pki / "serving.key", node_dir=paths.dir)))
+            cert=pki / "serving.crt", key=pki / "serving.key", node_dir=paths.dir, dns_ip=server)))
         labels = ",".join(f"{k}={v}" for k, v in node_labels(i).items())
         log(f"starting kubelet of {name} ({ip})")
         cluster.spawn_extra(f"kubelet-{name}", [
@@ -622,6 +631,7 @@ def stop(cluster: Cluster) -> list[str]:
     procs.stop([p for p in ours if p.name.startswith("kubelet-")], timeout=10.0)
     procs.stop([p for p in ours if p.name.startswith("containerd-")], timeout=10.0)
     st.processes = [p for p in st.processes if p not in ours]
+    dns.stop(cluster)
     left: list[str] = []
     for n in nodes:
         sock = Path(n["run"]) / "containerd.sock"
