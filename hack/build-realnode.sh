@@ -9,6 +9,8 @@
 #   images (OCI archives)      localhost/fluxnetes-pause:1 (hack/pause, our own few lines of Go) and
 #                              localhost/fluxnetes-busybox:1 (Debian's static busybox) into
 #                              $FLUXNETES_K8S_HOME/realnode/images
+#   coredns (cluster DNS)      hack/build-coredns.sh (github.com/coredns/coredns, pinned)
+#   MPI image                  hack/build-mpi-image.sh (Debian's Open MPI, mpi4py, OpenSSH)
 # Needs hack/build-k8s.sh first (it holds the Kubernetes module). Skips whatever is built (seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,5 +85,8 @@ if [ ! -f "$IMAGES/busybox.tar" ]; then
   $OCI "$IMAGES/busybox.tar" localhost/fluxnetes-busybox:1 --file /bin/busybox=/bin/busybox \
     "${links[@]}" --dir /tmp --dir /etc --cmd /bin/sh >/dev/null || fail "writing the busybox image"
 fi
+# -- the cluster's DNS (CoreDNS) and the MPI image: their own scripts ---------------------------
+bash "$REPO/hack/build-coredns.sh" || fail "hack/build-coredns.sh"
+bash "$REPO/hack/build-mpi-image.sh" || fail "hack/build-mpi-image.sh"
 "$BIN/kubelet" --version; "$BIN/containerd" --version; runc --version | sed -n 1p
 echo "build-realnode: done in $(( $(date +%s) - start )) s"

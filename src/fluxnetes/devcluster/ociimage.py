@@ -7,6 +7,7 @@ form `ctr images import` reads; its index names the image both ways containerd l
 
     python -m fluxnetes.devcluster.ociimage OUT.tar NAME --file /pause=/path/to/pause \
         --entrypoint /pause
+    python -m fluxnetes.devcluster.ociimage OUT.tar NAME --layer-tar rootfs.tar --cmd /bin/bash
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class ImageSpec:
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
     env: tuple[str, ...] = ("PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",)
+    # a whole root file system already packed as a tar (e.g. by debootstrap and `tar`), taken as
+    # the image's one layer instead of files/symlinks/dirs (owners and modes as in the tar)
+    layer_tar: Path | None = None
 
 
 def _layer(spec: ImageSpec) -> bytes:
@@ -87,7 +91,9 @@ def _json(doc: dict[str, Any]) -> bytes:
 
 def write_archive(spec: ImageSpec, out: Path) -> str:
     """Write the image as an OCI layout tar at `out`; returns the manifest digest."""
-    layer_digest, layer = _blob(_layer(spec))
+    if spec.layer_tar is not None and (spec.files or spec.symlinks or spec.dirs):
+        raise ValueError("layer_tar is the whole layer: give it alone, without files, symlinks or dirs")
+    layer_digest, layer = _blob(spec.layer_tar.read_bytes() if spec.layer_tar else _layer(spec))
     config_doc: dict[str, Any] = {
         "architecture": "amd64",
         "os": "linux",
@@ -150,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--file", action="append", default=[], help="/path/in/image=/host/file")
     ap.add_argument("--symlink", action="append", default=[], help="/path/in/image=target")
     ap.add_argument("--dir", action="append", default=[], help="an empty directory")
+    ap.add_argument("--layer-tar", type=Path, help="a root file system tar: the whole layer")
     ap.add_argument("--entrypoint", nargs="*", default=[])
     ap.add_argument("--cmd", nargs="*", default=[])
     args = ap.parse_args(argv)
@@ -157,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for p, src in files.items():
         if not src.is_file():
             raise SystemExit(f"--file {p}: {src} is not a file")
+    if args.layer_tar is not None and not args.layer_tar.is_file():
+        raise SystemExit(f"--layer-tar: {args.layer_tar} is not a file")
+    if args.layer_tar is not None and (files or args.symlink or args.dir):
+        raise SystemExit("--layer-tar is the whole layer: give it without --file, --symlink or --dir")
     spec = ImageSpec(
         name=args.name,
         files=files,
@@ -164,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dirs=tuple(args.dir),
         entrypoint=tuple(args.entrypoint),
         cmd=tuple(args.cmd),
+        layer_tar=args.layer_tar,
     )
     print(write_archive(spec, args.out))
 
