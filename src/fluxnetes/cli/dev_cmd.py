@@ -199,6 +199,28 @@ def down(directory: DirOption = None) -> None:
     typer.echo(f"dev cluster in {cluster.dir} stopped{note}")
 
 
+def import_image(
+    archive: Annotated[Path, typer.Argument(help="An OCI or docker image archive (e.g. "
+                                            "~/.cache/fluxnetes/k8s/realnode/images/mpi.tar).")],
+    directory: DirOption = None,
+) -> None:
+    """Import an image archive into every real node's containerd (pods then use it with
+    imagePullPolicy: Never; there is no registry). docs/real-nodes.md."""
+    from fluxnetes.devcluster import Cluster, ClusterError, realnode
+
+    if not archive.is_file():
+        raise error_exit(f"ARCHIVE: {archive} is not a file")
+    try:
+        cluster = Cluster.attach(directory)
+        names = [n["name"] for n in (cluster.state.real_nodes or {}).get("nodes", [])]
+        if not names:
+            raise error_exit(f"the dev cluster in {cluster.dir} has no real nodes (up --real-nodes N)")
+        realnode.import_images(cluster, archive)
+    except ClusterError as exc:
+        raise error_exit(str(exc)) from None
+    typer.echo(f"imported {archive} into {', '.join(names)}")
+
+
 def status(directory: DirOption = None) -> None:
     """Show the dev cluster's processes, API health and node readiness (exit 1 if unhealthy)."""
     from rich.console import Console
@@ -239,5 +261,6 @@ def register(app: typer.Typer) -> None:
     cluster.command("up")(up)
     cluster.command("down")(down)
     cluster.command("status")(status)
+    cluster.command("import-image")(import_image)
     dev.add_typer(cluster, name="cluster")
     app.add_typer(dev, name="dev")
