@@ -14,6 +14,8 @@ BIN=$HOME_DIR/bin; SRC=$HOME_DIR/src/coredns-$COREDNS
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 fail() { echo "build-coredns: FAILED: $*" >&2; echo "build-coredns: retry with: bash hack/build-coredns.sh (cache in $HOME_DIR)" >&2; exit 1; }
 mkdir -p "$BIN" "$HOME_DIR/realnode"
+exec 9>"$HOME_DIR/realnode/.coredns.lock"  # one build at a time (several worktrees, one cache)
+flock 9
 if [ -x "$BIN/coredns" ] && [ "$(cat "$HOME_DIR/realnode/COREDNS_VERSION" 2>/dev/null)" = "$COREDNS" ] \
    && [ ! "$REPO/hack/coredns/main.go" -nt "$BIN/coredns" ]; then
   exit 0

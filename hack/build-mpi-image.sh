@@ -21,15 +21,26 @@ PACKAGES=openmpi-bin,python3-mpi4py,openssh-server,openssh-client
 IMAGE=localhost/fluxnetes-mpi:1
 fail() { echo "build-mpi-image: FAILED: $*" >&2; echo "build-mpi-image: retry with: bash hack/build-mpi-image.sh" >&2; exit 1; }
 KEY=$(cat "$0" hack/mpi-image/* | sha256sum | cut -c1-16)
+mkdir -p "$IMAGES"
+# hack/test.sh starts this early in the background and hack/build-realnode.sh runs it too: the
+# second waits for the first, then finds the image built
+exec 9>"$IMAGES/.mpi.lock"
+flock 9
 if [ -f "$IMAGES/mpi.tar" ] && [ "$(cat "$IMAGES/mpi.key" 2>/dev/null)" = "$KEY" ]; then exit 0; fi
 [ "$(id -u)" = 0 ] || fail "needs root (debootstrap, chroot)"
 if ! command -v debootstrap >/dev/null; then
-  apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive \
-    apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends debootstrap >/dev/null \
-    || fail "apt-get install debootstrap"
+  # other builds (hack/build-image.sh) may hold apt's locks: wait, retry
+  ok=0
+  for _ in 1 2 3 4 5; do
+    if apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive \
+       apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends debootstrap >/dev/null; then
+      ok=1; break
+    fi
+    sleep 15
+  done
+  [ "$ok" = 1 ] || fail "apt-get install debootstrap"
 fi
 start=$(date +%s)
-mkdir -p "$IMAGES"
 WORK=$(mktemp -d "$HOME_DIR/realnode/mpi-image.XXXXXX")
 ROOT=$WORK/rootfs
 cleanup() {

@@ -35,6 +35,12 @@ addons_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ] && [ "${FLUXNETES_SKIP_ADDONS_BUILD:-0}" != "1" ]; then
   start_build build-addons.sh; addons_pid=$build_pid; addons_log=$build_log
 fi
+# -- the MPI image of the real-node tests (debootstrap: network and dpkg more than CPU), from the
+# start beside the Go builds; hack/build-realnode.sh runs it too and waits for this one
+mpi_pid=""
+if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ] && [ "${FLUXNETES_SKIP_REALNODE_BUILD:-0}" != "1" ]; then
+  start_build build-mpi-image.sh; mpi_pid=$build_pid; mpi_log=$build_log
+fi
 realnode_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
   # The control plane's tests must run, never skip: a failed build fails the run (set
@@ -57,6 +63,7 @@ if [ "${FLUXNETES_SKIP_IMAGE_BUILD:-0}" != "1" ]; then
 fi
 
 [ -z "$addons_pid" ] || await_build "$addons_pid" "$addons_log" "the addon controllers (hack/build-addons.sh)" FLUXNETES_REQUIRE_ADDONS
+[ -z "$mpi_pid" ] || await_build "$mpi_pid" "$mpi_log" "the MPI image (hack/build-mpi-image.sh)" FLUXNETES_MPI_IMAGE_BUILT
 [ -z "$realnode_pid" ] || await_build "$realnode_pid" "$realnode_log" "the real-node binaries (hack/build-realnode.sh)" FLUXNETES_REQUIRE_REALNODE
 
 pg_start
