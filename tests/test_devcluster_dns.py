@@ -48,3 +48,22 @@ def test_query_nxdomain_is_empty_and_refused_is_an_error() -> None:
     assert dns.query("127.0.0.1", "nothing.cluster.local", port=_serve_once(None, rcode=3)) == []
     with pytest.raises(ClusterError, match="rcode 5"):
         dns.query("127.0.0.1", "example.org", port=_serve_once(None, rcode=5))
+
+
+def test_import_image_names_a_missing_archive_and_a_cluster_without_real_nodes(tmp_path: object) -> None:
+    """`fluxnetes dev cluster import-image`: clear errors, no traceback."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from fluxnetes.cli.main import app
+
+    d = Path(str(tmp_path))
+    res = CliRunner().invoke(app, ["dev", "cluster", "import-image", str(d / "none.tar"), "--dir", str(d)])
+    out = " ".join(res.output.split())  # the error is wrapped to the terminal's width
+    assert res.exit_code != 0 and f"ARCHIVE: {d / 'none.tar'} is not a file" in out, out
+    archive = d / "img.tar"
+    archive.write_bytes(b"")
+    res = CliRunner().invoke(app, ["dev", "cluster", "import-image", str(archive), "--dir", str(d / "c")])
+    out = " ".join(res.output.split())
+    assert res.exit_code != 0 and "Traceback" not in out and out.startswith("error:"), out
