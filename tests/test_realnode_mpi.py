@@ -221,6 +221,9 @@ def test_mpijob_held_then_placed_as_one_gang_runs_allreduce_across_both_nodes(
         worker_nodes = {p["spec"]["nodeName"] for p in ps if p["metadata"]["labels"][JOB_ROLE] == "worker"}
         assert worker_nodes == {"real-node-0", "real-node-1"} == used, worker_nodes
         status = fluxjob(c, ns, group)["status"]
+        # while it runs the allocation holds a core on each pod's node
+        held = {sh["node"]: sh.get("cores") for sh in status.get("shares") or []}
+        assert held == {"real-node-0": 2, "real-node-1": 2}, status.get("shares")
         sets = {s["name"]: sorted(s["nodes"]) for s in status.get("podSets") or []}
         assert sets["worker"] == sorted(p["spec"]["nodeName"] for p in ps
                                         if p["metadata"]["labels"][JOB_ROLE] == "worker"), sets
