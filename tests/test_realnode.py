@@ -29,6 +29,7 @@ from fluxnetes.devcluster import (
     ClusterError,
     ClusterOptions,
     NodeShape,
+    dns,
     realnode,
 )
 from fluxnetes.devcluster.ociimage import ImageSpec, write_archive
@@ -213,6 +214,7 @@ def test_down_removes_interfaces_cgroups_and_mounts(tmp_path: Path) -> None:
     rn = dict(cluster.state.real_nodes)
     slot = rn["slot"]
     node = rn["nodes"][0]
+    dns_pid = next(p.pid for p in cluster.state.processes if p.name == dns.PROCESS)
     try:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
                "spec": {"containers": [{"name": "c", "image": realnode.BUSYBOX_IMAGE,
@@ -223,6 +225,7 @@ def test_down_removes_interfaces_cgroups_and_mounts(tmp_path: Path) -> None:
         assert realnode.cgroup_pids(node["cgroup"])  # the pod's processes are there
     finally:
         cluster.down()
+    assert not Path(f"/proc/{dns_pid}").exists()  # the cluster's DNS stopped with it
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert realnode.dummy_name(slot) + ":" not in links
     assert realnode.bridge_name(slot, 0) + ":" not in links
