@@ -41,7 +41,7 @@ n, cycles, room, ended = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[4]),
 async def main() -> None:
     c = Controller(RecordingKube(), OperatorConfig())
     for i in range(int(n * room / 8) + 10):  # 8 pods of 2 cpu per node
-        c.cluster.nodes[f"n{i}"] = node(f"n{i}")
+        c.cluster.know_node(node(f"n{i}"))
     c.cluster.build_matcher()
     c.reconciled = True
     for i in range(n):

@@ -87,7 +87,7 @@ def test_nodes_added_cordoned_and_removed_change_the_graph_in_place() -> None:
     assert m.cluster.node_down["n1"] is True
     m.cluster.on_node("DELETED", cordoned)
     assert "n1" not in m.cluster.nodes and "n1" not in m.cluster.node_down
-    m.cluster.foreign_dirty.add("n1")
+    m.cluster.add_foreign("b", other("b", "2", "n1"), "n1")  # (a pod still seen on the gone node)
     m.cluster.flush_foreign()
     assert foreign_cores(m) == {}  # a foreign pod on a node that is gone holds nothing
 

@@ -171,7 +171,7 @@ def make_controller(store: str | None = None) -> tuple[Controller, RecordingKube
     kube = RecordingKube()
     c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
     for n in ("n0", "n1", "n2", "n3"):
-        c.cluster.nodes[n] = node(n)
+        c.cluster.know_node(node(n))
     c.cluster.build_matcher()
     c.reconciled = True
     return c, kube

@@ -76,7 +76,7 @@ class Kube(RecordingKube):
 def controller(kube: Kube, store: str | None = None) -> Controller:
     c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
     for n in NODES:
-        c.cluster.nodes[n] = node(n)
+        c.cluster.know_node(node(n))
     c.cluster.build_matcher()
     return c
 

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.cluster import nodefit
@@ -29,28 +30,31 @@ from fluxnetes.metrics import METRICS
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
+    from fluxnetes.jobspec.model import Jobspec
     from fluxnetes.k8s.persistence.status import StatusWriter
     from fluxnetes.match.matcher import Matcher
+    from fluxnetes.match.results import JobRecord, MatchResult, NodeShare
     from fluxnetes.queue.cycle import Scheduler
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 class TimedMatcher:
-    """The matcher as the queue sees it: every match it asks for is timed and its outcome
-    counted (fluxnetes_match_duration_seconds, fluxnetes_match_outcomes_total); everything
-    else goes straight through."""
+    """The matcher as the queue's ``Scheduler`` sees it: every match it asks for is timed and
+    its outcome counted (fluxnetes_match_duration_seconds, fluxnetes_match_outcomes_total).
+    The rest of what the scheduler asks of a matcher (``queue.cycle``: cancel, partial
+    cancel, satisfiability, the indexes that tell whether anything ends by itself, the
+    policy) is passed on as it is; nothing else is offered (the operator's other parts use
+    the plain matcher, ``ClusterView.matcher``)."""
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Matcher) -> None:
         self._m = matcher
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._m, name)
-
-    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _timed(fn: Callable[[], MatchResult]) -> MatchResult:
         t0 = time.perf_counter()
         try:
-            res = fn(*args, **kwargs)
+            res = fn()
         except Exception:
             METRICS.match_outcomes.labels(outcome="error").inc()
             raise
@@ -60,11 +64,34 @@ class TimedMatcher:
         METRICS.match_outcomes.labels(outcome=status or "unknown").inc()
         return res
 
-    def allocate(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self._m.allocate, *args, **kwargs)
+    def allocate(self, js: Jobspec, *, now: int = 0, jobid: int | None = None) -> MatchResult:
+        return self._timed(lambda: self._m.allocate(js, now=now, jobid=jobid))
 
-    def allocate_orelse_reserve(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self._m.allocate_orelse_reserve, *args, **kwargs)
+    def allocate_orelse_reserve(self, js: Jobspec, *, now: int = 0, jobid: int | None = None) -> MatchResult:
+        return self._timed(lambda: self._m.allocate_orelse_reserve(js, now=now, jobid=jobid))
+
+    def satisfiability(self, js: Jobspec, *, now: int = 0) -> MatchResult:
+        return self._m.satisfiability(js, now=now)
+
+    def cancel(self, jobid: int) -> None:
+        self._m.cancel(jobid)
+
+    def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
+        return self._m.partial_cancel(jobid, release)
+
+    def earliest_end(self) -> int | None:
+        return self._m.earliest_end()
+
+    def reservation_count(self) -> int:
+        return self._m.reservation_count()
+
+    @property
+    def jobs(self) -> Mapping[int, JobRecord]:
+        return self._m.jobs
+
+    @property
+    def policy(self) -> str:
+        return self._m.policy
 
 
 class MirrorSide(Protocol):
@@ -110,12 +137,12 @@ class ClusterView:
 
     # ---------------------------------------------------------------- read by the other parts
     @property
-    def nodes(self) -> dict[str, dict[str, Any]]:
-        return self._nodes
+    def nodes(self) -> Mapping[str, dict[str, Any]]:
+        return MappingProxyType(self._nodes)
 
     @property
-    def node_down(self) -> dict[str, bool]:
-        return self._node_down
+    def node_down(self) -> Mapping[str, bool]:
+        return MappingProxyType(self._node_down)
 
     @property
     def matcher(self) -> Matcher:
@@ -140,28 +167,35 @@ class ClusterView:
         return self._topology_source
 
     @property
-    def foreign_dirty(self) -> set[str]:
-        return self._foreign_dirty
+    def foreign_dirty(self) -> bool:
+        """Foreign pods changed on some node since they were last recorded (flush_foreign)."""
+        return bool(self._foreign_dirty)
+
+    def foreign_of_owner(self, owner_uid: str) -> int:
+        """How many foreign pods the workload ``owner_uid`` has (scaling.survivors)."""
+        return self._foreign_per_owner.get(owner_uid, 0)
 
     @property
-    def foreign_per_owner(self) -> Counter[str]:
-        return self._foreign_per_owner
+    def foreign(self) -> Mapping[str, Mapping[str, PodResources]]:
+        return MappingProxyType(self._foreign)
 
     @property
-    def foreign(self) -> dict[str, dict[str, PodResources]]:
-        return self._foreign
+    def foreign_jobs(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._foreign_jobs)
 
     @property
-    def foreign_jobs(self) -> dict[str, Any]:
-        return self._foreign_jobs
-
-    @property
-    def foreign_node(self) -> dict[str, str]:
-        return self._foreign_node
+    def foreign_node(self) -> Mapping[str, str]:
+        return MappingProxyType(self._foreign_node)
 
     def know_node(self, node: dict[str, Any]) -> None:
         """A Node listed at start (before the first graph is built)."""
         self._nodes[str(_meta(node).get("name"))] = node
+
+    def know_only(self, nodes: list[dict[str, Any]]) -> None:
+        """The Nodes listed at start are these, and only these (before the first graph is built)."""
+        self._nodes.clear()
+        for node in nodes:
+            self.know_node(node)
 
     # ---------------------------------------------------------------- matcher
     def build_matcher(self) -> None:

@@ -210,7 +210,7 @@ class Scaling(Context):
             if g is not None and g.phase.final and self.same_owner(g, owner_uid):
                 n += sum(1 for p in g.members.values() if assigned_node(p) is not None and not _gated(p)
                          and not _terminal(p))
-        return n + self.cluster.foreign_per_owner.get(owner_uid, 0)
+        return n + self.cluster.foreign_of_owner(owner_uid)
 
     def replacement_group(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> Group | None:
         """A ReplicaSet whose groups are over while some of its pods still run (its group
