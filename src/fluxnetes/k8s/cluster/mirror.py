@@ -29,8 +29,8 @@ from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.metrics import METRICS
 
 if TYPE_CHECKING:
-    from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
     from fluxnetes.jobspec.model import Jobspec
+    from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
     from fluxnetes.k8s.persistence.status import StatusWriter
     from fluxnetes.match.matcher import Matcher
     from fluxnetes.match.results import JobRecord, MatchResult, NodeShare
