@@ -46,7 +46,7 @@ async def main() -> None:
     c.reconciled = True
     for i in range(n):
         j = job(f"j{i}", 1)
-        c.owners[("Job", "ns", f"j{i}")] = j
+        c.book.set_owner("Job", "ns", f"j{i}", j)
         c.handle(("Job", "ADDED", j))
         if i % 50 == 0:
             c.scheduling.run_cycle()
@@ -69,7 +69,7 @@ async def main() -> None:
     times = []
     for k in range(cycles):
         j = job(f"x{k}", 1)
-        c.owners[("Job", "ns", f"x{k}")] = j
+        c.book.set_owner("Job", "ns", f"x{k}", j)
         t = time.process_time()
         c.handle(("Job", "ADDED", j))
         c.scheduling.run_cycle()
