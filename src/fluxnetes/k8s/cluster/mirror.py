@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from fluxnetes.k8s.cluster import nodefit
 from fluxnetes.k8s.context import Context
@@ -123,10 +123,10 @@ class ClusterView:
         self._foreign_owner: dict[str, str] = {}  # uid -> its controller's uid
         # controller uid -> its foreign pods (scaling.survivors asks it on every routed pod)
         self._foreign_per_owner: Counter[str] = Counter()
-        self._foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
+        self._foreign_jobs: dict[str, int] = {}  # node -> matcher job id
         self._foreign_dirty: set[str] = set()
-        self._matcher: Any = None  # (built by build_matcher)
-        self._scheduler: Any = None
+        self._matcher: Matcher | None = None  # (built by build_matcher)
+        self._scheduler: Scheduler | None = None
         # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
         self._node_view = nodefit.NodeView()
         from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
@@ -145,13 +145,11 @@ class ClusterView:
 
     @property
     def matcher(self) -> Matcher:
-        it: Matcher = self._matcher  # (None until build_matcher: start builds it first)
-        return it
+        return cast("Matcher", self._matcher)  # (None until build_matcher: start builds it first)
 
     @property
     def scheduler(self) -> Scheduler:
-        it: Scheduler = self._scheduler  # (None until build_matcher: start builds it first)
-        return it
+        return cast("Scheduler", self._scheduler)  # (None until build_matcher: start builds it first)
 
     @property
     def node_view(self) -> nodefit.NodeView:
@@ -179,7 +177,7 @@ class ClusterView:
         return MappingProxyType(self._foreign)
 
     @property
-    def foreign_jobs(self) -> Mapping[str, Any]:
+    def foreign_jobs(self) -> Mapping[str, int]:
         return MappingProxyType(self._foreign_jobs)
 
     @property
@@ -252,22 +250,22 @@ class ClusterView:
             old = self._foreign_jobs.pop(node, None)
             if old is not None:
                 with contextlib.suppress(Exception):
-                    self._matcher.cancel(old)
+                    self.matcher.cancel(old)
             pods = self._foreign.get(node) or {}
             if not pods or node not in self._nodes:
                 continue
             share = shares.of_pods(node, pods.values())
             if share.empty:
                 continue
-            jobid = self._matcher.next_jobid
+            jobid = self.matcher.next_jobid
             try:
-                self._matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
+                self.matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
                 self._foreign_jobs[node] = jobid
             except Exception as exc:
                 log.warning("foreign pods on %s (%s) could not be recorded: %s", node, share, exc)
         freed = sorted(self._foreign_dirty)
         self._foreign_dirty.clear()
-        self._scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
+        self.scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
         self._ctx.dirty = True
 
     # ---------------------------------------------------------------- nodes
@@ -282,7 +280,7 @@ class ClusterView:
             self.update_node_gauge()
             if self._matcher is not None:
                 with contextlib.suppress(Exception):
-                    self._matcher.remove_subgraph(name)
+                    self.matcher.remove_subgraph(name)
                 self.node_lost(name)
                 self.sync_node_cores()
             return
@@ -296,7 +294,7 @@ class ClusterView:
             try:
                 from fluxnetes.graph.topology import node_graph
 
-                added = self._matcher.add_subgraph(
+                added = self.matcher.add_subgraph(
                     node_graph(node, self._topologies.get(name), rack_label=self._ctx.config.rack_label)[0])
                 if not any(p.rstrip("/").endswith("/" + name) for p in added):
                     raise RuntimeError("the node's vertices were not attached")
@@ -308,7 +306,7 @@ class ClusterView:
             # cordoned / NotReady: nothing new goes there; running pods stay until Kubernetes
             # evicts them (their deletion releases their share like any ending pod)
             with contextlib.suppress(Exception):
-                self._matcher.set_status(name, not down)
+                self.matcher.set_status(name, not down)
         elif (old.get("status") or {}).get("allocatable") != (node.get("status") or {}).get("allocatable"):
             self.rebuild()
         else:
@@ -321,7 +319,7 @@ class ClusterView:
             return
         self.update_node_gauge()
         self.sync_node_cores()
-        self._scheduler.invalidate()
+        self.scheduler.invalidate()
         self._ctx.dirty = True
 
     def on_topology(self, etype: str, obj: dict[str, Any]) -> None:
@@ -337,14 +335,14 @@ class ClusterView:
             log.warning("node %s: topology change lost %s; rebuilding the graph", name, res.lost)
             self.rebuild()
         self.sync_node_cores()
-        self._scheduler.invalidate()
+        self.scheduler.invalidate()
         self._ctx.dirty = True
 
     def sync_node_cores(self) -> None:
         """The queue's per-node core counts (its parking wake rule) follow the graph."""
         from fluxnetes.queue.satisfy import node_cores
 
-        self._scheduler.set_node_cores(node_cores(self._matcher.graph))
+        self.scheduler.set_node_cores(node_cores(self.matcher.graph))
 
     def node_lost(self, name: str) -> None:
         """Node ``name`` is gone (the matcher already dropped its vertices, and with them
@@ -389,9 +387,9 @@ class ClusterView:
             self._side.release_all(g)
         elif g.jobid is None and all(n in self._nodes for n in g.held):
             # recovered after a restart with nodes gone: the rest was never recorded
-            g.jobid = self._matcher.next_jobid
+            g.jobid = self.matcher.next_jobid
             self.record_group(g)
-        self._scheduler.invalidate()
+        self.scheduler.invalidate()
         g.fj_dirty = True
         self._ctx.dirty = True
 
@@ -424,12 +422,12 @@ class ClusterView:
 
     def record_group(self, g: Group) -> bool:
         try:
-            self._matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
+            self.matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
                                          at=g.start or self._ctx.now(), duration=g.spec.duration)
             return True
         except Exception as exc:
             if isinstance(g.jobid, int):
-                self._matcher.reserve_jobid(g.jobid)  # never given to another group meanwhile
+                self.matcher.reserve_jobid(g.jobid)  # never given to another group meanwhile
             log.error("could not re-record %s (job %s): %s", g.qid, g.jobid, exc)
             return False
 
