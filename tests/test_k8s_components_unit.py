@@ -155,3 +155,29 @@ def test_allocation_alone_gives_back_a_slot_s_part_then_the_whole_and_finishes()
     alloc.finish_group(g)
     assert g.phase == Phase.COMPLETED and g.reason == "all pods finished"
     assert not side.book.calls  # (no workload: nothing asked of the book)
+
+
+def own_bases_per_class() -> dict[str, list[str]]:
+    """Every class of ``fluxnetes.k8s`` -> its bases that are classes of ``fluxnetes.k8s`` too."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "src" / "fluxnetes" / "k8s"
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in root.rglob("*.py")}
+    ours = {n.name for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.ClassDef)}
+    out: dict[str, list[str]] = {}
+    for path, tree in trees.items():
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ClassDef):
+                names = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                         for b in n.bases]
+                out[f"{path.relative_to(root)}:{n.name}"] = [b for b in names if b in ours]
+    return out
+
+
+def test_no_class_of_the_operator_joins_parts_of_its_own() -> None:
+    """Components, not mixins (#30): no class inherits more than one base of its own."""
+    classes = own_bases_per_class()
+    assert "controller.py:Controller" in classes
+    joined = {c: bases for c, bases in classes.items() if len(bases) > 1}
+    assert not joined, f"classes joining parts of their own: {joined}"
