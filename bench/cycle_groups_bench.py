@@ -41,12 +41,12 @@ n, cycles, room, ended = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[4]),
 async def main() -> None:
     c = Controller(RecordingKube(), OperatorConfig())
     for i in range(int(n * room / 8) + 10):  # 8 pods of 2 cpu per node
-        c.cluster.nodes[f"n{i}"] = node(f"n{i}")
+        c.cluster.know_node(node(f"n{i}"))
     c.cluster.build_matcher()
     c.reconciled = True
     for i in range(n):
         j = job(f"j{i}", 1)
-        c.owners[("Job", "ns", f"j{i}")] = j
+        c.book.set_owner("Job", "ns", f"j{i}", j)
         c.handle(("Job", "ADDED", j))
         if i % 50 == 0:
             c.scheduling.run_cycle()
@@ -69,7 +69,7 @@ async def main() -> None:
     times = []
     for k in range(cycles):
         j = job(f"x{k}", 1)
-        c.owners[("Job", "ns", f"x{k}")] = j
+        c.book.set_owner("Job", "ns", f"x{k}", j)
         t = time.process_time()
         c.handle(("Job", "ADDED", j))
         c.scheduling.run_cycle()

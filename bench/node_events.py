@@ -116,7 +116,7 @@ def measure(n: int, jobs: int = 0) -> dict[str, Any]:
     c = Controller(kube, OperatorConfig())  # type: ignore[arg-type]
     t0 = time.perf_counter()
     for m in nodes:
-        c.cluster.nodes[m["metadata"]["name"]] = m
+        c.cluster.know_node(m)
     c.cluster.build_matcher()
     if hasattr(c, "node_view"):
         c.cluster.node_view.reset(c.cluster.nodes.values())

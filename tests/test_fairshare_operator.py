@@ -56,7 +56,7 @@ def controller(store: str | None = None, clock: Clock | None = None, **cfg: Any)
     kube = Kube()
     c = Controller(kube, OperatorConfig(store=store, **cfg), clock=clock or Clock())  # type: ignore[arg-type]
     for n in ("n0", "n1", "n2", "n3"):  # 4 x 16 cores
-        c.cluster.nodes[n] = node(n)
+        c.cluster.know_node(node(n))
     c.cluster.build_matcher()
     c.reconciled = True
     return c, kube

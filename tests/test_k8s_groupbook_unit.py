@@ -54,9 +54,9 @@ def test_pods_before_their_owner_are_parked_then_join_its_group() -> None:
         pods = [pod(f"web-{i}", owner=rs) for i in range(2)]
         for p in pods:
             c.handle(("Pod", "ADDED", p))
-        assert set(c.parked) == {"pod-web-0", "pod-web-1"} and not c.groups
+        assert set(c.book.parked) == {"pod-web-0", "pod-web-1"} and not c.groups
         c.handle(("ReplicaSet", "ADDED", rs))
-        assert not c.parked
+        assert not c.book.parked
         g = c.groups[("ns", "replicaset-web")]
         assert set(g.members) == {"pod-web-0", "pod-web-1"} and g.phase == Phase.PENDING
         assert g.spec.owner is not None and g.spec.owner.uid == "rs-web"

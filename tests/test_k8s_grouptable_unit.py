@@ -88,7 +88,7 @@ def test_fair_share_charges_follow_touched_groups_exactly() -> None:
         rnd = random.Random(17)
         c, _kube = make_controller()  # n0..n3, 16 cpu each
         for extra in ("n4", "n5", "n6", "n7"):
-            c.cluster.nodes[extra] = node(extra)
+            c.cluster.know_node(node(extra))
         c.cluster.build_matcher()
         c.handle(("FluxAccount", "ADDED", account("a")))
         c.handle(("Namespace", "ADDED", namespace("ns", "a")))

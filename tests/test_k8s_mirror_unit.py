@@ -1,7 +1,7 @@
 """Unit level (no cluster): the cluster mirror (k8s/cluster/mirror.py) on its own and in the Controller.
 
-The cluster view is built alone (``ClusterView`` over the shared ``Context``, with the empty group
-book that node loss looks at as the side it meets): Nodes become the graph, pods bound by anyone else become one
+The cluster view is built alone (``ClusterView`` over the shared ``Context``, with fakes of the
+parts it meets as its side: an empty group book, no release): Nodes become the graph, pods bound by anyone else become one
 allocation per node, node loss gives back exactly the lost node's share.
 """
 
@@ -12,25 +12,59 @@ from typing import Any
 
 from fluxnetes.k8s.cluster.mirror import ClusterView
 from fluxnetes.k8s.config import OperatorConfig
-from fluxnetes.k8s.groups.groupbook import GroupBook
+from fluxnetes.k8s.context import Context
+from fluxnetes.k8s.groups import OwnerRef
+from fluxnetes.k8s.groups.group import Group
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.persistence.status import StatusWriter
 from test_k8s_prune import RecordingKube, bound, job, make_controller, node, pod, settle
 
 
-class Book(GroupBook):
-    """The (empty) group book node loss walks, with its status writer: no queue, no placement.
-    The cluster view is built on it (``cluster``)."""
+class Book(Context):
+    """The shared core with fakes of what the cluster view meets (its ``MirrorSide``, and the
+    status writer's ``StatusBook``): an empty group table, no release or eviction (node loss
+    here finds no group holding the node), no workload objects. The cluster view is built on
+    it (``cluster``)."""
 
-    cluster: ClusterView
+    def __init__(self) -> None:
+        super().__init__(RecordingKube(), OperatorConfig())  # type: ignore[arg-type]
+        self.groups = GroupTable()
+        self.pruned: dict[str, int] = {}
+        self.status = StatusWriter(self, self)
+        self.cluster: ClusterView = ClusterView(self, self)
+
+    def drop_member(self, uid: str) -> None:
+        pass
+
+    async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
+        raise AssertionError("no group to evict")
+
+    def release_all(self, g: Group) -> None:
+        raise AssertionError("no group to release")
+
+    def release_slot(self, g: Group, slot: int) -> None:
+        raise AssertionError("no group to release")
+
+    def release_idle_slots(self, g: Group) -> None:
+        raise AssertionError("no group to release")
+
+    def recheck_prune(self, g: Group) -> None:
+        pass
+
+    def spend_name(self, g: Group) -> None:
+        pass
+
+    def mark_finished(self, key: tuple[str, str]) -> None:
+        pass
+
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
+        return None
 
 
 def mirror(*names: str, cls: type[ClusterView] = ClusterView) -> Book:
-    b = Book(RecordingKube(), OperatorConfig())  # type: ignore[arg-type]
-    b.init_groupbook()
-    b.status = StatusWriter(b, b)
-    # (the book has no release or eviction: node loss here finds no group holding the node)
-    b.cluster = cls(b, b)  # type: ignore[arg-type]
+    b = Book()
+    b.cluster = cls(b, b)
     for n in names:
         b.cluster.know_node(node(n))
     b.cluster.build_matcher()
@@ -87,7 +121,7 @@ def test_nodes_added_cordoned_and_removed_change_the_graph_in_place() -> None:
     assert m.cluster.node_down["n1"] is True
     m.cluster.on_node("DELETED", cordoned)
     assert "n1" not in m.cluster.nodes and "n1" not in m.cluster.node_down
-    m.cluster.foreign_dirty.add("n1")
+    m.cluster.add_foreign("b", other("b", "2", "n1"), "n1")  # (a pod still seen on the gone node)
     m.cluster.flush_foreign()
     assert foreign_cores(m) == {}  # a foreign pod on a node that is gone holds nothing
 

@@ -59,10 +59,11 @@ def mpi_pod(job: dict[str, Any], role: str, index: int | None, cpu: str, uid: st
             "status": {"phase": "Pending"}}
 
 
-def controller() -> tuple[Any, Recording]:
+def controller(kinds_on: bool = True) -> tuple[Any, Recording]:
     c, _ = make_controller()  # 4 nodes of 16 cpu
     kube = c.kube = Recording()
-    c.addon_on = dict(ADDON_KINDS)
+    if kinds_on:  # every multi-role kind served (their informers made, not started)
+        c.podsets.enable_addons({(k.api_version, k.plural) for k in ADDON_KINDS.values()}, started=False)
     return c, kube
 
 
@@ -147,10 +148,10 @@ def test_pod_of_an_unknown_workload_waits_for_it() -> None:
         job = mpijob("late", 1)
         p = mpi_pod(job, "worker", 0, "8")
         c.handle(("Pod", "ADDED", p))
-        assert not c.groups and p["metadata"]["uid"] in c.parked
+        assert not c.groups and p["metadata"]["uid"] in c.book.parked
         c.handle(("MPIJob", "ADDED", job))
         g = c.groups[("ns", "mpijob-late")]
-        assert p["metadata"]["uid"] in g.members and not c.parked
+        assert p["metadata"]["uid"] in g.members and not c.book.parked
 
     asyncio.run(main())
 
@@ -261,16 +262,15 @@ def test_explain_shows_the_pod_sets_and_their_nodes() -> None:
 
 def test_a_kind_turns_on_when_its_crd_is_served() -> None:
     async def main() -> None:
-        c, _ = controller()
-        c.addon_on = {}
+        c, _ = controller(kinds_on=False)
         before = len(c.informers)
-        assert c.enable_addons({("kubeflow.org/v2beta1", "mpijobs")}, started=False) == ["MPIJob"]
+        assert c.podsets.enable_addons({("kubeflow.org/v2beta1", "mpijobs")}, started=False) == ["MPIJob"]
         # TrainJob needs JobSet: served alone it stays off
         served = {("kubeflow.org/v2beta1", "mpijobs"), ("trainer.kubeflow.org/v1alpha1", "trainjobs")}
-        assert c.enable_addons(served, started=True) == []
+        assert c.podsets.enable_addons(served, started=True) == []
         served.add(("jobset.x-k8s.io/v1alpha2", "jobsets"))
-        assert c.enable_addons(served, started=True) == ["JobSet", "TrainJob"]
-        assert sorted(c.addon_on) == ["JobSet", "MPIJob", "TrainJob"]
+        assert c.podsets.enable_addons(served, started=True) == ["JobSet", "TrainJob"]
+        assert sorted(c.podsets.addon_on) == ["JobSet", "MPIJob", "TrainJob"]
         assert [i.kind for i in c.informers[before:]] == ["MPIJob", "JobSet", "TrainJob"]
         for t in list(c._tasks):
             t.cancel()
@@ -297,8 +297,8 @@ def test_a_group_recovered_after_a_restart_gets_its_pod_sets_back() -> None:
         c2.reconciled = False
         resumed = copy.deepcopy(job)
         resumed["spec"]["runPolicy"]["suspend"] = False
-        c2.owners[("MPIJob", "ns", "pi")] = resumed
-        c2.recover([body], set())
+        c2.book.set_owner("MPIJob", "ns", "pi", resumed)
+        c2.recovery.recover([body], set())
         c2.handle(("MPIJob", "ADDED", resumed))
         g2 = c2.groups[("ns", "mpijob-pi")]
         assert g2.kind is not None and g2.kind.kind == "MPIJob"

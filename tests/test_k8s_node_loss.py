@@ -153,13 +153,13 @@ def test_a_node_gone_during_a_restart_keeps_the_survivors_shares() -> None:
               "spec": {"size": 2, "request": {"cpu": 16000}, "duration": 0, "priority": 0},
               "status": {"phase": "Running", "jobid": 7, "nodes": ["gone", "n0"], "released": [],
                          "shares": [{"node": "gone", "cores": 16}, {"node": "n0", "cores": 16}]}}
-        c.recover([fj])
+        c.recovery.recover([fj])
         for i, n in enumerate(["gone", "n0"]):
             p = cpu_pod(f"g-{i}", "16", "g", 2)
             p["metadata"]["annotations"] = {names.ANN_FLUXJOB: "g", "fluxnetes.io/slot": str(i)}
             p["metadata"]["labels"][names.LABEL_JOBID] = "7"
             c.handle(("Pod", "ADDED", bound(p, n)))
-        c.reconcile()
+        c.recovery.reconcile()
         g = c.groups[("ns", "g")]
         assert str(g.phase) == "Failed" and list(g.held) == ["n0"]
         wide = [cpu_pod(f"w-{i}", "16", "w", 4) for i in range(4)]

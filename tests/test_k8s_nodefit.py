@@ -275,9 +275,7 @@ def labelled(name: str, labels: dict[str, str] | None = None, taints: list[dict[
 
 def controller(*nodes: dict[str, Any]) -> Controller:
     c, _kube = make_controller()
-    c.cluster.nodes.clear()
-    for n in nodes:
-        c.cluster.nodes[n["metadata"]["name"]] = n
+    c.cluster.know_only(list(nodes))
     c.cluster.build_matcher()
     return c
 
@@ -399,8 +397,8 @@ def test_a_jobspec_read_back_after_a_restart_is_fitted_to_todays_nodes() -> None
         assert "hostlist" in text and "- n0" in text
         # as recover() does with the FluxJob's spec.jobspec; meanwhile the pool moved to n1
         g.jobspec = parse_jobspec(text)
-        c.cluster.nodes["n0"], c.cluster.nodes["n1"] = labelled("n0"), labelled("n1", {"pool": "x"})
-        c.cluster.node_view.reset(c.cluster.nodes.values())
+        c.cluster.on_node("MODIFIED", labelled("n0"))
+        c.cluster.on_node("MODIFIED", labelled("n1", {"pool": "x"}))
         c.scheduling.run_cycle()
         after = c.status.jobspec_text(g)
         assert "- n1" in after and "- n0" not in after and after.count("hostlist") == 1, after

@@ -133,8 +133,8 @@ async def settle(c: Controller) -> None:
 
 def sizes(c: Controller) -> dict[str, int]:
     sched = c.cluster.scheduler
-    return {"groups": len(c.groups), "member_of": len(c.member_of), "finished": len(c.finished),
-            "scale_groups": len(c.scale_groups), "matcher_jobs": len(c.cluster.matcher.jobs),
+    return {"groups": len(c.groups), "member_of": len(c.member_of), "finished": len(c.book.finished),
+            "scale_groups": len(c.scaling.scale_groups), "matcher_jobs": len(c.cluster.matcher.jobs),
             "running": len(sched.running), "reservations": len(sched.reservations),
             "journal_ids": c.journal.tracked() if c.journal is not None else 0}
 
@@ -171,7 +171,7 @@ def make_controller(store: str | None = None) -> tuple[Controller, RecordingKube
     kube = RecordingKube()
     c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
     for n in ("n0", "n1", "n2", "n3"):
-        c.cluster.nodes[n] = node(n)
+        c.cluster.know_node(node(n))
     c.cluster.build_matcher()
     c.reconciled = True
     return c, kube
@@ -260,7 +260,7 @@ def test_groups_kept_by_unfinished_jobs_are_looked_at_again_only_when_something_
         await settle(c)
         keys = [("ns", f"job-k{r}") for r in range(12)]
         assert all(str(c.groups[k].phase) == "Completed" for k in keys)
-        assert set(keys) <= c.finished  # kept: their Jobs are not finished
+        assert set(keys) <= c.book.finished  # kept: their Jobs are not finished
 
         looked: list[str] = []
         real = JobKind.finished
@@ -281,7 +281,7 @@ def test_groups_kept_by_unfinished_jobs_are_looked_at_again_only_when_something_
         assert ("ns", "job-k3") not in c.groups  # its Job finished: forgotten at once
         assert looked.count("k3") >= 1 and set(looked) <= {"k3"}
         # a change no event reported (here: the cached Job edited in place) waits for the sweep
-        c.owners[("Job", "ns", "k5")]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+        c.book.owners[("Job", "ns", "k5")]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
         c.scheduling.run_cycle()
         assert ("ns", "job-k5") in c.groups
         t[0] += PRUNE_SWEEP_SECONDS
@@ -289,7 +289,7 @@ def test_groups_kept_by_unfinished_jobs_are_looked_at_again_only_when_something_
         c.scheduling.run_cycle()
         assert ("ns", "job-k5") not in c.groups
         assert sorted(set(looked)) == sorted(f"k{r}" for r in range(12) if r not in (3,))
-        assert len(c.finished) == 10
+        assert len(c.book.finished) == 10
 
     asyncio.run(main())
 

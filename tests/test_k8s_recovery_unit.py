@@ -76,7 +76,7 @@ class Kube(RecordingKube):
 def controller(kube: Kube, store: str | None = None) -> Controller:
     c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
     for n in NODES:
-        c.cluster.nodes[n] = node(n)
+        c.cluster.know_node(node(n))
     c.cluster.build_matcher()
     return c
 
@@ -86,17 +86,17 @@ def restart(kube: Kube, owners: list[dict[str, Any]], fluxjobs: list[dict[str, A
     """A new operator over the given cluster state, as ``Controller.start`` + the replay."""
     c = controller(kube, store)
     for o in owners:
-        c.owners[(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])] = o
-    c.recover(fluxjobs)
+        c.book.set_owner(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"], o)
+    c.recovery.recover(fluxjobs)
     if c.journal is not None:
         c.store_recovery.recover_store()
-    c.recover_from_cluster(pods, fluxjobs)
+    c.recovery.recover_from_cluster(pods, fluxjobs)
     for p in pods:
         c.handle(("Pod", "ADDED", p))
     for o in owners:
         c.handle((o["kind"], "ADDED", o))
     c.reconciled = True
-    c.reconcile()
+    c.recovery.reconcile()
     return c
 
 
@@ -392,14 +392,14 @@ def test_a_stale_running_fluxjob_never_takes_the_room_of_live_pods() -> None:
         kube = Kube()
         c = controller(kube)
         for o in (old, new):
-            c.owners[(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])] = o
-        c.recover(fjs, {("ns", "job-new")} if live_first else None)
-        c.recover_from_cluster([p], fjs)
+            c.book.set_owner(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"], o)
+        c.recovery.recover(fjs, {("ns", "job-new")} if live_first else None)
+        c.recovery.recover_from_cluster([p], fjs)
         c.handle(("Pod", "ADDED", p))
         for o in (old, new):
             c.handle((o["kind"], "ADDED", o))
         c.reconciled = True
-        c.reconcile()
+        c.recovery.reconcile()
         await settle(c)
         assert used(c) == {"n0": 16}
         assert c.groups[("ns", "job-new")].jobid in c.cluster.matcher.jobs
@@ -443,9 +443,9 @@ def test_a_job_whose_fluxjob_is_final_is_never_queued_again_after_a_restart() ->
                        "workload": {"apiVersion": "batch/v1", "kind": "Job", "name": "done",
                                     "uid": j["metadata"]["uid"]}},
               "status": {"phase": "Completed", "reason": "all pods finished"}}
-        c.owners[("Job", "ns", "done")] = j
-        c.recover([fj])
-        c.recover_from_cluster([], [fj])
+        c.book.set_owner("Job", "ns", "done", j)
+        c.recovery.recover([fj])
+        c.recovery.recover_from_cluster([], [fj])
         c.handle(("Job", "ADDED", j))
         await settle(c)
         g = c.groups.get(("ns", "job-done"))

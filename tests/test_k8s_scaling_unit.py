@@ -141,7 +141,7 @@ def test_replacement_pod_takes_the_kept_slot() -> None:
         failed = copy.deepcopy(bound(ps[0], base.slots[0]))
         failed["status"]["phase"] = "Failed"
         c.handle(("Pod", "MODIFIED", failed))
-        assert not c.scale_groups  # the workload still wants 2: no scale group
+        assert not c.scaling.scale_groups  # the workload still wants 2: no scale group
         c.handle(("Pod", "ADDED", rs_pod(9)))
         await settle(c)
         assert kube.placed[-1] == "web-9" and SCALE1 not in c.groups
@@ -232,14 +232,14 @@ def test_a_scale_down_seen_in_the_replay_gives_back_the_slot_without_a_pod() -> 
         c2 = live_controller(kube)
         c2.reconciled = False  # a new operator: the replay comes first
         owner = rs(3, cpu="8")
-        c2.owners[("ReplicaSet", "ns", "web")] = owner
-        c2.recover(list(kube.fluxjobs.values()))
-        c2.recover_from_cluster(live, list(kube.fluxjobs.values()))
+        c2.book.set_owner("ReplicaSet", "ns", "web", owner)
+        c2.recovery.recover(list(kube.fluxjobs.values()))
+        c2.recovery.recover_from_cluster(live, list(kube.fluxjobs.values()))
         c2.handle(("ReplicaSet", "ADDED", owner))  # the owner's replay first, then its pods
         for p in live:
             c2.handle(("Pod", "ADDED", p))
         c2.reconciled = True
-        c2.reconcile()
+        c2.recovery.reconcile()
         await settle(c2)
         g = c2.groups[BASE]
         gone_slot = int(gone["metadata"]["annotations"]["fluxnetes.io/slot"])
@@ -376,7 +376,7 @@ def test_a_group_name_is_never_used_twice_for_one_workload() -> None:
             c.handle(("Pod", "DELETED", bound(p, on[p["metadata"]["uid"]])))
         await settle(c)
         c.prune_finished()
-        assert BASE not in c.groups and "replicaset-web" in c.spent_names["rs-web"]
+        assert BASE not in c.groups and "replicaset-web" in c.scaling.spent_names["rs-web"]
         for i in (7, 8):
             c.handle(("Pod", "ADDED", rs_pod(i)))
         await settle(c)
@@ -532,7 +532,7 @@ def test_an_unsatisfiable_replicaset_scaled_to_zero_is_cancelled() -> None:
         await settle(c)
         assert str(g.phase) == "Cancelled" and not kube.placed
         # its pods (being deleted) wait for the ReplicaSet to want pods again: no group of 0
-        assert list(c.groups) == [BASE] and len(c.parked) == 5
+        assert list(c.groups) == [BASE] and len(c.book.parked) == 5
         c.handle(("ReplicaSet", "MODIFIED", rs(3)))  # it changed its mind before deleting them
         await settle(c)
         assert str(c.groups[SCALE1].phase) == "Running" and len(kube.placed) == 3

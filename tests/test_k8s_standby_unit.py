@@ -61,7 +61,7 @@ def test_leading_hands_over_each_cached_object_once_then_follows_changes() -> No
         kube = ListingKube([a, b])
         inf = Informer(kube, PODS, "Pod", c.queue)  # type: ignore[arg-type]
         c.informers = [inf]
-        c.start_addons = _nothing  # type: ignore[method-assign]
+        c.podsets.start_addons = _nothing  # type: ignore[method-assign]
         await c.watch(standby=True)
         assert c.standby and inf.muted and c.queue.empty()
         await kube.changes.put({"type": "DELETED", "object": a})  # while it waits to lead

@@ -47,7 +47,7 @@ def controller(interval: float) -> tuple[Controller, CountingKube]:
     kube = CountingKube()
     c = Controller(kube, OperatorConfig(status_interval=interval, event_rate=0))  # type: ignore[arg-type]
     for n in ("n0", "n1"):
-        c.cluster.nodes[n] = node(n)
+        c.cluster.know_node(node(n))
     c.cluster.build_matcher()
     c.reconciled = True
     return c, kube

@@ -164,7 +164,7 @@ graphs = st.one_of(descriptions().map(lambda d: (from_description, d)),
 def test_counted_satisfiability_equals_the_walk(graph: Any, policy: str, specs: list[Any]) -> None:
     """Every slot request the counts decide (no cache involved) gets the walk's answer, with
     and without a hostlist constraint, on an empty graph and after allocations."""
-    from fluxnetes.match.matcher import _exclusive_types
+    from fluxnetes.jobspec.model import exclusive_types as _exclusive_types
 
     build, arg = graph
     fast = Matcher(build(arg), policy)
@@ -252,7 +252,7 @@ def test_all_active_is_tracked_incrementally() -> None:
 
 
 def _counted_and_walked(m: Matcher, js: Any) -> tuple[bool | None, bool]:
-    from fluxnetes.match.matcher import _exclusive_types
+    from fluxnetes.jobspec.model import exclusive_types as _exclusive_types
 
     ref = Matcher(m.graph, m.policy)
     ref.fast_fail = False

@@ -125,7 +125,7 @@ def test_recover_derives_fluxnetes_jobspecs_instead_of_parsing_them(monkeypatch:
 
     monkeypatch.setattr(jobspec_mod, "parse_jobspec", counting)
     c2 = controller(Kube())
-    c2.recover([*fjs, custom])
+    c2.recovery.recover([*fjs, custom])
     assert parsed == [custom["spec"]["jobspec"]]
     for fj in fjs:
         g = c2.groups[("ns", fj["metadata"]["name"])]

@@ -472,3 +472,15 @@ def _check_v1(resources: list[Resource], tasks: list[Task]) -> None:
         raise JobspecError("resources[0].type", "version 1 top-level resource must be node or slot")
     if len(tasks) != 1:
         raise JobspecError("tasks", "version 1 requires exactly one task")
+
+
+def exclusive_types(resources: list[Resource]) -> set[str]:
+    """The resource types a request asks for exclusively (anywhere in its tree)."""
+    out: set[str] = set()
+    stack = list(resources)
+    while stack:
+        r = stack.pop()
+        if r.exclusive is True:
+            out.add(r.type)
+        stack.extend(r.with_)
+    return out

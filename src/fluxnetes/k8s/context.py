@@ -1,8 +1,7 @@
 """What every part of the controller shares: the API client, configuration and clock, the
 event queue the informers fill, background tasks, the store journal, the "something changed,
-run a cycle" flag, readiness, and the crash points of the restart tests (crashpoints.py). Each part
-(groupbook, scaling, mirror, accounting, recovery, allocation, status, scheduling) is a
-``Context`` with its own state and methods; ``Controller`` (controller.py) joins them."""
+run a cycle" flag, readiness, and the crash points of the restart tests (crashpoints.py). Every
+component of the controller (controller.py) is given it as ``ctx``; ``Controller`` is one."""
 
 from __future__ import annotations
 

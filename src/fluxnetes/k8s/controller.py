@@ -40,13 +40,18 @@ each cycle (k8s/scheduling/satisfiable.py) and looked at again when nodes change
 Memory: a group that is over (final phase, no pod left, final FluxJob status written) is
 forgotten (``prune_finished``); its FluxJob keeps what ``kubectl get fluxjobs`` shows.
 
-Parts (each a module with its own state; ``Controller`` joins them and routes watch events):
-groupbook.py (pod -> group membership, groups from workload kinds, pruning), scaling.py
-(scale groups of a workload), mirror.py (Nodes and foreign pods -> graph, node loss),
-accounting.py (the graph against the bound pods), recovery.py (after a restart),
-allocation.py (start, place, resume, evict, release), status.py (phases, Events, FluxJob
-writes, store records), scheduling.py (one cycle), context.py (what they all share).
-Each part declares, under ``TYPE_CHECKING``, what it uses of the others. See README.md.
+Components (each an object with its state private, made here in ``Controller.__init__``, the
+composition root): ``cluster`` (cluster/mirror.py: Nodes and foreign pods -> graph, node
+loss), ``status`` (persistence/status.py: phases, Events, FluxJob writes, store records),
+``accounting`` (cluster/accounting.py), ``book`` (groups/groupbook.py: pod -> group
+membership, groups from workload kinds, pruning), ``scaling`` (groups/scaling.py: scale
+groups of a workload), ``podsets`` (groups/podset_groups.py: multi-role kinds),
+``allocation`` (scheduling/allocation.py: start, place, resume, evict, release),
+``preemption``, ``scheduling`` (scheduling/cycle.py: one cycle), ``recovery``
+(persistence/recovery.py: after a restart, from FluxJobs and the cluster) and
+``store_recovery``. Each says what it uses of the others as a ``Protocol`` in its own module
+(its "side"); this object is every component's side and hands out the components. See
+README.md.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fluxnetes.graph.model import gc_paused
@@ -65,12 +70,13 @@ from fluxnetes.k8s.cluster.accounting import CHECK_EVERY, AccountingCheck
 from fluxnetes.k8s.cluster.mirror import ClusterView, TimedMatcher
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.groups import GroupError, controller_of, object_name
+from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of, object_name
 from fluxnetes.k8s.groups.groupbook import QUEUED, Group, GroupBook
+from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.groups.podset_groups import PodSetGroups
 from fluxnetes.k8s.groups.scaling import SCALE_SEP, Scaling
 from fluxnetes.k8s.informer import Event, Informer
-from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube
+from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube, Resource
 from fluxnetes.k8s.objects import OWNER_RESOURCES, _ended, _event_time, _gated, _meta, _terminal
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.persistence.recovery import Recovery
@@ -80,7 +86,7 @@ from fluxnetes.k8s.scheduling.allocation import Allocation
 from fluxnetes.k8s.scheduling.cycle import SchedulingCycle
 from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.k8s.scheduling.preemption import Preemption
-from fluxnetes.k8s.workloads import kind_of, made_for
+from fluxnetes.k8s.workloads import WorkloadKind, kind_of, made_for
 from fluxnetes.metrics import METRICS
 
 __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUED",
@@ -90,9 +96,11 @@ __all__ = ["CHECK_EVERY", "EVENT_BURST", "EVENT_RATE", "OWNER_RESOURCES", "QUEUE
 log = logging.getLogger(__name__)
 
 
-class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
-    """The operator's state machine: watch events -> the parts above; the main loop runs the
-    scheduling cycle, the post-restart reconcile and the FluxJob writes."""
+class Controller(Context):
+    """The operator's state machine and its composition root: makes the components (each
+    owns its state; what it needs of the others is a typed Protocol, which this object
+    satisfies by handing out the components), routes watch events to them, and runs the main
+    loop (the scheduling cycle, the post-restart reconcile and the FluxJob writes)."""
 
     def __init__(self, kube: Kube, config: OperatorConfig, *, clock: Callable[[], float] = time.time) -> None:
         super().__init__(kube, config, clock=clock)
@@ -111,19 +119,94 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
                                Informer(kube, NAMESPACES, "Namespace", self.queue)]
         self._informer_runs: list[asyncio.Task[Any]] = []
         self.standby = False  # informers muted: a replica waiting to lead (watch, end_standby)
-        # the components (each owns its state; what it needs of the others is a typed Protocol)
+        # the components: each is given the shared core and this object as its side (what it
+        # uses of the others, a Protocol of its own module: mypy checks this object against it)
         self.cluster = ClusterView(self, self)
         self.status = StatusWriter(self, self)
         self.accounting = AccountingCheck(self, self)
+        self.book = GroupBook(self, self)
+        self.scaling = Scaling(self, self)
+        self.podsets = PodSetGroups(self, self)
+        self.allocation = Allocation(self, self)
         self.preemption = Preemption(self, self)
         self.scheduling = SchedulingCycle(self, self)
+        self.recovery = Recovery(self, self)
         self.store_recovery = StoreRecovery(self, self)
-        self.init_groupbook()
-        self.init_scaling()
-        self.init_allocation()
-        self.init_recovery()
-        self.init_podset_groups()
 
+    # ---------------------------------------------------------------- what the sides ask
+    # The first components' sides (MirrorSide, StatusBook, AccountingView, CycleSide,
+    # PreemptionSide, StoreSide) name the calls they make of the others directly: passed on
+    # here to the component that owns each.
+    @property
+    def groups(self) -> GroupTable:
+        return self.book.groups
+
+    @property
+    def member_of(self) -> Mapping[str, tuple[str, str]]:
+        return self.book.member_of
+
+    @property
+    def pruned(self) -> Mapping[str, int]:
+        return self.book.pruned
+
+    @property
+    def priority_classes(self) -> Mapping[str, int]:
+        return self.book.priority_classes
+
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
+        return self.book.owner_obj(ref, namespace)
+
+    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group:
+        return self.book.new_group(spec, kind)
+
+    def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec:
+        return self.book.pod_group_spec(pod)
+
+    def drop_member(self, uid: str) -> None:
+        self.book.drop_member(uid)
+
+    def mark_finished(self, key: tuple[str, str]) -> None:
+        self.book.mark_finished(key)
+
+    def recheck_prune(self, g: Group) -> None:
+        self.book.recheck_prune(g)
+
+    def prune_finished(self) -> None:
+        self.book.prune_finished()
+
+    def spend_name(self, g: Group) -> None:
+        self.scaling.spend_name(g)
+
+    def start_group(self, g: Group, res: Any) -> None:
+        self.allocation.start_group(g, res)
+
+    async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
+        await self.allocation.evict(g, pods)
+
+    def release_all(self, g: Group) -> None:
+        self.allocation.release_all(g)
+
+    def release_slot(self, g: Group, slot: int) -> None:
+        self.allocation.release_slot(g, slot)
+
+    def release_idle_slots(self, g: Group) -> None:
+        self.allocation.release_idle_slots(g)
+
+    def forget_unrecorded(self, g: Group) -> None:
+        self.recovery.forget_unrecorded(g)
+
+    def watch_kind(self, kind_name: str, resource: Resource, *, start: bool) -> None:
+        """An informer for a workload kind turned on (podset_groups.enable_addons): muted while
+        this replica waits to lead; started now when the others already run."""
+        inf = Informer(self.kube, resource, kind_name, self.queue)
+        inf.muted = self.standby
+        self.informers.append(inf)
+        if start:
+            task = asyncio.ensure_future(inf.run())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # ---------------------------------------------------------------- workload objects
     def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:
         meta = _meta(obj)
         ns, name, uid = meta.get("namespace") or "default", meta.get("name", ""), str(meta.get("uid", ""))
@@ -131,55 +214,51 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
         assert kind is not None
         if made_for(obj, kind_name) is not None:
             return  # a multi-role workload's Job or StatefulSet: part of its group (podset_groups.py)
-        key = (kind_name, ns, name)
         gkey = (ns, object_name(f"{kind_name.lower()}-{name}"))
         if etype == "DELETED":
-            cached = self.owners.get(key)
-            if cached is None or _meta(cached).get("uid") in (None, "", uid):
-                self.owners.pop(key, None)  # (a re-list may show the new object first: keep it)
-            self.spent_names.pop(uid, None)
-            self.ended_workloads.discard(uid)
-            for k in [gkey, *self.scale_groups.get(gkey, ())]:
-                g = self.groups.get(k)
-                if g is not None and not g.phase.final and self.same_owner(g, uid):
-                    self.cancel_group(g, f"{kind_name} {name} was deleted")
+            self.book.owner_deleted(kind_name, ns, name, uid)  # (a re-list may show the new object first)
+            self.scaling.workload_gone(uid)
+            for k in [gkey, *self.scaling.scale_groups.get(gkey, ())]:
+                g = self.book.groups.get(k)
+                if g is not None and not g.phase.final and self.book.same_owner(g, uid):
+                    self.allocation.cancel_group(g, f"{kind_name} {name} was deleted")
             return
-        self.owners[key] = obj
-        g = self.groups.get(gkey)
-        if g is not None and not self.same_owner(g, uid):
-            self.drop_earlier_owner(gkey, f"{kind_name} {name} was deleted (a new one has its name)")
+        self.book.set_owner(kind_name, ns, name, obj)
+        g = self.book.groups.get(gkey)
+        if g is not None and not self.book.same_owner(g, uid):
+            self.book.drop_earlier_owner(gkey, f"{kind_name} {name} was deleted (a new one has its name)")
             g = None
         managed = template_is_ours(kind.template(obj))
         if g is None and managed and kind.resume_patch(obj) is not None and not kind.finished(obj) \
-                and uid not in self.ended_workloads:
+                and not self.scaling.ended(uid):
             # a Job: its group is known without any pod (its template was held at admission or
             # names fluxnetes; a Job created while the webhook was away has neither and runs alone)
             try:
-                spec = self.group_for_workload(kind, obj)
+                spec = self.book.group_for_workload(kind, obj)
             except GroupError as exc:
                 self.status.event({"apiVersion": kind.api_version, "kind": kind_name, "name": name, "namespace": ns,
                             "uid": uid}, "Warning", "InvalidGroup", str(exc))
                 return
             if spec.size < 1:
                 return  # parallelism 0: nothing to schedule until it is raised
-            g = self.new_group(spec, kind)
+            g = self.book.new_group(spec, kind)
             if g.phase == Phase.PROVISIONAL:
-                self.enqueue_workload(g, kind, obj)
+                self.book.enqueue_workload(g, kind, obj)
         elif g is not None and not g.phase.final and kind.finished(obj):
-            self.workload_finished(g, kind, obj)  # whatever the group's phase: never queued again
+            self.book.workload_finished(g, kind, obj)  # whatever the group's phase: never queued again
         elif g is not None and kind.resume_patch(obj) is not None:
             if g.kind is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
-                self.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
-            elif g.phase == Phase.RUNNING and kind.size(obj) < self.capacity(g):
-                self.rescale(gkey, kind, obj)  # parallelism lowered: give back empty slots
-        elif kind.owns_pods and (g is not None or gkey in self.scale_groups):
-            self.rescale(gkey, kind, obj)  # replicas changed
+                self.book.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
+            elif g.phase == Phase.RUNNING and kind.size(obj) < self.scaling.capacity(g):
+                self.scaling.rescale(gkey, kind, obj)  # parallelism lowered: give back empty slots
+        elif kind.owns_pods and (g is not None or gkey in self.scaling.scale_groups):
+            self.scaling.rescale(gkey, kind, obj)  # replicas changed
         # pods that arrived before their owner (matched by the owner's uid)
-        for puid, pod in list(self.parked.items()):
+        for puid, pod in list(self.book.parked.items()):
             owner = controller_of(_meta(pod))
             if owner and owner.kind == kind_name and owner.name == name and _meta(pod).get("namespace") == ns \
                     and (not owner.uid or owner.uid == uid):
-                del self.parked[puid]
+                self.book.unpark(puid)
                 self.on_pod("MODIFIED", pod)
 
     # ---------------------------------------------------------------- pods
@@ -192,28 +271,28 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
         # kubelet stops it first; kube-scheduler counts it meanwhile): giving that room to
         # the next group would overbook the node. An unbound one holds nothing.
         gone = etype == "DELETED" or _ended(pod) or (not node and _terminal(pod))
-        gkey = self.member_of.get(uid)
+        gkey = self.book.member_of.get(uid)
         managed = is_ours(meta, spec)
-        if gkey is None and managed and not _gated(pod) and self.adopt(uid, pod):
-            gkey = self.member_of.get(uid)  # placed before a restart: its group again
+        if gkey is None and managed and not _gated(pod) and self.recovery.adopt(uid, pod):
+            gkey = self.book.member_of.get(uid)  # placed before a restart: its group again
         if gkey is not None:
-            g = self.groups.get(gkey)
+            g = self.book.groups.get(gkey)
             if g is None:
-                self.member_of.pop(uid, None)
+                self.book.drop_member(uid)
                 return
             if gone:
-                self.member_gone(g, uid, pod)
+                self.book.member_gone(g, uid, pod)
             else:
                 g.members[uid] = pod
                 if g.phase == Phase.RUNNING and uid not in g.slot_pod:
-                    self.assign(g)
+                    self.allocation.assign(g)
             return
         if gone:
-            self.parked.pop(uid, None)
+            self.book.unpark(uid)
             self.cluster.remove_foreign(uid)
             return
         if managed and _gated(pod) and not node:
-            self.join_group(uid, pod)
+            self.book.join_group(uid, pod)
             return
         if node:
             self.cluster.add_foreign(uid, pod, str(node))
@@ -246,27 +325,21 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
         elif kind == "NodeResourceTopology":
             self.cluster.on_topology(etype, obj)
         elif kind == "PriorityClass":
-            name = str(_meta(obj).get("name", ""))
-            if etype == "DELETED":
-                self.priority_classes.pop(name, None)
-            else:
-                self.priority_classes[name] = int(obj.get("value") or 0)
-                if obj.get("globalDefault"):
-                    self.priority_classes[""] = int(obj.get("value") or 0)
-        elif kind in OWNER_RESOURCES or kind in self.addon_on:
+            self.book.on_priority_class(etype, obj)
+        elif kind in OWNER_RESOURCES or kind in self.podsets.addon_on:
             if kind in OWNER_RESOURCES:
                 self.on_owner(kind, etype, obj)
             else:
-                self.on_workload(kind, etype, obj)
+                self.podsets.on_workload(kind, etype, obj)
             m = _meta(obj)
-            self.owner_changed(kind, m.get("namespace") or "default", m.get("name", ""))
+            self.book.owner_changed(kind, m.get("namespace") or "default", m.get("name", ""))
         elif kind in ("FluxAccount", "Namespace"):
             self.scheduling.on_account_object(kind, etype, obj)
         elif kind == "FluxJob" and etype != "DELETED":
-            self.on_fluxjob(obj)
+            self.scaling.on_fluxjob(obj)
         elif kind == "FluxJob" and etype == "DELETED":
             m = _meta(obj)
-            g = self.groups.get((m.get("namespace") or "default", m.get("name", "")))
+            g = self.book.groups.get((m.get("namespace") or "default", m.get("name", "")))
             if g is not None and not g.phase.final and m.get("uid") == g.fj_uid:
                 # deleted by hand while its group lives: it is the user's window, put it back
                 g.fj_exists, g.fj_dirty = False, True
@@ -282,7 +355,7 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
             await self._watch()
 
     async def _watch(self) -> None:
-        await self.start_addons()  # the multi-role kinds served: their informers too
+        await self.podsets.start_addons()  # the multi-role kinds served: their informers too
         for inf in self.informers:
             inf.muted = self.standby
         runs = [asyncio.ensure_future(inf.run()) for inf in self.informers]
@@ -327,10 +400,10 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
             elif inf.kind == "PriorityClass":
                 for obj in inf.cache.values():
                     self.handle(("PriorityClass", "ADDED", obj))
-            elif inf.kind in OWNER_RESOURCES or inf.kind in self.addon_on:
+            elif inf.kind in OWNER_RESOURCES or inf.kind in self.podsets.addon_on:
                 for obj in inf.cache.values():
                     m = _meta(obj)
-                    self.owners[(inf.kind, m.get("namespace") or "default", m.get("name", ""))] = obj
+                    self.book.set_owner(inf.kind, m.get("namespace") or "default", m.get("name", ""), obj)
         await self.cluster.topology_source.load(self.cluster.topologies)  # the first graph is built with them
         self.spawn(self.cluster.topology_source.run())
         self.cluster.build_matcher()
@@ -339,16 +412,16 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
         live = {(str(_meta(p).get("namespace") or "default"), str((_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB)))
                 for p in pods if (_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB)
                 and assigned_node(p) and not _ended(p)}
-        self.recover(fjs, live)
+        self.recovery.recover(fjs, live)
         if self.journal is not None:
             self.store_recovery.recover_store()
         # what neither the FluxJobs nor the store recorded, the cluster shows (exact recovery)
-        self.recover_from_cluster(next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod"), fjs)
+        self.recovery.recover_from_cluster(next(list(inf.cache.values()) for inf in self.informers if inf.kind == "Pod"), fjs)
         every = os.environ.get(CHECK_EVERY, "")
         if every:  # tests and soaks: the accounting check, logged periodically
             self.spawn(self.accounting.check_every(float(every)))
         self.ready.set()
-        log.info("operator ready: %d nodes, %d groups recovered", len(self.cluster.nodes), len(self.groups))
+        log.info("operator ready: %d nodes, %d groups recovered", len(self.cluster.nodes), len(self.book.groups))
 
     def order_replay(self) -> int:
         """The initial lists wait in the queue, to be handled as ADDED events; placing waits
@@ -406,7 +479,7 @@ class Controller(GroupBook, Scaling, Recovery, Allocation, PodSetGroups):
                     raise task.exception()  # type: ignore[misc]  # e.g. a permission was revoked
             if self.replay_left <= later and not self.reconciled:
                 self.reconciled = True
-                self.reconcile()
+                self.recovery.reconcile()
                 self.store_recovery.reconcile_store()
             now = time.monotonic()
             since = now - last_cycle

@@ -316,7 +316,7 @@ class Operator:
             return self.elector is not None and self.elector.lost.is_set() and not stop.is_set()
         self.controller = controller = made
         if self._mutating_for is not None:
-            controller.on_kinds_changed = self._install_multi_role
+            controller.podsets.on_kinds_changed = self._install_multi_role
         run = asyncio.ensure_future(controller.run())
         frozen = asyncio.ensure_future(_freeze_when_ready(controller))
         try:

@@ -26,21 +26,55 @@ subtler ways (bin packing) is answered BUSY, not UNSATISFIABLE.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fluxnetes.graph.model import UP, ResourceGraph, Vertex
 from fluxnetes.jobspec.constraints import Constraint, parse_constraint
-from fluxnetes.jobspec.model import Jobspec, JobspecError, Resource, split_sets
+from fluxnetes.jobspec.model import Jobspec, JobspecError, Resource, exclusive_types, split_sets
 from fluxnetes.jobspec.packing import Packing
 from fluxnetes.jobspec.podsets import PodSet
-from fluxnetes.match.engine import AT_ALLOC, AT_RESERVE, AT_SAT, FAR, GRAPH_END, Meta, VState
-from fluxnetes.match.results import MatchResult, MatchStatus, NodeShare
+from fluxnetes.match.engine import (
+    AT_ALLOC,
+    AT_RESERVE,
+    AT_SAT,
+    FAR,
+    GRAPH_END,
+    Engine,
+    Meta,
+    VState,
+)
+from fluxnetes.match.results import JobRecord, MatchResult, MatchStatus, NodeShare
 
 if TYPE_CHECKING:
-    from fluxnetes.match.matcher import Matcher
     from fluxnetes.queue.satisfy import Capacity
+
+
+class GangHost(Protocol):
+    """What a gang's match uses of the matcher (``match.matcher.Matcher``, which calls
+    ``match_gang`` with itself): its graph and engine, its job records and counters, and the
+    steps of one ordinary match. A Protocol, so that this module needs no import of the
+    matcher's (the matcher imports this one)."""
+
+    graph: ResourceGraph
+    engine: Engine
+    stats: dict[str, int]
+    _jobs: dict[int, JobRecord]
+    _gang_domains: object  # this module's packing domains (_Domains), kept per matcher
+
+    def cancel(self, jobid: int) -> None: ...
+    def _fail(self, status: MatchStatus, jid: int, js: Jobspec, reason: str) -> MatchResult: ...
+    def _feasible(self, js: Jobspec, need_nodes: int, now: int, duration: int, *,
+                  satisfiability: bool) -> bool: ...
+    def _commit(self, js: Jobspec, jid: int, at: int, duration: int, alloc_type: int, now: int,
+                x_types: set[str]) -> MatchResult | None: ...
+    def _holdings(self, rec: JobRecord) -> dict[VState, int]: ...
+    def _record(self, rec: JobRecord, holdings: dict[VState, int]) -> None: ...
+    def _sat_walk(self, js: Jobspec, duration: int, x_types: set[str], walk: Callable[[], bool]) -> bool: ...
+    def _type_capacity(self, t: str, *, up_only: bool) -> int: ...
+    def _unsat_reason(self, js: Jobspec) -> str: ...
+    def _busy_reason(self, js: Jobspec, now: int) -> str: ...
 
 _TMP_BASE = 1 << 60  # temporary job ids of the sets while a gang is matched
 _SKIP = ("node", "slot", "socket", "numanode")
@@ -153,7 +187,7 @@ class _Domains:
         self.key: tuple[int, str] | None = None
         self.items: list[tuple[Vertex, Constraint]] = []
 
-    def of(self, m: Matcher, level: str) -> list[tuple[Vertex, Constraint]]:
+    def of(self, m: GangHost, level: str) -> list[tuple[Vertex, Constraint]]:
         key = (m.graph.version, level)
         if self.key != key:
             items = []
@@ -165,7 +199,7 @@ class _Domains:
         return self.items
 
 
-def match_gang(m: Matcher, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult:
+def match_gang(m: GangHost, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult:
     """One match operation for a multi-set request (see the module docstring)."""
     try:
         wrappers, parts = parts_of(js)
@@ -178,10 +212,9 @@ def match_gang(m: Matcher, js: Jobspec, op: str, now: int, jid: int, duration: i
         if len(wrappers) != 1 or top.count.min != 1:
             return m._fail(MatchStatus.UNSATISFIABLE, jid, js,
                            "pod sets may be packed under one level of count 1 only (node, rack or zone)")
-        doms = getattr(m, "_gang_domains", None)
-        if doms is None:
-            doms = _Domains()
-            m._gang_domains = doms  # type: ignore[attr-defined]
+        doms = m._gang_domains
+        if not isinstance(doms, _Domains):
+            doms = m._gang_domains = _Domains()
         domains = list(doms.of(m, top.type))
         if not domains:
             return m._fail(MatchStatus.UNSATISFIABLE, jid, js, f"no {top.type} of this graph holds nodes")
@@ -226,11 +259,9 @@ def match_gang(m: Matcher, js: Jobspec, op: str, now: int, jid: int, duration: i
     return m._fail(MatchStatus.UNSATISFIABLE, jid, js, why)
 
 
-def _attempt_in(m: Matcher, js: Jobspec, parts: list[_Part], dcon: Constraint | None, at: int, d: int,
+def _attempt_in(m: GangHost, js: Jobspec, parts: list[_Part], dcon: Constraint | None, at: int, d: int,
                 duration: int, alloc_type: int, now: int, jid: int) -> MatchResult | None:
     """Every set at ``at`` (within the domain ``dcon``), all or nothing."""
-    from fluxnetes.match.matcher import JobRecord, _exclusive_types
-
     eng = m.engine
     done: list[tuple[_Part, int, MatchResult]] = []
     ok = True
@@ -239,7 +270,7 @@ def _attempt_in(m: Matcher, js: Jobspec, parts: list[_Part], dcon: Constraint | 
         tmp = _TMP_BASE + i
         while tmp in m._jobs:
             tmp += len(parts)
-        x_types = _exclusive_types(sub.resources)
+        x_types = exclusive_types(sub.resources)
         need_nodes = sub.totals.get("node", 0)
         if alloc_type == AT_ALLOC and not m._feasible(sub, need_nodes, now, duration, satisfiability=False):
             ok = False
@@ -272,18 +303,16 @@ def _attempt_in(m: Matcher, js: Jobspec, parts: list[_Part], dcon: Constraint | 
     return MatchResult(status, jid, at, d, "", rec.nodes, rec.vertices, js.queue, podsets=podsets)
 
 
-def _never(m: Matcher, js: Jobspec, parts: list[_Part], domains: list[tuple[Vertex | None, Constraint | None]],
+def _never(m: GangHost, js: Jobspec, parts: list[_Part], domains: list[tuple[Vertex | None, Constraint | None]],
            wrapper_agg: Mapping[str, int], now: int, duration: int) -> str | None:
     """Why the gang can never run (naming the pod set when one alone cannot), or None."""
-    from fluxnetes.match.matcher import _exclusive_types
-
     eng = m.engine
     at = FAR - duration - 1
 
     def alone(p: _Part, dcon: Constraint | None) -> bool:
         sub = _sub(js, p.entry, _and(p.constraint, dcon))
         need = sub.totals.get("node", 0)
-        x_types = _exclusive_types(sub.resources)
+        x_types = exclusive_types(sub.resources)
         # (the matcher remembers or counts the walk's answer: Matcher._sat_walk)
         return m._feasible(sub, need, now, duration, satisfiability=True) and m._sat_walk(
             sub, duration, x_types,

@@ -16,7 +16,7 @@ from sortedcontainers import SortedList
 from fluxnetes.graph.jgf import read_jgf
 from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex, gc_paused
 from fluxnetes.jobspec.constraints import expand_idset
-from fluxnetes.jobspec.model import Jobspec, Resource, parse_jobspec
+from fluxnetes.jobspec.model import Jobspec, Resource, exclusive_types, parse_jobspec
 from fluxnetes.match.engine import (
     AT_ALLOC,
     AT_RESERVE,
@@ -40,6 +40,9 @@ from fluxnetes.match.results import (
     MatchStatus,
     NodeShare,
     node_shares,
+)
+from fluxnetes.match.results import (
+    JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
 )
 from fluxnetes.plan import max_overlap
 
@@ -74,54 +77,6 @@ _ENGINE_EXTRAS: dict[str, dict[str, bool]] = {
 }
 
 
-class JobRecord:
-    """A recorded allocation or reservation (read-only for callers)."""
-
-    def __init__(self, jobid: int, at: int, duration: int, reserved: bool, nodes: list[NodeShare] | None,
-                 vertices: list[AllocVertex] | None, entries: list[JobEntry] | None = None, queue: str = "",
-                 result: MatchResult | None = None) -> None:
-        self.jobid = jobid
-        self.at = at
-        self.duration = duration
-        self.reserved = reserved
-        self.entries: list[JobEntry] = entries or []
-        self.queue = queue
-        self._nodes = nodes
-        self._vertices = vertices
-        self._result = result
-
-    def __repr__(self) -> str:
-        return f"JobRecord(jobid={self.jobid}, mode={self.mode}, at={self.at}, duration={self.duration})"
-
-    @property
-    def nodes(self) -> list[NodeShare]:
-        if self._nodes is None:
-            self._nodes = self._result.nodes if self._result is not None else []
-        return self._nodes
-
-    @nodes.setter
-    def nodes(self, val: list[NodeShare]) -> None:
-        self._nodes = val
-
-    @property
-    def vertices(self) -> list[AllocVertex]:
-        if self._vertices is None:
-            self._vertices = self._result.vertices if self._result is not None else []
-        return self._vertices
-
-    @vertices.setter
-    def vertices(self, val: list[AllocVertex]) -> None:
-        self._vertices = val
-
-    @property
-    def mode(self) -> str:
-        return "RESERVED" if self.reserved else "ALLOCATED"
-
-    @property
-    def end(self) -> int:
-        return self.at + self.duration
-
-
 class Matcher:
     """Match jobspecs against one graph under one policy; records every allocation."""
 
@@ -151,6 +106,7 @@ class Matcher:
                              slot_high=extra.get("slot_high"), perf_scores=extra.get("perf_scores", False),
                              locality=extra.get("locality", False))
         self._jobs: dict[int, JobRecord] = {}
+        self._gang_domains: object = None  # match/gang.py's packing domains (per graph version)
         self._next_jobid = 1
         self._capacity = graph.summary()
         self.stats = {"succeeded": 0, "failed": 0, "fast": 0}
@@ -259,7 +215,7 @@ class Matcher:
 
             return match_gang(self, js, op, now, jid, duration)
         eng = self.engine
-        x_types = _exclusive_types(js.resources)
+        x_types = exclusive_types(js.resources)
         constraint = js.constraint
 
         def run(at: int, alloc_type: int) -> bool:
@@ -1115,17 +1071,6 @@ def _request_key(js: Jobspec, duration: int) -> Hashable | None:
     except TypeError:
         return None
     return key
-
-
-def _exclusive_types(resources: list[Resource]) -> set[str]:
-    out: set[str] = set()
-    stack = list(resources)
-    while stack:
-        r = stack.pop()
-        if r.exclusive is True:
-            out.add(r.type)
-        stack.extend(r.with_)
-    return out
 
 
 def _descendants(u: VState) -> list[VState]:

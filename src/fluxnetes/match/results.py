@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fluxnetes.jobspec.constraints import encode_idset
+
+if TYPE_CHECKING:
+    from fluxnetes.match.engine import JobEntry
 
 
 class MatchStatus(enum.Enum):
@@ -260,3 +263,51 @@ def rv1_execution(rows: list[tuple[str, int, str, int, dict[str, str] | None]], 
     if queue:
         out["attributes"] = {"system": {"scheduler": {"queue": queue}}}
     return out
+
+
+class JobRecord:
+    """A recorded allocation or reservation (read-only for callers)."""
+
+    def __init__(self, jobid: int, at: int, duration: int, reserved: bool, nodes: list[NodeShare] | None,
+                 vertices: list[AllocVertex] | None, entries: list[JobEntry] | None = None, queue: str = "",
+                 result: MatchResult | None = None) -> None:
+        self.jobid = jobid
+        self.at = at
+        self.duration = duration
+        self.reserved = reserved
+        self.entries: list[JobEntry] = entries or []
+        self.queue = queue
+        self._nodes = nodes
+        self._vertices = vertices
+        self._result = result
+
+    def __repr__(self) -> str:
+        return f"JobRecord(jobid={self.jobid}, mode={self.mode}, at={self.at}, duration={self.duration})"
+
+    @property
+    def nodes(self) -> list[NodeShare]:
+        if self._nodes is None:
+            self._nodes = self._result.nodes if self._result is not None else []
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, val: list[NodeShare]) -> None:
+        self._nodes = val
+
+    @property
+    def vertices(self) -> list[AllocVertex]:
+        if self._vertices is None:
+            self._vertices = self._result.vertices if self._result is not None else []
+        return self._vertices
+
+    @vertices.setter
+    def vertices(self, val: list[AllocVertex]) -> None:
+        self._vertices = val
+
+    @property
+    def mode(self) -> str:
+        return "RESERVED" if self.reserved else "ALLOCATED"
+
+    @property
+    def end(self) -> int:
+        return self.at + self.duration

@@ -13,7 +13,8 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from fluxnetes.k8s.cluster import nodefit
 from fluxnetes.k8s.context import Context
@@ -28,29 +29,32 @@ from fluxnetes.k8s.scheduling.placement import assigned_node
 from fluxnetes.metrics import METRICS
 
 if TYPE_CHECKING:
+    from fluxnetes.jobspec.model import Jobspec
     from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
     from fluxnetes.k8s.persistence.status import StatusWriter
     from fluxnetes.match.matcher import Matcher
+    from fluxnetes.match.results import JobRecord, MatchResult, NodeShare
     from fluxnetes.queue.cycle import Scheduler
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 class TimedMatcher:
-    """The matcher as the queue sees it: every match it asks for is timed and its outcome
-    counted (fluxnetes_match_duration_seconds, fluxnetes_match_outcomes_total); everything
-    else goes straight through."""
+    """The matcher as the queue's ``Scheduler`` sees it: every match it asks for is timed and
+    its outcome counted (fluxnetes_match_duration_seconds, fluxnetes_match_outcomes_total).
+    The rest of what the scheduler asks of a matcher (``queue.cycle``: cancel, partial
+    cancel, satisfiability, the indexes that tell whether anything ends by itself, the
+    policy) is passed on as it is; nothing else is offered (the operator's other parts use
+    the plain matcher, ``ClusterView.matcher``)."""
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Matcher) -> None:
         self._m = matcher
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._m, name)
-
-    def _timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _timed(fn: Callable[[], MatchResult]) -> MatchResult:
         t0 = time.perf_counter()
         try:
-            res = fn(*args, **kwargs)
+            res = fn()
         except Exception:
             METRICS.match_outcomes.labels(outcome="error").inc()
             raise
@@ -60,11 +64,34 @@ class TimedMatcher:
         METRICS.match_outcomes.labels(outcome=status or "unknown").inc()
         return res
 
-    def allocate(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self._m.allocate, *args, **kwargs)
+    def allocate(self, js: Jobspec, *, now: int = 0, jobid: int | None = None) -> MatchResult:
+        return self._timed(lambda: self._m.allocate(js, now=now, jobid=jobid))
 
-    def allocate_orelse_reserve(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(self._m.allocate_orelse_reserve, *args, **kwargs)
+    def allocate_orelse_reserve(self, js: Jobspec, *, now: int = 0, jobid: int | None = None) -> MatchResult:
+        return self._timed(lambda: self._m.allocate_orelse_reserve(js, now=now, jobid=jobid))
+
+    def satisfiability(self, js: Jobspec, *, now: int = 0) -> MatchResult:
+        return self._m.satisfiability(js, now=now)
+
+    def cancel(self, jobid: int) -> None:
+        self._m.cancel(jobid)
+
+    def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
+        return self._m.partial_cancel(jobid, release)
+
+    def earliest_end(self) -> int | None:
+        return self._m.earliest_end()
+
+    def reservation_count(self) -> int:
+        return self._m.reservation_count()
+
+    @property
+    def jobs(self) -> Mapping[int, JobRecord]:
+        return self._m.jobs
+
+    @property
+    def policy(self) -> str:
+        return self._m.policy
 
 
 class MirrorSide(Protocol):
@@ -74,9 +101,8 @@ class MirrorSide(Protocol):
     @property
     def groups(self) -> GroupTable: ...
     @property
-    def member_of(self) -> dict[str, tuple[str, str]]: ...
-    @property
     def status(self) -> StatusWriter: ...
+    def drop_member(self, uid: str) -> None: ...
     async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None: ...
     def release_all(self, g: Group) -> None: ...
     def release_slot(self, g: Group, slot: int) -> None: ...
@@ -97,10 +123,10 @@ class ClusterView:
         self._foreign_owner: dict[str, str] = {}  # uid -> its controller's uid
         # controller uid -> its foreign pods (scaling.survivors asks it on every routed pod)
         self._foreign_per_owner: Counter[str] = Counter()
-        self._foreign_jobs: dict[str, Any] = {}  # node -> matcher job id
+        self._foreign_jobs: dict[str, int] = {}  # node -> matcher job id
         self._foreign_dirty: set[str] = set()
-        self._matcher: Any = None  # (built by build_matcher)
-        self._scheduler: Any = None
+        self._matcher: Matcher | None = None  # (built by build_matcher)
+        self._scheduler: Scheduler | None = None
         # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
         self._node_view = nodefit.NodeView()
         from fluxnetes.k8s.cluster.topology import Topologies, TopologySource
@@ -110,22 +136,20 @@ class ClusterView:
 
     # ---------------------------------------------------------------- read by the other parts
     @property
-    def nodes(self) -> dict[str, dict[str, Any]]:
-        return self._nodes
+    def nodes(self) -> Mapping[str, dict[str, Any]]:
+        return MappingProxyType(self._nodes)
 
     @property
-    def node_down(self) -> dict[str, bool]:
-        return self._node_down
+    def node_down(self) -> Mapping[str, bool]:
+        return MappingProxyType(self._node_down)
 
     @property
     def matcher(self) -> Matcher:
-        it: Matcher = self._matcher  # (None until build_matcher: start builds it first)
-        return it
+        return cast("Matcher", self._matcher)  # (None until build_matcher: start builds it first)
 
     @property
     def scheduler(self) -> Scheduler:
-        it: Scheduler = self._scheduler  # (None until build_matcher: start builds it first)
-        return it
+        return cast("Scheduler", self._scheduler)  # (None until build_matcher: start builds it first)
 
     @property
     def node_view(self) -> nodefit.NodeView:
@@ -140,28 +164,35 @@ class ClusterView:
         return self._topology_source
 
     @property
-    def foreign_dirty(self) -> set[str]:
-        return self._foreign_dirty
+    def foreign_dirty(self) -> bool:
+        """Foreign pods changed on some node since they were last recorded (flush_foreign)."""
+        return bool(self._foreign_dirty)
+
+    def foreign_of_owner(self, owner_uid: str) -> int:
+        """How many foreign pods the workload ``owner_uid`` has (scaling.survivors)."""
+        return self._foreign_per_owner.get(owner_uid, 0)
 
     @property
-    def foreign_per_owner(self) -> Counter[str]:
-        return self._foreign_per_owner
+    def foreign(self) -> Mapping[str, Mapping[str, PodResources]]:
+        return MappingProxyType(self._foreign)
 
     @property
-    def foreign(self) -> dict[str, dict[str, PodResources]]:
-        return self._foreign
+    def foreign_jobs(self) -> Mapping[str, int]:
+        return MappingProxyType(self._foreign_jobs)
 
     @property
-    def foreign_jobs(self) -> dict[str, Any]:
-        return self._foreign_jobs
-
-    @property
-    def foreign_node(self) -> dict[str, str]:
-        return self._foreign_node
+    def foreign_node(self) -> Mapping[str, str]:
+        return MappingProxyType(self._foreign_node)
 
     def know_node(self, node: dict[str, Any]) -> None:
         """A Node listed at start (before the first graph is built)."""
         self._nodes[str(_meta(node).get("name"))] = node
+
+    def know_only(self, nodes: list[dict[str, Any]]) -> None:
+        """The Nodes listed at start are these, and only these (before the first graph is built)."""
+        self._nodes.clear()
+        for node in nodes:
+            self.know_node(node)
 
     # ---------------------------------------------------------------- matcher
     def build_matcher(self) -> None:
@@ -219,22 +250,22 @@ class ClusterView:
             old = self._foreign_jobs.pop(node, None)
             if old is not None:
                 with contextlib.suppress(Exception):
-                    self._matcher.cancel(old)
+                    self.matcher.cancel(old)
             pods = self._foreign.get(node) or {}
             if not pods or node not in self._nodes:
                 continue
             share = shares.of_pods(node, pods.values())
             if share.empty:
                 continue
-            jobid = self._matcher.next_jobid
+            jobid = self.matcher.next_jobid
             try:
-                self._matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
+                self.matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
                 self._foreign_jobs[node] = jobid
             except Exception as exc:
                 log.warning("foreign pods on %s (%s) could not be recorded: %s", node, share, exc)
         freed = sorted(self._foreign_dirty)
         self._foreign_dirty.clear()
-        self._scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
+        self.scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
         self._ctx.dirty = True
 
     # ---------------------------------------------------------------- nodes
@@ -249,7 +280,7 @@ class ClusterView:
             self.update_node_gauge()
             if self._matcher is not None:
                 with contextlib.suppress(Exception):
-                    self._matcher.remove_subgraph(name)
+                    self.matcher.remove_subgraph(name)
                 self.node_lost(name)
                 self.sync_node_cores()
             return
@@ -263,7 +294,7 @@ class ClusterView:
             try:
                 from fluxnetes.graph.topology import node_graph
 
-                added = self._matcher.add_subgraph(
+                added = self.matcher.add_subgraph(
                     node_graph(node, self._topologies.get(name), rack_label=self._ctx.config.rack_label)[0])
                 if not any(p.rstrip("/").endswith("/" + name) for p in added):
                     raise RuntimeError("the node's vertices were not attached")
@@ -275,7 +306,7 @@ class ClusterView:
             # cordoned / NotReady: nothing new goes there; running pods stay until Kubernetes
             # evicts them (their deletion releases their share like any ending pod)
             with contextlib.suppress(Exception):
-                self._matcher.set_status(name, not down)
+                self.matcher.set_status(name, not down)
         elif (old.get("status") or {}).get("allocatable") != (node.get("status") or {}).get("allocatable"):
             self.rebuild()
         else:
@@ -288,7 +319,7 @@ class ClusterView:
             return
         self.update_node_gauge()
         self.sync_node_cores()
-        self._scheduler.invalidate()
+        self.scheduler.invalidate()
         self._ctx.dirty = True
 
     def on_topology(self, etype: str, obj: dict[str, Any]) -> None:
@@ -304,14 +335,14 @@ class ClusterView:
             log.warning("node %s: topology change lost %s; rebuilding the graph", name, res.lost)
             self.rebuild()
         self.sync_node_cores()
-        self._scheduler.invalidate()
+        self.scheduler.invalidate()
         self._ctx.dirty = True
 
     def sync_node_cores(self) -> None:
         """The queue's per-node core counts (its parking wake rule) follow the graph."""
         from fluxnetes.queue.satisfy import node_cores
 
-        self._scheduler.set_node_cores(node_cores(self._matcher.graph))
+        self.scheduler.set_node_cores(node_cores(self.matcher.graph))
 
     def node_lost(self, name: str) -> None:
         """Node ``name`` is gone (the matcher already dropped its vertices, and with them
@@ -356,9 +387,9 @@ class ClusterView:
             self._side.release_all(g)
         elif g.jobid is None and all(n in self._nodes for n in g.held):
             # recovered after a restart with nodes gone: the rest was never recorded
-            g.jobid = self._matcher.next_jobid
+            g.jobid = self.matcher.next_jobid
             self.record_group(g)
-        self._scheduler.invalidate()
+        self.scheduler.invalidate()
         g.fj_dirty = True
         self._ctx.dirty = True
 
@@ -371,7 +402,7 @@ class ClusterView:
             if not node or _ended(pod):  # (one being deleted holds its room until it is gone)
                 continue
             del g.members[uid]
-            self._side.member_of.pop(uid, None)
+            self._side.drop_member(uid)
             self.add_foreign(uid, pod, str(node))
             moved.append(pod)
         if moved:
@@ -391,12 +422,12 @@ class ClusterView:
 
     def record_group(self, g: Group) -> bool:
         try:
-            self._matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
+            self.matcher.update_allocate(g.jobid, shares.to_match(list(g.held.values())),
                                          at=g.start or self._ctx.now(), duration=g.spec.duration)
             return True
         except Exception as exc:
             if isinstance(g.jobid, int):
-                self._matcher.reserve_jobid(g.jobid)  # never given to another group meanwhile
+                self.matcher.reserve_jobid(g.jobid)  # never given to another group meanwhile
             log.error("could not re-record %s (job %s): %s", g.qid, g.jobid, exc)
             return False
 

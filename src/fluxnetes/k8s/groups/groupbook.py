@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import (
@@ -48,53 +50,155 @@ log = logging.getLogger("fluxnetes.k8s.controller")
 QUEUED = (Phase.PENDING, Phase.RESERVED)
 # every group over but kept is looked at again at least this often (see prune_finished)
 PRUNE_SWEEP_SECONDS = 10
-class GroupBook(Context):
-    """Pod -> group membership, group specs from workload kinds, pruning."""
+class BookAllocation(Protocol):
+    """Allocation as the group book sees it (scheduling/allocation.py)."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        cluster: ClusterView
-        store_recovery: StoreRecovery
-        status: StatusWriter
-        scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
+    def assign(self, g: Group) -> None: ...
+    def cancel_group(self, g: Group, reason: str) -> None: ...
+    def finish_group(self, g: Group) -> None: ...
+    def release_all(self, g: Group) -> None: ...
+    def release_slot(self, g: Group, slot: int) -> None: ...
 
-        def assign(self, g: Group) -> None: ...
-        def base_key(self, g: Group) -> tuple[str, str] | None: ...
-        def cancel_group(self, g: Group, reason: str) -> None: ...
-        @staticmethod
-        def capacity(g: Group) -> int: ...
-        def family(self, base: tuple[str, str], stuck: bool = False) -> list[Group]: ...
-        def finish_group(self, g: Group) -> None: ...
-        def index_scale_group(self, g: Group) -> None: ...
-        def index_label_group(self, g: Group, drop: bool = False) -> None: ...
-        def follow_owner(self, kind_name: str, namespace: str, name: str) -> None: ...
-        def release_all(self, g: Group) -> None: ...
-        def release_slot(self, g: Group, slot: int) -> None: ...
-        def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
-        def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
-                              obj: Mapping[str, Any]) -> Group | None: ...
-        def name_for_new_group(self, spec: GroupSpec) -> GroupSpec: ...
-        def join_addon(self, uid: str, pod: dict[str, Any]) -> bool: ...
 
-    def init_groupbook(self) -> None:
-        self.owners: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.priority_classes: dict[str, int] = {}
-        self.groups = GroupTable()
-        self.member_of: dict[str, tuple[str, str]] = {}
-        self.parked: dict[str, dict[str, Any]] = {}  # pods waiting for their owner to be seen
+class BookScaling(Protocol):
+    """A workload's family of groups as the group book sees it (groups/scaling.py)."""
+
+    @property
+    def scale_groups(self) -> Mapping[tuple[str, str], Sequence[tuple[str, str]]]: ...
+    def base_key(self, g: Group) -> tuple[str, str] | None: ...
+    def capacity(self, g: Group) -> int: ...
+    def family(self, base: tuple[str, str], stuck: bool = False) -> list[Group]: ...
+    def follow_owner(self, kind_name: str, namespace: str, name: str) -> None: ...
+    def index_group(self, g: Group) -> None: ...
+    def index_scale_group(self, g: Group) -> None: ...
+    def forget_group(self, g: Group) -> None: ...
+    def name_for_new_group(self, spec: GroupSpec) -> GroupSpec: ...
+    def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
+                          obj: Mapping[str, Any]) -> Group | None: ...
+    def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
+
+
+class BookPodSets(Protocol):
+    """Multi-role workloads as the group book sees them (groups/podset_groups.py)."""
+
+    def join_addon(self, uid: str, pod: dict[str, Any]) -> bool: ...
+
+
+class BookSide(Protocol):
+    """What the group book uses of the other parts."""
+
+    @property
+    def cluster(self) -> ClusterView: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    @property
+    def store_recovery(self) -> StoreRecovery: ...
+    @property
+    def allocation(self) -> BookAllocation: ...
+    @property
+    def scaling(self) -> BookScaling: ...
+    @property
+    def podsets(self) -> BookPodSets: ...
+
+
+class GroupBook:
+    """Pod -> group membership, group specs from workload kinds, pruning: a component (its
+    state is private: the others read it through the read-only views below and change it
+    through its methods); the other parts reach it as ``book``."""
+
+    def __init__(self, ctx: Context, side: BookSide) -> None:
+        self._ctx, self._side = ctx, side
+        self._owners: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._priority_classes: dict[str, int] = {}
+        self._groups = GroupTable()
+        self._member_of: dict[str, tuple[str, str]] = {}
+        self._parked: dict[str, dict[str, Any]] = {}  # pods waiting for their owner to be seen
         # groups that reached a final phase (candidates for pruning) and counts of pruned ones
-        self.finished: set[tuple[str, str]] = set()
-        self.pruned: dict[str, int] = {}
+        self._finished: set[tuple[str, str]] = set()
+        self._pruned: dict[str, int] = {}
         # which of them to look at on the next prune (see prune_finished): those that became
         # final or had something change that kept them, and, per owner, those kept because
         # that owner had not finished (looked at again when it changes)
-        self.prune_check: set[tuple[str, str]] = set()
-        self.prune_waits: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+        self._prune_check: set[tuple[str, str]] = set()
+        self._prune_waits: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
         self._prune_swept = float("-inf")
+
+    # ---------------------------------------------------------------- read by the other parts
+    @property
+    def groups(self) -> GroupTable:
+        """The groups by key (the table is the book's: groups enter it through ``new_group``
+        and ``add_recovered`` and leave it through ``drop_group``)."""
+        return self._groups
+
+    @property
+    def member_of(self) -> Mapping[str, tuple[str, str]]:
+        return MappingProxyType(self._member_of)
+
+    @property
+    def owners(self) -> Mapping[tuple[str, str, str], dict[str, Any]]:
+        return MappingProxyType(self._owners)
+
+    @property
+    def parked(self) -> Mapping[str, dict[str, Any]]:
+        return MappingProxyType(self._parked)
+
+    @property
+    def priority_classes(self) -> Mapping[str, int]:
+        return MappingProxyType(self._priority_classes)
+
+    @property
+    def finished(self) -> AbstractSet[tuple[str, str]]:
+        return frozenset(self._finished)
+
+    @property
+    def pruned(self) -> Mapping[str, int]:
+        return MappingProxyType(self._pruned)
+
+    # ---------------------------------------------------------------- told by the other parts
+    def set_member(self, uid: str, key: tuple[str, str]) -> None:
+        """The pod ``uid`` belongs to group ``key`` (recovery: a placed pod claimed again)."""
+        self._member_of[uid] = key
+
+    def drop_member(self, uid: str) -> None:
+        self._member_of.pop(uid, None)
+
+    def set_owner(self, kind_name: str, namespace: str, name: str, obj: dict[str, Any]) -> None:
+        """A workload object listed or changed."""
+        self._owners[(kind_name, namespace, name)] = obj
+
+    def owner_deleted(self, kind_name: str, namespace: str, name: str, uid: str) -> None:
+        """A workload object was deleted (a re-list may show its successor of the same name
+        first: that one is kept)."""
+        key = (kind_name, namespace, name)
+        cached = self._owners.get(key)
+        if cached is None or _meta(cached).get("uid") in (None, "", uid):
+            self._owners.pop(key, None)
+
+    def park(self, uid: str, pod: dict[str, Any]) -> None:
+        """A pod waits for its owner (or its multi-role workload) to be seen."""
+        self._parked[uid] = pod
+
+    def unpark(self, uid: str) -> dict[str, Any] | None:
+        return self._parked.pop(uid, None)
+
+    def on_priority_class(self, etype: str, obj: Mapping[str, Any]) -> None:
+        name = str(_meta(obj).get("name", ""))
+        if etype == "DELETED":
+            self._priority_classes.pop(name, None)
+        else:
+            self._priority_classes[name] = int(obj.get("value") or 0)
+            if obj.get("globalDefault"):
+                self._priority_classes[""] = int(obj.get("value") or 0)
+
+    def add_recovered(self, g: Group) -> None:
+        """A group read back after a restart (recovery.py, from its FluxJob)."""
+        self._groups[g.key] = g
+        self._side.scaling.index_scale_group(g)
 
     def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None:
         if ref is None:
             return None
-        obj = self.owners.get((ref.kind, namespace, ref.name))
+        obj = self._owners.get((ref.kind, namespace, ref.name))
         if obj is not None and ref.uid and _meta(obj).get("uid") not in (None, "", ref.uid):
             return None  # another object of the same name: the group's own owner is gone
         return obj
@@ -111,8 +215,8 @@ class GroupBook(Context):
             return default_priority(spec)
         pc = spec.get("priorityClassName")
         if pc:
-            return self.priority_classes.get(str(pc), 0)
-        return self.priority_classes.get("", 0)  # the globalDefault class, if any
+            return self._priority_classes.get(str(pc), 0)
+        return self._priority_classes.get("", 0)  # the globalDefault class, if any
 
     def make_jobspec(self, g: Group) -> Any:
         from fluxnetes.jobspec import PodRequest, jobspec_from_pods, parse_jobspec
@@ -132,28 +236,27 @@ class GroupBook(Context):
         except Exception as exc:
             g.phase, g.reason = Phase.UNSATISFIABLE, f"invalid jobspec: {exc}"
             self.mark_finished(spec.key)
-            self.status.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
-        self.groups[spec.key] = g
-        self.index_scale_group(g)
-        self.index_label_group(g)
+            self._side.status.group_event(g, "Warning", "InvalidJobspec", g.reason, pods=False)
+        self._groups[spec.key] = g
+        self._side.scaling.index_group(g)
         return g
 
     def enqueue(self, g: Group) -> None:
         if g.phase != Phase.PROVISIONAL:
             return
-        if self.store_recovery.unclaimed():
-            self.store_recovery.claim_store_record(g)
+        if self._side.store_recovery.unclaimed():
+            self._side.store_recovery.claim_store_record(g)
             if g.phase != Phase.PROVISIONAL:
                 return  # allocated before the restart (the store knew): running again
-        g.submit = g.submit or self.now()
-        self.status.set_phase(g, Phase.PENDING, "queued")
+        g.submit = g.submit or self._ctx.now()
+        self._side.status.set_phase(g, Phase.PENDING, "queued")
         # one Event for the group (on its FluxJob), not one per pod as well: the API server's
         # writes per pod (issue 17); the pods' own Events come with placement. None for a
         # group of one pod: its FluxJob's conditions say it, and its pod's Scheduled Event
         # is then all the Events it costs, as on kube-scheduler's path
         if g.spec.size > 1:
-            self.status.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued", pods=False)
-        self.dirty = True
+            self._side.status.group_event(g, "Normal", "Queued", f"group of {g.spec.size} pods queued", pods=False)
+        self._ctx.dirty = True
 
     def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec:
         meta = _meta(obj)
@@ -174,12 +277,12 @@ class GroupBook(Context):
         """Owners are matched by uid: a workload object with an earlier one's name (deleted and
         created again) is a new workload. The earlier one's groups are over (what they hold is
         given back) and forgotten, so they never answer for the new one."""
-        for k in [*self.scale_groups.get(gkey, ()), gkey]:
-            old = self.groups.get(k)
+        for k in [*self._side.scaling.scale_groups.get(gkey, ()), gkey]:
+            old = self._groups.get(k)
             if old is None:
                 continue
             if not old.phase.final:
-                self.cancel_group(old, reason)
+                self._side.allocation.cancel_group(old, reason)
             self.drop_group(old)
 
     def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
@@ -196,35 +299,35 @@ class GroupBook(Context):
                        if uid is not None and uid in g.members and not _ended(g.members[uid])
                        and not _gated(g.members[uid])}
             if not running:
-                self.finish_group(g)
+                self._side.allocation.finish_group(g)
                 return
             for slot in range(len(g.slots)):
                 if slot not in running:
-                    self.release_slot(g, slot)
+                    self._side.allocation.release_slot(g, slot)
             return  # the last of those pods to end finishes the group (member_gone)
         if g.phase in QUEUED:
-            self.cluster.scheduler.withdraw(g.qid)
+            self._side.cluster.scheduler.withdraw(g.qid)
         failed = kind.failed(obj)
-        g.end = self.now()
+        g.end = self._ctx.now()
         phase = Phase.FAILED if failed else Phase.COMPLETED
-        self.status.set_phase(g, phase, f"{kind.kind} {_meta(obj).get('name', '')} "
+        self._side.status.set_phase(g, phase, f"{kind.kind} {_meta(obj).get('name', '')} "
                                  f"{'failed' if failed else 'completed'} before this operator allocated it "
                                  f"(it ran before a restart); nothing is held")
-        self.status.group_event(g, "Warning" if failed else "Normal", str(phase), g.reason, pods=False)
-        self.dirty = True
+        self._side.status.group_event(g, "Warning" if failed else "Normal", str(phase), g.reason, pods=False)
+        self._ctx.dirty = True
 
     def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
         """A workload group enters the queue, unless its user holds the workload (a Job created
         with ``spec.suspend: true``): then it waits, and fluxnetes will not resume it."""
         if kind.held_by_user(obj):
             if g.phase in QUEUED:
-                self.cluster.scheduler.withdraw(g.qid)
+                self._side.cluster.scheduler.withdraw(g.qid)
             reason = (f"{kind.kind} {_meta(obj).get('name', '')} is suspended by its user "
                       f"(spec.suspend=true): waiting until it is resumed")
             if g.phase != Phase.PROVISIONAL or g.reason != reason:
-                self.status.set_phase(g, Phase.PROVISIONAL, reason)
+                self._side.status.set_phase(g, Phase.PROVISIONAL, reason)
                 g.fj_dirty = True
-                self.status.group_event(g, "Normal", "SuspendedByUser", reason, pods=False)
+                self._side.status.group_event(g, "Normal", "SuspendedByUser", reason, pods=False)
             return
         if g.phase == Phase.PROVISIONAL:
             self.enqueue(g)
@@ -240,20 +343,20 @@ class GroupBook(Context):
         leaves thousands over but kept, and a sweep of them each cycle was a sixth of the
         operator's CPU. Every one is looked at again each ``PRUNE_SWEEP_SECONDS`` all the
         same, so a change no trigger reports only delays its pruning."""
-        if not self.finished or not self.reconciled:
+        if not self._finished or not self._ctx.reconciled:
             return
-        now = self.now()
+        now = self._ctx.now()
         if now - self._prune_swept >= PRUNE_SWEEP_SECONDS:
-            keys = list(self.finished)
+            keys = list(self._finished)
             self._prune_swept = now
-            self.prune_waits.clear()
+            self._prune_waits.clear()
         else:
-            keys = [k for k in self.prune_check if k in self.finished]
-        self.prune_check.clear()
+            keys = [k for k in self._prune_check if k in self._finished]
+        self._prune_check.clear()
         for key in keys:
-            g = self.groups.get(key)
+            g = self._groups.get(key)
             if g is None or not g.phase.final:
-                self.finished.discard(key)
+                self._finished.discard(key)
                 continue
             if g.members or g.fj_dirty or (g.fj_exists and g.fj_status.get("phase") != str(g.phase)):
                 continue  # looked at again when a pod leaves or its FluxJob is written
@@ -261,78 +364,73 @@ class GroupBook(Context):
                 owner = self.owner_obj(g.spec.owner, g.spec.namespace)
                 if owner is not None and not g.kind.finished(owner):
                     ref = g.spec.owner
-                    self.prune_waits.setdefault((ref.kind, g.spec.namespace, ref.name), set()).add(key)
+                    self._prune_waits.setdefault((ref.kind, g.spec.namespace, ref.name), set()).add(key)
                     continue
             self.drop_group(g)
 
     def mark_finished(self, key: tuple[str, str]) -> None:
         """The group reached a final phase: a candidate for pruning, looked at on the next one."""
-        self.finished.add(key)
-        self.prune_check.add(key)
+        self._finished.add(key)
+        self._prune_check.add(key)
 
     def recheck_prune(self, g: Group) -> None:
         """Something that kept a group over from being forgotten may have changed (a pod
         left, its FluxJob was written): the next prune looks at it."""
-        if g.key in self.finished:
-            self.prune_check.add(g.key)
+        if g.key in self._finished:
+            self._prune_check.add(g.key)
 
     def owner_changed(self, kind_name: str, namespace: str, name: str) -> None:
         """A workload object changed or went: the groups over it kept look again, and its
         label groups follow its replica count (scaling.follow_owner)."""
-        waiting = self.prune_waits.pop((kind_name, namespace, name), None)
+        waiting = self._prune_waits.pop((kind_name, namespace, name), None)
         if waiting:
-            self.prune_check |= waiting
-        self.follow_owner(kind_name, namespace, name)
+            self._prune_check |= waiting
+        self._side.scaling.follow_owner(kind_name, namespace, name)
 
     def drop_group(self, g: Group) -> None:
         key = g.key
-        self.finished.discard(key)
+        self._finished.discard(key)
         if g.held:
             # it ended with pods still running on (cancelled, node lost) and goes now (a new
             # workload took its name): those pods are followed as foreign pods until they are
             # gone, so what they use stays taken, and the group's allocation goes with it
-            self.release_all(g)
-            self.cluster.survivors_to_foreign(g)
-        if self.groups.get(key) is g:
-            del self.groups[key]
+            self._side.allocation.release_all(g)
+            self._side.cluster.survivors_to_foreign(g)
+        if self._groups.get(key) is g:
+            del self._groups[key]
         for uid in [*g.members, *(u for u in g.slot_pod if u)]:
-            if self.member_of.get(uid) == key:
-                del self.member_of[uid]
-        if self.cluster.scheduler is not None:
-            self.cluster.scheduler.withdraw(g.qid)
-            self.cluster.scheduler.running.pop(g.qid, None)
-            profile = getattr(self.cluster.scheduler, "profile", None)
+            if self._member_of.get(uid) == key:
+                del self._member_of[uid]
+        if self._side.cluster.scheduler is not None:
+            self._side.cluster.scheduler.withdraw(g.qid)
+            self._side.cluster.scheduler.running.pop(g.qid, None)
+            profile = getattr(self._side.cluster.scheduler, "profile", None)
             if profile is not None:
                 with contextlib.suppress(Exception):
                     profile.remove(g.qid)
-        base = self.base_key(g)
-        if base is not None and key in self.scale_groups.get(base, ()):
-            self.scale_groups[base].remove(key)
-        if base is not None and not self.scale_groups.get(base, True):
-            del self.scale_groups[base]
-        self.index_label_group(g, drop=True)
-        if self.journal is not None and g.store_uid:
-            self.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
-        self.pruned[str(g.phase)] = self.pruned.get(str(g.phase), 0) + 1
-        self.status.counts_changed()
+        self._side.scaling.forget_group(g)
+        if self._ctx.journal is not None and g.store_uid:
+            self._ctx.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
+        self._pruned[str(g.phase)] = self._pruned.get(str(g.phase), 0) + 1
+        self._side.status.counts_changed()
 
     def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec:
         ns = _meta(pod).get("namespace") or "default"
 
         def owner_size(o: OwnerRef) -> int | None:
             k = kind_of(o.kind)
-            obj = self.owners.get((o.kind, ns, o.name))
+            obj = self._owners.get((o.kind, ns, o.name))
             return k.size(obj) if k is not None and k.owns_pods and obj is not None else None
 
         def owner_deadline(o: OwnerRef) -> object:
             k = kind_of(o.kind)
-            obj = self.owners.get((o.kind, ns, o.name))
+            obj = self._owners.get((o.kind, ns, o.name))
             return k.deadline(obj) if k is not None and obj is not None else None
 
         return group_of_pod(pod, owner_size=owner_size, owner_deadline=owner_deadline, priority=self.priority_of)
 
     def join_group(self, uid: str, pod: dict[str, Any]) -> None:
-        if self.join_addon(uid, pod):
+        if self._side.podsets.join_addon(uid, pod):
             return  # a multi-role workload's pod (k8s/groups/podset_groups.py)
         meta = _meta(pod)
         ns = meta.get("namespace") or "default"
@@ -340,43 +438,43 @@ class GroupBook(Context):
         okind = kind_of(owner.kind) if owner else None
         if owner is not None and okind is not None and okind.owns_pods:
             if self.owner_obj(owner, ns) is None:  # its owner (this uid) not seen yet
-                self.parked[uid] = pod
+                self._parked[uid] = pod
                 return
             gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
             if okind.resume_patch({}) is not None:
-                if gkey in self.groups and self.same_owner(self.groups[gkey], owner.uid):
+                if gkey in self._groups and self.same_owner(self._groups[gkey], owner.uid):
                     # a workload group (Job): pods join by owner
-                    self.add_member(self.groups[gkey], uid, pod)
+                    self.add_member(self._groups[gkey], uid, pod)
                     return
-            elif (gkey in self.groups or gkey in self.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
-                target = self.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
+            elif (gkey in self._groups or gkey in self._side.scaling.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
+                target = self._side.scaling.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
                 if target is None:
                     owner_obj = self.owner_obj(owner, ns)
-                    target = self.replacement_group(gkey, okind, owner_obj) if owner_obj is not None else None
+                    target = self._side.scaling.replacement_group(gkey, okind, owner_obj) if owner_obj is not None else None
                 if target is not None:
                     self.add_member(target, uid, pod)
                     return
         try:
             spec = self.pod_group_spec(pod)
         except GroupError as exc:
-            self.status.event(self.status.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
+            self._side.status.event(self._side.status.pod_ref(pod), "Warning", "InvalidGroup", str(exc))
             return
         if spec.size < 1:
             # its owner asks for no pod (scaled to 0: it is deleting this one): no group of 0;
             # it waits for the owner's next change (controller.on_owner retries parked pods)
-            self.parked[uid] = pod
+            self._parked[uid] = pod
             return
-        g = self.groups.get(spec.key)
+        g = self._groups.get(spec.key)
         if g is None or (g.phase.final and not g.members):
             kind = kind_of(spec.owner.kind) if spec.owner else None
-            spec = self.name_for_new_group(spec)
-            g = self.groups.get(spec.key)
+            spec = self._side.scaling.name_for_new_group(spec)
+            g = self._groups.get(spec.key)
             if g is None or g.phase.final:
                 g = self.new_group(spec, kind)
         self.add_member(g, uid, pod)
 
     def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
-        self.member_of[uid] = g.key
+        self._member_of[uid] = g.key
         g.members[uid] = pod
         if g.phase != Phase.RUNNING:
             # a running group's new pod changes only status.podsSeen: it rides along with the
@@ -388,12 +486,12 @@ class GroupBook(Context):
             else:
                 g.reason = f"waiting for the group: {len(g.members)}/{g.spec.size} pods"
         elif g.phase == Phase.RUNNING:
-            self.assign(g)
+            self._side.allocation.assign(g)
         elif g.phase == Phase.UNSATISFIABLE:
-            self.status.event(self.status.pod_ref(pod), "Warning", "Unsatisfiable", g.reason)
+            self._side.status.event(self._side.status.pod_ref(pod), "Warning", "Unsatisfiable", g.reason)
 
     def member_gone(self, g: Group, uid: str, pod: dict[str, Any]) -> None:
-        self.member_of.pop(uid, None)
+        self._member_of.pop(uid, None)
         g.members.pop(uid, None)
         self.recheck_prune(g)
         failed = (pod.get("status") or {}).get("phase") == "Failed"
@@ -401,12 +499,12 @@ class GroupBook(Context):
             if g.kind is None or g.kind.resume_patch({}) is None:
                 # pod-made group lost a member before it started: wait for it again
                 if g.phase in QUEUED:
-                    self.cluster.scheduler.withdraw(g.qid)
+                    self._side.cluster.scheduler.withdraw(g.qid)
                 g.phase = Phase.PROVISIONAL
                 g.reason = f"waiting for the group: {len(g.members)}/{g.spec.size} pods"
                 g.fj_dirty = True
                 if not g.members:
-                    self.cancel_group(g, "all pods of the group were deleted")
+                    self._side.allocation.cancel_group(g, "all pods of the group were deleted")
                 elif len(g.members) >= g.spec.size:
                     self.enqueue(g)  # a surplus pod went (e.g. after the workload was resized)
             return
@@ -419,25 +517,25 @@ class GroupBook(Context):
         if g.phase != Phase.RUNNING:
             # the group failed (a node was lost) while this pod ran on: its share was kept
             # for it until now (node_lost)
-            self.release_slot(g, slot)
+            self._side.allocation.release_slot(g, slot)
             return
         if failed:
             g.failed_pods += 1
         owner = self.owner_obj(g.spec.owner, g.spec.namespace)
         unreleased = len(g.slots) - len(g.released)
-        base = self.base_key(g)
+        base = self._side.scaling.base_key(g)
         if base is not None and g.kind is not None and g.kind.resume_patch({}) is None:
-            unreleased = sum(self.capacity(x) for x in self.family(base))  # with its scale groups
+            unreleased = sum(self._side.scaling.capacity(x) for x in self._side.scaling.family(base))  # with its scale groups
         replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner)
                     and (failed or g.kind.replaces_pods(owner)) and unreleased <= g.kind.size(owner)
                     and ((pod.get("status") or {}).get("phase") != "Succeeded" or g.kind.replaces_succeeded(owner)))
         if replaced:
-            self.assign(g)  # its replacement keeps the share
+            self._side.allocation.assign(g)  # its replacement keeps the share
             return
         if not failed and (pod.get("status") or {}).get("phase") != "Succeeded" \
                 and (g.kind is None or g.kind.resume_patch({}) is not None):
             # deleted before it finished, and no scale-down explains it (finish_group)
             g.deleted_pods += 1
-        self.release_slot(g, slot)
+        self._side.allocation.release_slot(g, slot)
         if g.phase == Phase.RUNNING and (len(g.released) >= len(g.slots) or not g.held):
-            self.finish_group(g)
+            self._side.allocation.finish_group(g)

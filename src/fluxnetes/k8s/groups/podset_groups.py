@@ -29,7 +29,8 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.admission.hold import template_is_ours
 from fluxnetes.k8s.context import Context
@@ -44,7 +45,6 @@ from fluxnetes.k8s.groups import (
 )
 from fluxnetes.k8s.groups.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
-from fluxnetes.k8s.informer import Informer
 from fluxnetes.k8s.kube import ApiError, Kube, Resource
 from fluxnetes.k8s.objects import _meta
 from fluxnetes.k8s.persistence.fluxjob import Phase
@@ -141,34 +141,63 @@ def _podset(ps: PodSetSpec, locality: str | None) -> Any:
     return PodSet(ps.name, ps.count, PodRequest(r.cpu_millis, r.memory_bytes, r.gpus, dict(r.extended)), locality)
 
 
-class PodSetGroups(Context):
-    """Multi-role kinds: discovery, their informers, their groups, pods into pod-set slots."""
+class PodSetsBook(Protocol):
+    """The group book as the multi-role part sees it (groups/groupbook.py)."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        status: StatusWriter
-        owners: dict[tuple[str, str, str], dict[str, Any]]
-        groups: GroupTable
-        parked: dict[str, dict[str, Any]]
-        informers: list[Informer]
-        queue: asyncio.Queue[Any]
-        standby: bool
-        _tasks: set[asyncio.Task[Any]]
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def owners(self) -> Mapping[tuple[str, str, str], dict[str, Any]]: ...
+    @property
+    def parked(self) -> Mapping[str, dict[str, Any]]: ...
+    def set_owner(self, kind_name: str, namespace: str, name: str, obj: dict[str, Any]) -> None: ...
+    def owner_deleted(self, kind_name: str, namespace: str, name: str, uid: str) -> None: ...
+    def park(self, uid: str, pod: dict[str, Any]) -> None: ...
+    def unpark(self, uid: str) -> dict[str, Any] | None: ...
+    def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
+    def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
+    def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
+    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
+    def priority_of(self, spec: Mapping[str, Any]) -> int: ...
+    def same_owner(self, g: Group, uid: str) -> bool: ...
+    def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
-        def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
-        def cancel_group(self, g: Group, reason: str) -> None: ...
-        def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
-        def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-        def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
-        def on_pod(self, etype: str, pod: dict[str, Any]) -> None: ...
-        def priority_of(self, spec: Mapping[str, Any]) -> int: ...
-        @staticmethod
-        def same_owner(g: Group, uid: str) -> bool: ...
-        def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
-    def init_podset_groups(self) -> None:
-        self.addon_on: dict[str, WorkloadKind] = {}
+class PodSetsAllocation(Protocol):
+    """Allocation as the multi-role part sees it (scheduling/allocation.py)."""
+
+    def cancel_group(self, g: Group, reason: str) -> None: ...
+
+
+class PodSetsSide(Protocol):
+    """What the multi-role part uses of the other parts: the group book, allocation, the
+    status writer, and the controller's watch (an informer for a kind turned on; pods
+    handed to it again once their workload is known)."""
+
+    @property
+    def status(self) -> StatusWriter: ...
+    @property
+    def book(self) -> PodSetsBook: ...
+    @property
+    def allocation(self) -> PodSetsAllocation: ...
+    def watch_kind(self, kind_name: str, resource: Resource, *, start: bool) -> None: ...
+    def on_pod(self, etype: str, pod: dict[str, Any]) -> None: ...
+
+
+class PodSetGroups:
+    """Multi-role kinds: discovery, their informers, their groups, pods into pod-set slots: a
+    component (its state is private); the other parts reach it as ``podsets``."""
+
+    def __init__(self, ctx: Context, side: PodSetsSide) -> None:
+        self._ctx, self._side = ctx, side
+        self._addon_on: dict[str, WorkloadKind] = {}
         # the operator's hook: install the admission rules of these kinds (a CRD appeared)
         self.on_kinds_changed: Callable[[list[WorkloadKind]], Awaitable[None]] | None = None
+
+    @property
+    def addon_on(self) -> Mapping[str, WorkloadKind]:
+        """The multi-role kinds that are on (read-only)."""
+        return MappingProxyType(self._addon_on)
 
     # ---------------------------------------------------------------- which kinds are on
     async def start_addons(self) -> None:
@@ -176,14 +205,14 @@ class PodSetGroups(Context):
         that is off); discovery is asked again periodically."""
         denied: set[str] = set()
         try:
-            served = await watchable(self.kube, await served_addons(self.kube), log_off=log.warning, denied=denied)
+            served = await watchable(self._ctx.kube, await served_addons(self._ctx.kube), log_off=log.warning, denied=denied)
         except Exception as exc:  # asked again in a while (_rediscover)
             log.warning("multi-role workload kinds off for now: discovery failed (%r)", exc)
             served = set()
         self.enable_addons(served, started=False, denied=denied)
         every = float(os.environ.get(DISCOVERY_EVERY, "30") or 30)
         if every > 0:
-            self.spawn(self._rediscover(every))
+            self._ctx.spawn(self._rediscover(every))
 
     def enable_addons(self, served: Iterable[tuple[str, str]], *, started: bool,
                       denied: set[str] | None = None) -> list[str]:
@@ -192,17 +221,12 @@ class PodSetGroups(Context):
         off (``denied``: already told)."""
         say = None if started else _except(log.info, denied or set())
         on = {k: v for k, v in enabled_kinds(served, say).items() if v.addon}
-        new = sorted(k for k in on if k not in self.addon_on)
+        new = sorted(k for k in on if k not in self._addon_on)
         for name in new:
             kind = on[name]
-            inf = Informer(self.kube, Resource(kind.api_version, kind.plural), name, self.queue)
-            inf.muted = self.standby  # (a replica waiting to lead: cache only)
-            self.informers.append(inf)
-            self.addon_on[name] = kind
+            self._side.watch_kind(name, Resource(kind.api_version, kind.plural), start=started)
+            self._addon_on[name] = kind
             if started:
-                task = asyncio.ensure_future(inf.run())
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
                 log.info("workload kind %s is on: %s.%s %s is served now", name, kind.plural, kind.group,
                          kind.version)
         return new
@@ -211,48 +235,45 @@ class PodSetGroups(Context):
         while True:
             await asyncio.sleep(every)
             try:
-                served = await watchable(self.kube, await served_addons(self.kube), skip=self.addon_on)
+                served = await watchable(self._ctx.kube, await served_addons(self._ctx.kube), skip=self._addon_on)
             except Exception as exc:  # the API server away: next time
                 log.debug("discovery of multi-role kinds: %r", exc)
                 continue
             if self.enable_addons(served, started=True) and self.on_kinds_changed is not None:
                 try:
-                    await self.on_kinds_changed(list(self.addon_on.values()))
+                    await self.on_kinds_changed(list(self._addon_on.values()))
                 except Exception as exc:
                     log.warning("admission rules of the multi-role kinds not updated: %r", exc)
 
     # ---------------------------------------------------------------- workloads
     def addon_lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self.owners.get((kind, namespace, name))
+        return self._side.book.owners.get((kind, namespace, name))
 
     def addon_route(self, pod: Mapping[str, Any]) -> PodRoute | None:
-        return route_addon_pod(pod, self.addon_lookup, self.addon_on) if self.addon_on else None
+        return route_addon_pod(pod, self.addon_lookup, self._addon_on) if self._addon_on else None
 
     def groups_of(self, kind: str, ns: str, name: str, uid: str) -> list[Group]:
-        return [g for g in self.groups.values()
+        return [g for g in self._side.book.groups.values()
                 if g.spec.owner is not None and g.spec.owner.kind == kind and g.spec.owner.name == name
-                and g.spec.namespace == ns and self.same_owner(g, uid)]
+                and g.spec.namespace == ns and self._side.book.same_owner(g, uid)]
 
     def on_workload(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None:
         kind = ADDON_KINDS[kind_name]
         meta = _meta(obj)
         ns, name, uid = meta.get("namespace") or "default", str(meta.get("name", "")), str(meta.get("uid", ""))
-        key = (kind_name, ns, name)
         if etype == "DELETED":
-            cached = self.owners.get(key)
-            if cached is None or _meta(cached).get("uid") in (None, "", uid):
-                self.owners.pop(key, None)
+            self._side.book.owner_deleted(kind_name, ns, name, uid)
             if made_for(obj, kind_name) is None:
                 for gone in self.groups_of(kind_name, ns, name, uid):
                     if not gone.phase.final:
-                        self.cancel_group(gone, f"{kind_name} {name} was deleted")
+                        self._side.allocation.cancel_group(gone, f"{kind_name} {name} was deleted")
             return
-        self.owners[key] = obj
+        self._side.book.set_owner(kind_name, ns, name, obj)
         if made_for(obj, kind_name) is not None:
             # a TrainJob's JobSet: its TrainJob's group can be made now
             ref: Mapping[str, Any] = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
-            top = self.owners.get((str(ref.get("kind", "")), ns, str(ref.get("name", ""))))
-            if top is not None and str(ref.get("kind", "")) in self.addon_on:
+            top = self._side.book.owners.get((str(ref.get("kind", "")), ns, str(ref.get("name", ""))))
+            if top is not None and str(ref.get("kind", "")) in self._addon_on:
                 self.on_workload(str(ref.get("kind")), "MODIFIED", top)
             else:
                 self.retry_parked()
@@ -260,7 +281,7 @@ class PodSetGroups(Context):
         if kind_name == "TrainJob":
             from fluxnetes.k8s.workloads.trainjob import KIND as TRAINJOB
 
-            jobset = self.owners.get(("JobSet", ns, name))
+            jobset = self._side.book.owners.get(("JobSet", ns, name))
             if jobset is None or not TRAINJOB.owns_jobset(obj, jobset):
                 self.retry_parked()
                 return  # its pod sets are its JobSet's: wait for Trainer to make it
@@ -270,12 +291,12 @@ class PodSetGroups(Context):
             for old in self.groups_of(kind_name, ns, name, uid):
                 # an Unsatisfiable gang ends too: it is no longer wanted, whatever the nodes
                 if old.spec.name not in keep and (not old.phase.final or old.phase == Phase.UNSATISFIABLE):
-                    self.cancel_group(old, f"{kind_name} {name} was scaled down")
+                    self._side.allocation.cancel_group(old, f"{kind_name} {name} was scaled down")
         for base in bases:
             gkey = (ns, object_name(base))
-            g = self.groups.get(gkey)
-            if g is not None and not self.same_owner(g, uid):
-                self.drop_earlier_owner(gkey, f"{kind_name} {name} was deleted (a new one has its name)")
+            g = self._side.book.groups.get(gkey)
+            if g is not None and not self._side.book.same_owner(g, uid):
+                self._side.book.drop_earlier_owner(gkey, f"{kind_name} {name} was deleted (a new one has its name)")
                 g = None
             if g is not None and g.kind is None and not g.phase.final:
                 self.adopt_sets(g, kind, obj, base)  # recovered from its FluxJob after a restart
@@ -284,11 +305,11 @@ class PodSetGroups(Context):
                     continue
                 g = self.new_workload_group(kind, obj, base)
                 if g is not None and g.phase == Phase.PROVISIONAL and kind.resume_patch(obj) is not None:
-                    self.enqueue_workload(g, kind, obj)
+                    self._side.book.enqueue_workload(g, kind, obj)
             elif not g.phase.final and kind.finished(obj):
-                self.workload_finished(g, kind, obj)
+                self._side.book.workload_finished(g, kind, obj)
             elif kind.resume_patch(obj) is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
-                self.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
+                self._side.book.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
         self.retry_parked()
 
     def adopt_sets(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any], base: str) -> None:
@@ -320,11 +341,11 @@ class PodSetGroups(Context):
             spec, sets = self.podset_group_spec(kind, obj, base)
         except (GroupError, ValueError) as exc:  # JobspecError / PackingError are ValueErrors
             meta = _meta(obj)
-            self.status.event({"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name", ""),
+            self._side.status.event({"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name", ""),
                         "namespace": meta.get("namespace") or "default", "uid": meta.get("uid", "")},
                        "Warning", "InvalidGroup", str(exc))
             return None
-        g = self.new_group(spec, kind)
+        g = self._side.book.new_group(spec, kind)
         g.sets = sets
         return g
 
@@ -343,7 +364,7 @@ class PodSetGroups(Context):
         sets = [_podset(ps, locality) for ps in specs]
         total = sum(s.count for s in sets)
         packing = packing_from_annotations(meta.get("annotations") or {}, pods=total,
-                                           rack_label=getattr(self.config, "rack_label", "fluxnetes.io/rack"))
+                                           rack_label=getattr(self._ctx.config, "rack_label", "fluxnetes.io/rack"))
         name = object_name(base)
         duration = duration_of(merged, first.get("spec") or {}, kind.deadline(obj))
         js = jobspec_from_podsets(sets, duration=duration, packing=packing, name=name[:60])
@@ -351,7 +372,7 @@ class PodSetGroups(Context):
         spec = GroupSpec(
             namespace=str(meta.get("namespace") or "default"), name=name, size=total,
             request=request_of(biggest.template.get("spec") or {}), duration=duration,
-            priority=self.priority_of(first.get("spec") or {}),
+            priority=self._side.book.priority_of(first.get("spec") or {}),
             owner=OwnerRef(kind.api_version, kind.kind, str(meta.get("name", "")), str(meta.get("uid", ""))),
             jobspec=js.to_yaml(), exclusive=packing.exclusive, labels={}, locality=locality,
         )
@@ -361,22 +382,22 @@ class PodSetGroups(Context):
     def join_addon(self, uid: str, pod: dict[str, Any]) -> bool:
         """A gated pod of a multi-role workload joins its workload's group (True), or waits
         for its workload to be known (True, parked); False: not such a pod."""
-        if not self.addon_on:
+        if not self._addon_on:
             return False
         route = self.addon_route(pod)
         if route is None:
-            if addon_pod(pod, self.addon_on) is None:
+            if addon_pod(pod, self._addon_on) is None:
                 return False
-            self.parked[uid] = pod  # its JobSet (maybe a TrainJob's) is not known yet
+            self._side.book.park(uid, pod)  # its JobSet (maybe a TrainJob's) is not known yet
             return True
         gkey = (route.namespace, object_name(route.group_base))
-        g = self.groups.get(gkey)
-        obj = self.owners.get((route.kind, route.namespace, route.name))
+        g = self._side.book.groups.get(gkey)
+        obj = self._side.book.owners.get((route.kind, route.namespace, route.name))
         if obj is None:
-            self.parked[uid] = pod
+            self._side.book.park(uid, pod)
             return True
-        if g is not None and not self.same_owner(g, str(_meta(obj).get("uid", ""))):
-            self.drop_earlier_owner(gkey, f"{route.kind} {route.name} was deleted (a new one has its name)")
+        if g is not None and not self._side.book.same_owner(g, str(_meta(obj).get("uid", ""))):
+            self._side.book.drop_earlier_owner(gkey, f"{route.kind} {route.name} was deleted (a new one has its name)")
             g = None
         if g is None:
             kind = ADDON_KINDS[route.kind]
@@ -388,20 +409,20 @@ class PodSetGroups(Context):
             if g is None:
                 return True
             if kind.resume_patch(obj) is not None:
-                self.enqueue_workload(g, kind, obj)
+                self._side.book.enqueue_workload(g, kind, obj)
         if g.phase.final and g.phase != Phase.RUNNING:
             return True  # over: this pod stays held (its workload is going away)
-        self.add_member(g, uid, pod)
+        self._side.book.add_member(g, uid, pod)
         return True
 
     def retry_parked(self) -> None:
-        for puid, pod in list(self.parked.items()):
-            if addon_pod(pod, self.addon_on) is None:
+        for puid, pod in list(self._side.book.parked.items()):
+            if addon_pod(pod, self._addon_on) is None:
                 continue
             if self.addon_route(pod) is None:
                 continue
-            del self.parked[puid]
-            self.on_pod("MODIFIED", pod)
+            self._side.book.unpark(puid)
+            self._side.on_pod("MODIFIED", pod)
 
     # ---------------------------------------------------------------- slots per pod set
     def slots_of_sets(self, g: Group, res: Any) -> None:

@@ -13,9 +13,11 @@ old one, ended, after a restart)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import GroupSpec, controller_of, explicit_group, object_name
@@ -29,7 +31,6 @@ from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 if TYPE_CHECKING:
     from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
-    from fluxnetes.k8s.scheduling.cycle import SchedulingCycle
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
@@ -38,47 +39,111 @@ log = logging.getLogger("fluxnetes.k8s.controller")
 SCALE_SEP = "-scale-"
 
 
-class Scaling(Context):
-    """A workload's family of groups (base + "-scale-N"): rescale, resize, route new pods."""
+class ScalingBook(Protocol):
+    """The group book as scaling sees it (groups/groupbook.py)."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        cluster: ClusterView
-        scheduling: SchedulingCycle
-        status: StatusWriter
-        groups: GroupTable
-        member_of: dict[str, tuple[str, str]]
-        owners: dict[tuple[str, str, str], dict[str, Any]]
-        def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
-        def cancel_group(self, g: Group, reason: str) -> None: ...
-        def enqueue(self, g: Group) -> None: ...
-        def finish_group(self, g: Group) -> None: ...
-        def join_group(self, uid: str, pod: dict[str, Any]) -> None: ...
-        def make_jobspec(self, g: Group) -> Any: ...
-        def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
-        def release_slot(self, g: Group, slot: int) -> None: ...
-        @staticmethod
-        def same_owner(g: Group, uid: str) -> bool: ...
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def owners(self) -> Mapping[tuple[str, str, str], dict[str, Any]]: ...
+    def add_member(self, g: Group, uid: str, pod: dict[str, Any]) -> None: ...
+    def drop_member(self, uid: str) -> None: ...
+    def enqueue(self, g: Group) -> None: ...
+    def join_group(self, uid: str, pod: dict[str, Any]) -> None: ...
+    def make_jobspec(self, g: Group) -> Any: ...
+    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
+    def same_owner(self, g: Group, uid: str) -> bool: ...
 
-    def init_scaling(self) -> None:
+
+class ScalingAllocation(Protocol):
+    """Allocation as scaling sees it (scheduling/allocation.py)."""
+
+    def cancel_group(self, g: Group, reason: str) -> None: ...
+    def finish_group(self, g: Group) -> None: ...
+    def release_slot(self, g: Group, slot: int) -> None: ...
+
+
+class ScalingJudge(Protocol):
+    """The scheduling cycle's satisfiability judge as scaling sees it (scheduling/cycle.py)."""
+
+    def still_waits(self, g: Group) -> bool: ...
+    def reopen(self, g: Group) -> None: ...
+
+
+class ScalingSide(Protocol):
+    """What scaling uses of the other parts."""
+
+    @property
+    def cluster(self) -> ClusterView: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    @property
+    def scheduling(self) -> ScalingJudge: ...
+    @property
+    def book(self) -> ScalingBook: ...
+    @property
+    def allocation(self) -> ScalingAllocation: ...
+
+
+class Scaling:
+    """A workload's family of groups (base + "-scale-N"): rescale, resize, route new pods: a
+    component (its state is private); the other parts reach it as ``scaling``."""
+
+    def __init__(self, ctx: Context, side: ScalingSide) -> None:
+        self._ctx, self._side = ctx, side
         # scale-up groups of a workload: base group key -> keys of its "-scale-N" groups
-        self.scale_groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._scale_groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
         # workload uid -> names of its groups that are over (from set_phase and, after a
         # restart, from the final FluxJobs the informer lists)
-        self.spent_names: dict[str, set[str]] = {}
+        self._spent_names: dict[str, set[str]] = {}
         # uids of workloads queued whole (Jobs) whose group's FluxJob is final: never queued
         # again. Live, the ended group itself says so until it is pruned; after a restart
         # (or a lost lease) only the final FluxJob does, while the Job controller may not
         # have marked the Job finished yet (it lags after an API server outage)
-        self.ended_workloads: set[str] = set()
+        self._ended_workloads: set[str] = set()
         # label groups (fluxnetes.io/group) of a ReplicaSet's or StatefulSet's pods: (owner
         # kind, namespace, owner name) -> their keys (they follow its replica count: follow_owner)
-        self.label_groups: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+        self._label_groups: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+
+    @property
+    def scale_groups(self) -> Mapping[tuple[str, str], Sequence[tuple[str, str]]]:
+        """Base group key -> the keys of its scale groups (read-only)."""
+        return MappingProxyType(self._scale_groups)
+
+    @property
+    def spent_names(self) -> Mapping[str, AbstractSet[str]]:
+        """Workload uid -> the names of its groups that are over (read-only)."""
+        return MappingProxyType(self._spent_names)
+
+    def ended(self, workload_uid: str) -> bool:
+        """Was the workload (a Job) queued whole and its group's FluxJob final?"""
+        return workload_uid in self._ended_workloads
+
+    def workload_gone(self, workload_uid: str) -> None:
+        """The workload object was deleted: what was kept about it goes."""
+        self._spent_names.pop(workload_uid, None)
+        self._ended_workloads.discard(workload_uid)
+
+    def index_group(self, g: Group) -> None:
+        """A group entered the book: indexed as a scale group or a label group if it is one."""
+        self.index_scale_group(g)
+        self.index_label_group(g)
+
+    def forget_group(self, g: Group) -> None:
+        """A group left the book (groupbook.drop_group): out of the indexes."""
+        key = g.key
+        base = self.base_key(g)
+        if base is not None and key in self._scale_groups.get(base, ()):
+            self._scale_groups[base].remove(key)
+        if base is not None and not self._scale_groups.get(base, True):
+            del self._scale_groups[base]
+        self.index_label_group(g, drop=True)
 
     def spend_name(self, g: Group) -> None:
         """``g`` is over: its name is not given to another group of its workload."""
         o = g.spec.owner
         if o is not None and o.uid and g.kind is not None and g.kind.owns_pods and g.kind.resume_patch({}) is None:
-            self.spent_names.setdefault(o.uid, set()).add(g.spec.name)
+            self._spent_names.setdefault(o.uid, set()).add(g.spec.name)
 
     def on_fluxjob(self, obj: Mapping[str, Any]) -> None:
         """A FluxJob listed or changed: a final one of a replicated workload spends its name;
@@ -93,22 +158,22 @@ class Scaling(Context):
         if not final or not wl.get("uid") or kind is None:
             return
         if kind.resume_patch({}) is not None:  # queued whole (a Job): never queued again
-            self.ended_workloads.add(str(wl["uid"]))
+            self._ended_workloads.add(str(wl["uid"]))
         elif kind.owns_pods:  # replicated: that group name is spent
-            self.spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
+            self._spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
 
     def name_for_new_group(self, spec: GroupSpec) -> GroupSpec:
         """A new base group of a replicated workload whose base name an ended group of the same
         workload used (its group failed by node loss and every survivor ended) is named like a
         scale group instead: a name is never reused for one workload."""
         o = spec.owner
-        if o is None or not o.uid or spec.name not in self.spent_names.get(o.uid, ()):
+        if o is None or not o.uid or spec.name not in self._spent_names.get(o.uid, ()):
             return spec
         return replace(spec, name=self.next_scale_name((spec.namespace, spec.name), o.uid))
 
     def next_scale_name(self, base: tuple[str, str], owner_uid: str) -> str:
         """"<base>-scale-N" with N above every live and spent scale group of the workload."""
-        names = [k[1] for k in self.scale_groups.get(base, ())] + list(self.spent_names.get(owner_uid, ()))
+        names = [k[1] for k in self._scale_groups.get(base, ())] + list(self._spent_names.get(owner_uid, ()))
         used = {int(n.rsplit(SCALE_SEP, 1)[-1]) for n in names
                 if n.startswith(base[1] + SCALE_SEP) and n.rsplit(SCALE_SEP, 1)[-1].isdigit()}
         return f"{base[1]}{SCALE_SEP}{max(used, default=0) + 1}"
@@ -129,7 +194,7 @@ class Scaling(Context):
     def index_scale_group(self, g: Group) -> None:
         base = self.base_key(g)
         if base is not None and g.spec.name.startswith(base[1] + SCALE_SEP):
-            keys = self.scale_groups.setdefault(base, [])
+            keys = self._scale_groups.setdefault(base, [])
             if g.key not in keys:
                 keys.append(g.key)
 
@@ -142,21 +207,21 @@ class Scaling(Context):
             return
         ref = (o.kind, g.spec.namespace, o.name)
         if not drop:
-            self.label_groups.setdefault(ref, set()).add(g.key)
+            self._label_groups.setdefault(ref, set()).add(g.key)
             return
-        keys = self.label_groups.get(ref)
-        if keys is not None and self.groups.get(g.key) in (None, g):
+        keys = self._label_groups.get(ref)
+        if keys is not None and self._side.book.groups.get(g.key) in (None, g):
             keys.discard(g.key)
             if not keys:
-                del self.label_groups[ref]
+                del self._label_groups[ref]
 
     def follow_owner(self, kind_name: str, namespace: str, name: str) -> None:
         """A ReplicaSet or StatefulSet changed: its label groups that have not started (or are
         Unsatisfiable, their pods waiting) take its replica count, at most their size label
         (``fluxnetes.io/group-size``): a group never waits for pods its owner will not make."""
-        keys = self.label_groups.get((kind_name, namespace, name))
+        keys = self._label_groups.get((kind_name, namespace, name))
         kind = kind_of(kind_name)
-        obj = self.owners.get((kind_name, namespace, name))
+        obj = self._side.book.owners.get((kind_name, namespace, name))
         if not keys or kind is None or obj is None:
             return
         uid = str(_meta(obj).get("uid", ""))
@@ -165,8 +230,8 @@ class Scaling(Context):
         # groups.group_of_pod sized the group
         replicas = WorkloadKind.size(kind, obj)
         for key in sorted(keys):
-            g = self.groups.get(key)
-            if g is None or not self.same_owner(g, uid) or g.spec.jobspec is not None:
+            g = self._side.book.groups.get(key)
+            if g is None or not self._side.book.same_owner(g, uid) or g.spec.jobspec is not None:
                 continue
             if g.phase not in (Phase.PROVISIONAL, *QUEUED) and not self.resizable(g):
                 continue
@@ -175,14 +240,14 @@ class Scaling(Context):
             if size >= 1:
                 self.resize(g, size)
             elif not g.phase.final:
-                self.cancel_group(g, f"{kind_name} {name} scaled down to 0 before the group started")
+                self._side.allocation.cancel_group(g, f"{kind_name} {name} scaled down to 0 before the group started")
 
     def family(self, base: tuple[str, str], stuck: bool = False) -> list[Group]:
         """The live groups of one workload: its base group, then its scale groups.
         ``stuck``: with those Unsatisfiable whose pods still wait (see ``resizable``)."""
         out = []
-        for k in (base, *self.scale_groups.get(base, ())):
-            g = self.groups.get(k)
+        for k in (base, *self._scale_groups.get(base, ())):
+            g = self._side.book.groups.get(k)
             if g is not None and (not g.phase.final or (stuck and self.resizable(g))):
                 out.append(g)
         return out
@@ -191,7 +256,7 @@ class Scaling(Context):
         """An Unsatisfiable group that follows its workload's size like one not started yet:
         its pods still wait, gated (a smaller group may fit where this one never can)."""
         return (g.phase == Phase.UNSATISFIABLE and g.spec.jobspec is None
-                and not g.reason.startswith("invalid jobspec") and self.scheduling.still_waits(g))
+                and not g.reason.startswith("invalid jobspec") and self._side.scheduling.still_waits(g))
 
     @staticmethod
     def capacity(g: Group) -> int:
@@ -205,18 +270,18 @@ class Scaling(Context):
         failed by node loss (members whose shares it keeps until they end) and, after a
         restart, the same pods counted as foreign."""
         n = 0
-        for k in (base, *self.scale_groups.get(base, ())):
-            g = self.groups.get(k)
-            if g is not None and g.phase.final and self.same_owner(g, owner_uid):
+        for k in (base, *self._scale_groups.get(base, ())):
+            g = self._side.book.groups.get(k)
+            if g is not None and g.phase.final and self._side.book.same_owner(g, owner_uid):
                 n += sum(1 for p in g.members.values() if assigned_node(p) is not None and not _gated(p)
                          and not _terminal(p))
-        return n + self.cluster.foreign_per_owner.get(owner_uid, 0)
+        return n + self._side.cluster.foreign_of_owner(owner_uid)
 
     def replacement_group(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> Group | None:
         """A ReplicaSet whose groups are over while some of its pods still run (its group
         failed by node loss): the pods it re-creates form a group of what it misses, queued
         all-or-nothing like a scale-up. None: not that case (a new base group forms)."""
-        old = self.groups.get(base)
+        old = self._side.book.groups.get(base)
         if kind.kind != "ReplicaSet" or self.family(base) or old is None or not old.phase.final:
             return None
         left = self.survivors(base, str(_meta(obj).get("uid", "")))
@@ -229,7 +294,7 @@ class Scaling(Context):
         """Follow the workload's replica count (see the comment above)."""
         uid = str(_meta(obj).get("uid", ""))
         # an Unsatisfiable group whose pods wait absorbs the change too: scaled down, it may fit
-        fam = [g for g in self.family(base, stuck=True) if g.phase != Phase.UNSATISFIABLE or self.same_owner(g, uid)]
+        fam = [g for g in self.family(base, stuck=True) if g.phase != Phase.UNSATISFIABLE or self._side.book.same_owner(g, uid)]
         if not fam:
             return  # nothing live: new pods form a new group (join_group)
         # pods still running from a group that failed by node loss count as replicas
@@ -246,14 +311,14 @@ class Scaling(Context):
             fam.pop()
             strays = list(g.members.items())
             for uid in g.members:
-                self.member_of.pop(uid, None)
+                self._side.book.drop_member(uid)
             g.members.clear()
-            self.cancel_group(g, f"{kind.kind} {_meta(obj).get('name', '')} scaled down before the group started")
+            self._side.allocation.cancel_group(g, f"{kind.kind} {_meta(obj).get('name', '')} scaled down before the group started")
             for uid, pod in strays:
-                self.join_group(uid, pod)
+                self._side.book.join_group(uid, pod)
         if diff > 0 and any(g.phase == Phase.RUNNING for g in fam):
             self.new_scale_group(base, fam[0], kind, diff)
-        elif diff < 0 and self.reconciled:
+        elif diff < 0 and self._ctx.reconciled:
             # scaled down: give back empty slots now (newest groups first); slots with a pod
             # are given back when the controller deletes that pod (member_gone). Not during
             # the replay after a restart: a slot looks empty until its pod, maybe listed
@@ -264,10 +329,10 @@ class Scaling(Context):
                     if extra <= 0 or g.phase != Phase.RUNNING:
                         break
                     if g.slot_pod[slot] is None and slot not in g.released:
-                        self.release_slot(g, slot)
+                        self._side.allocation.release_slot(g, slot)
                         extra -= 1
                 if g.phase == Phase.RUNNING and not g.held:
-                    self.finish_group(g)
+                    self._side.allocation.finish_group(g)
 
     def resize(self, g: Group, size: int) -> None:
         """A group that has not started (or is Unsatisfiable, its pods waiting) takes the
@@ -275,34 +340,34 @@ class Scaling(Context):
         if size == g.spec.size:
             return
         if g.phase in QUEUED:
-            self.cluster.scheduler.withdraw(g.qid)
+            self._side.cluster.scheduler.withdraw(g.qid)
             g.phase = Phase.PROVISIONAL  # enqueued again below once complete
         elif g.phase == Phase.UNSATISFIABLE:
             # judged again at its new size: a Deployment of 10 pods that never fit, scaled to 4
-            self.scheduling.reopen(g)
-            self.status.set_phase(g, Phase.PROVISIONAL, f"resized from {g.spec.size} to {size} pods: judged again")
-            self.status.event(g.ref(), "Normal", "Resized", g.reason)
+            self._side.scheduling.reopen(g)
+            self._side.status.set_phase(g, Phase.PROVISIONAL, f"resized from {g.spec.size} to {size} pods: judged again")
+            self._side.status.event(g.ref(), "Normal", "Resized", g.reason)
         g.spec = replace(g.spec, size=size)
         try:
-            g.jobspec = self.make_jobspec(g)
+            g.jobspec = self._side.book.make_jobspec(g)
         except Exception as exc:
-            self.status.set_phase(g, Phase.UNSATISFIABLE, f"invalid jobspec: {exc}")
+            self._side.status.set_phase(g, Phase.UNSATISFIABLE, f"invalid jobspec: {exc}")
             return
         g.fj_dirty = True
-        self.dirty = True
+        self._ctx.dirty = True
         if g.fj_exists:  # the FluxJob's spec is written once: say the new size there too
-            self.spawn(self.status.patch_fluxjob_spec(g, {"size": size, "jobspec": _dump_jobspec(g.jobspec)}))
+            self._ctx.spawn(self._side.status.patch_fluxjob_spec(g, {"size": size, "jobspec": _dump_jobspec(g.jobspec)}))
         if len(g.members) >= size or (g.kind is not None and g.kind.resume_patch({}) is not None):
-            self.enqueue(g)
+            self._side.book.enqueue(g)
         else:
             g.reason = f"waiting for the group: {len(g.members)}/{size} pods"
 
     def new_scale_group(self, base: tuple[str, str], like: Group, kind: WorkloadKind, size: int) -> Group:
         owner_uid = like.spec.owner.uid if like.spec.owner else ""
         spec = replace(like.spec, name=self.next_scale_name(base, owner_uid), size=size)
-        g = self.new_group(spec, kind)
+        g = self._side.book.new_group(spec, kind)
         g.reason = f"waiting for the group: 0/{size} pods"
-        self.status.event(like.ref(), "Normal", "ScaledUp",
+        self._side.status.event(like.ref(), "Normal", "ScaledUp",
                    f"{size} added pod(s) form group {spec.name}, queued all-or-nothing")
         # pods that arrived before the new replica count was seen wait in a running group
         # without a slot: they belong to the new group
@@ -318,12 +383,12 @@ class Scaling(Context):
             for uid in other.waiting()[other.free_slots():]:
                 if g.phase != Phase.PROVISIONAL or len(g.members) >= g.spec.size:
                     return
-                self.add_member(g, uid, other.members.pop(uid))
+                self._side.book.add_member(g, uid, other.members.pop(uid))
 
     def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None:
         """The group a new gated pod of a replicated workload joins (None: a new base group)."""
         owner = controller_of(_meta(pod))
-        obj = self.owners.get((owner.kind, str(_meta(pod).get("namespace") or "default"), owner.name)) \
+        obj = self._side.book.owners.get((owner.kind, str(_meta(pod).get("namespace") or "default"), owner.name)) \
             if owner else None
         if obj is not None:
             self.rescale(base, kind, obj)
@@ -333,7 +398,7 @@ class Scaling(Context):
         for g in fam:  # a started group with a free slot: a replacement
             # (not during the replay after a restart: a recovered group's slots look free
             # until its placed pods, listed later, have claimed them again)
-            if g.phase == Phase.RUNNING and self.reconciled and g.free_slots() > len(g.waiting()):
+            if g.phase == Phase.RUNNING and self._ctx.reconciled and g.free_slots() > len(g.waiting()):
                 return g
         for g in reversed(fam):  # the group still collecting its pods
             if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:

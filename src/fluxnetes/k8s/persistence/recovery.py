@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s import names
 from fluxnetes.k8s.admission.hold import is_ours, template_is_ours
@@ -40,102 +40,140 @@ log = logging.getLogger("fluxnetes.k8s.controller")
 ACCOUNTING_CHECK_DELAY = 5.0  # seconds after the post-restart reconcile
 
 
-class Recovery(Context):
-    """What the store, FluxJobs and bound pods say after a restart, reconciled once."""
+class RecoveryBook(Protocol):
+    """The group book as recovery sees it (groups/groupbook.py)."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        cluster: ClusterView
-        store_recovery: StoreRecovery
-        accounting: AccountingCheck
-        status: StatusWriter
-        def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
-        ended_workloads: set[str]
-        groups: GroupTable
-        member_of: dict[str, tuple[str, str]]
-        owners: dict[tuple[str, str, str], dict[str, Any]]
-        scale_groups: dict[tuple[str, str], list[tuple[str, str]]]
+    @property
+    def groups(self) -> GroupTable: ...
+    @property
+    def owners(self) -> Mapping[tuple[str, str, str], dict[str, Any]]: ...
+    def add_recovered(self, g: Group) -> None: ...
+    def set_member(self, uid: str, key: tuple[str, str]) -> None: ...
+    def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
+    def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec: ...
+    def make_jobspec(self, g: Group) -> Any: ...
+    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
+    def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
+    def same_owner(self, g: Group, uid: str) -> bool: ...
+    def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
-        async def accounting_check(self, delay: float = 0.0) -> dict[str, Any] | None: ...
-        def assign(self, g: Group) -> None: ...
-        def cancel_group(self, g: Group, reason: str) -> None: ...
-        def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
-        def finish_group(self, g: Group) -> None: ...
-        def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec: ...
-        def index_scale_group(self, g: Group) -> None: ...
-        def make_jobspec(self, g: Group) -> Any: ...
-        def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
-        def on_owner(self, kind_name: str, etype: str, obj: dict[str, Any]) -> None: ...
-        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
-        def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-        def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
-        def base_key(self, g: Group) -> tuple[str, str] | None: ...
-        def release_all(self, g: Group) -> None: ...
-        def release_slot(self, g: Group, slot: int) -> None: ...
-        async def resume(self, g: Group) -> None: ...
-        @staticmethod
-        def same_owner(g: Group, uid: str) -> bool: ...
-        def shares_of_pods(self, g: Group, pods: list[dict[str, Any]]) -> list[shares.Share]: ...
-        def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
-    def init_recovery(self) -> None:
+class RecoveryScaling(Protocol):
+    """A workload's family of groups as recovery sees it (groups/scaling.py)."""
+
+    @property
+    def scale_groups(self) -> Mapping[tuple[str, str], Sequence[tuple[str, str]]]: ...
+    def base_key(self, g: Group) -> tuple[str, str] | None: ...
+    def ended(self, workload_uid: str) -> bool: ...
+    def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
+    def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
+    def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
+
+
+class RecoveryAllocation(Protocol):
+    """Allocation as recovery sees it (scheduling/allocation.py)."""
+
+    def assign(self, g: Group) -> None: ...
+    def cancel_group(self, g: Group, reason: str) -> None: ...
+    def finish_group(self, g: Group) -> None: ...
+    def release_all(self, g: Group) -> None: ...
+    def release_slot(self, g: Group, slot: int) -> None: ...
+    async def resume(self, g: Group) -> None: ...
+
+
+class RecoverySide(Protocol):
+    """What recovery uses of the other parts."""
+
+    @property
+    def cluster(self) -> ClusterView: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    @property
+    def accounting(self) -> AccountingCheck: ...
+    @property
+    def store_recovery(self) -> StoreRecovery: ...
+    @property
+    def book(self) -> RecoveryBook: ...
+    @property
+    def scaling(self) -> RecoveryScaling: ...
+    @property
+    def allocation(self) -> RecoveryAllocation: ...
+
+
+class Recovery:
+    """What the store, FluxJobs and bound pods say after a restart, reconciled once: a
+    component (its state is private); the other parts reach it as ``recovery``."""
+
+    def __init__(self, ctx: Context, side: RecoverySide) -> None:
+        self._ctx, self._side = ctx, side
         # running groups read back whose allocation did not fit the graph when recorded (a
         # stale FluxJob of a group that ended during the outage held the room): tried again
         # once reconcile has given back what ended
-        self.unrecorded: list[Group] = []
+        self._unrecorded: list[Group] = []
+
+    @property
+    def unrecorded(self) -> Sequence[Group]:
+        """Running groups read back whose allocation is not recorded in the graph yet."""
+        return tuple(self._unrecorded)
+
+    def forget_unrecorded(self, g: Group) -> None:
+        """``g`` is not to be recorded any more (the store says it ended before the restart)."""
+        if g in self._unrecorded:
+            self._unrecorded.remove(g)
 
     def resume_if_held(self, g: Group) -> None:
         """A running group whose workload fluxnetes still holds (the resume was lost in a
         crash): let it go now."""
         if g.kind is None or g.spec.owner is None:
             return
-        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
         if owner is not None and g.kind.resume_patch(owner) is not None and g.kind.held_by_fluxnetes(owner):
             g.resumed = True
-            self.spawn(self.resume(g))
+            self._ctx.spawn(self._side.allocation.resume(g))
 
     def requeue_if_nodes_gone(self, g: Group) -> bool:
         """After a restart: a running group allocated on nodes that are gone. Nothing of it
         placed yet: it is matched again; otherwise the node-loss policy applies."""
-        gone = [n for n in g.held if n not in self.cluster.nodes]
+        gone = [n for n in g.held if n not in self._side.cluster.nodes]
         if not gone:
             return False
         placed = any(not _gated(p) for p in g.members.values())
         if placed:
             for n in gone:
-                self.cluster.node_lost(n)
+                self._side.cluster.node_lost(n)
             return g.phase != Phase.RUNNING
-        self.release_all(g)
+        self._side.allocation.release_all(g)
         g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
         g.held, g.alloc = {}, []
         reason = g.note = (f"its allocation from before the restart is on nodes that are gone "
                            f"({', '.join(gone)}); matched again")
-        self.status.set_phase(g, Phase.PENDING, reason)
-        self.status.group_event(g, "Warning", "Requeued", reason, pods=False)
-        self.dirty = True
+        self._side.status.set_phase(g, Phase.PENDING, reason)
+        self._side.status.group_event(g, "Warning", "Requeued", reason, pods=False)
+        self._ctx.dirty = True
         return True
 
     def adopt(self, uid: str, pod: dict[str, Any]) -> bool:
         """A pod fluxnetes placed (annotation) becomes a member of its group again."""
         meta = _meta(pod)
         fj = (meta.get("annotations") or {}).get(names.ANN_FLUXJOB)
-        g = self.groups.get((meta.get("namespace") or "default", fj or ""))
-        if g is None and fj and self.store_recovery.unclaimed():
-            g = self.store_recovery.group_from_store(pod, (meta.get("namespace") or "default", fj))
+        g = self._side.book.groups.get((meta.get("namespace") or "default", fj or ""))
+        if g is None and fj and self._side.store_recovery.unclaimed():
+            g = self._side.store_recovery.group_from_store(pod, (meta.get("namespace") or "default", fj))
         if g is None or g.phase != Phase.RUNNING:
             return False
         jid = placed_jobid(pod)
         if jid is not None and not g.recovered and jid != str(g.jobid):
             return False  # placed for an earlier group of the same name (that one is over)
         owner = controller_of(meta)
-        if owner is not None and g.spec.owner is not None and not self.same_owner(g, owner.uid):
+        if owner is not None and g.spec.owner is not None and not self._side.book.same_owner(g, owner.uid):
             return False  # a pod of an earlier workload of the same name
         slot = _slot_of(pod)
         if slot is None:
             slot = -1
         if slot in g.released:
             return False  # its slot was given back already: the pod ended before
-        self.member_of[uid] = g.key
+        self._side.book.set_member(uid, g.key)
         g.members[uid] = pod
         if 0 <= slot < len(g.slot_pod) and g.slot_pod[slot] is None:
             g.slot_pod[slot] = uid
@@ -148,7 +186,7 @@ class Recovery(Context):
         Running FluxJob (its group ended while its status could not be written) never takes
         the room of a group whose pods hold it."""
         to_record: list[Group] = []
-        derived = _DerivedTexts(self.make_jobspec)
+        derived = _DerivedTexts(self._side.book.make_jobspec)
         for fj in fluxjobs:
             meta, spec, st = _meta(fj), fj.get("spec") or {}, fj.get("status") or {}
             try:
@@ -156,7 +194,7 @@ class Recovery(Context):
             except ValueError:
                 phase = Phase.PROVISIONAL
             if phase.final:
-                self.on_fluxjob(fj)  # its name is spent (before any replayed pod forms a group)
+                self._side.scaling.on_fluxjob(fj)  # its name is spent (before any replayed pod forms a group)
                 continue
             req = dict(spec.get("request") or {})
             request = PodResources(int(req.pop("cpu", 0)), int(req.pop("memory", 0)), int(req.pop(GPU, 0)),
@@ -173,15 +211,15 @@ class Recovery(Context):
 
                 text = spec.get("jobspec") or ""
                 if not text:
-                    g.jobspec = self.make_jobspec(g)
+                    g.jobspec = self._side.book.make_jobspec(g)
                 elif text == derived.text(g):
                     # the jobspec fluxnetes derives for this group, as it wrote it: derived
                     # again (parsing thousands of FluxJobs' texts took seconds at a restart)
-                    g.jobspec, g.jobspec_yaml = self.make_jobspec(g), text
+                    g.jobspec, g.jobspec_yaml = self._side.book.make_jobspec(g), text
                 else:
                     g.jobspec = parse_jobspec(text)
             except Exception:
-                g.jobspec = self.make_jobspec(g)
+                g.jobspec = self._side.book.make_jobspec(g)
             # a FluxJob without status (the operator died between its create and its status
             # write) is written again once the group is reconciled with its workload
             g.fj_exists, g.fj_dirty, g.fj_status, g.fj_uid = True, not st, st, str(meta.get("uid", ""))
@@ -195,18 +233,17 @@ class Recovery(Context):
                 g.held = {s.node: s for s in (shares.Share.from_dict(d) for d in st.get("shares") or [])}
                 g.resumed = g.recovered = True
                 g.alloc = list(g.held.values())
-                if all(n in self.cluster.nodes for n in g.held):
+                if all(n in self._side.cluster.nodes for n in g.held):
                     to_record.append(g)
                 else:
                     g.jobid = None  # not recorded: reconcile re-matches or applies the node-loss policy
             elif phase == Phase.RESERVED:
                 g.phase = Phase.PENDING
-            self.groups[gs.key] = g
-            self.index_scale_group(g)
+            self._side.book.add_recovered(g)
         live = live or set()
         for g in sorted(to_record, key=lambda g: g.key not in live):
-            if not self.cluster.record_group(g):
-                self.unrecorded.append(g)
+            if not self._side.cluster.record_group(g):
+                self._unrecorded.append(g)
 
     # ---------------------------------------------------------------- exact recovery
     # At start, with every cache complete and before any replayed event: what the records
@@ -235,7 +272,7 @@ class Recovery(Context):
             if fjname and is_ours(m, pod.get("spec") or {}) and not _gated(pod):
                 placed.setdefault((str(m.get("namespace") or "default"), fjname), []).append(pod)
         # 1. finished workloads: never queued again; a final FluxJob if they never got one
-        for (kname, ns, name), obj in list(self.owners.items()):
+        for (kname, ns, name), obj in list(self._side.book.owners.items()):
             kind = kind_of(kname)
             if kind is None or kind.resume_patch({}) is None or not kind.finished(obj):
                 continue
@@ -243,35 +280,35 @@ class Recovery(Context):
                 continue  # never fluxnetes' (created while the webhook was away)
             uid = str(_meta(obj).get("uid", ""))
             gkey = (ns, object_name(f"{kname.lower()}-{name}"))
-            g = self.groups.get(gkey)
-            if g is not None and self.same_owner(g, uid):
+            g = self._side.book.groups.get(gkey)
+            if g is not None and self._side.book.same_owner(g, uid):
                 if not g.phase.final:
-                    self.workload_finished(g, kind, obj)
+                    self._side.book.workload_finished(g, kind, obj)
                 continue
             if g is not None:
-                self.drop_earlier_owner(gkey, f"{kname} {name} was deleted (a new one has its name)")
+                self._side.book.drop_earlier_owner(gkey, f"{kname} {name} was deleted (a new one has its name)")
             if fj_owner.get(gkey) == uid:
                 continue  # its (final) FluxJob exists
             try:
-                spec = self.group_for_workload(kind, obj)
+                spec = self._side.book.group_for_workload(kind, obj)
             except GroupError:
                 continue
-            g = self.new_group(spec, kind)
+            g = self._side.book.new_group(spec, kind)
             ran = [p for p in by_owner.get(uid, []) if assigned_node(p)]
             g.slots = sorted(str(assigned_node(p)) for p in ran)
-            g.alloc = [s for s in self.accounting.shares_of_pods(g, ran) if not s.empty]
+            g.alloc = [s for s in self._side.accounting.shares_of_pods(g, ran) if not s.empty]
             g.released = set(range(len(g.slots)))
             g.fj_dirty = True
             st = obj.get("status") or {}
             g.start = _parse_time(st.get("startTime"))
             g.submit = _parse_time(_meta(obj).get("creationTimestamp"))
-            if self.store_recovery.unclaimed():
-                self.store_recovery.claim_store_record(g)
-            self.workload_finished(g, kind, obj)
+            if self._side.store_recovery.unclaimed():
+                self._side.store_recovery.claim_store_record(g)
+            self._side.book.workload_finished(g, kind, obj)
             log.info("%s finished while fluxnetes was away: FluxJob recorded as %s", g.qid, g.phase)
         # 2. groups whose pods were placed but whose allocation no record shows
         for key, members in sorted(placed.items()):
-            g = self.groups.get(key)
+            g = self._side.book.groups.get(key)
             if (g is not None and (g.phase == Phase.RUNNING or g.phase.final)) or (g is None and key in final):
                 continue
             if all(_terminal(p) for p in members):
@@ -293,12 +330,12 @@ class Recovery(Context):
         kind: WorkloadKind | None
         try:
             if owner is not None and okind is not None and okind.resume_patch({}) is not None:
-                obj = self.owner_obj(owner, key[0])
-                if obj is None or okind.finished(obj) or owner.uid in self.ended_workloads:
+                obj = self._side.book.owner_obj(owner, key[0])
+                if obj is None or okind.finished(obj) or self._side.scaling.ended(owner.uid):
                     return None
-                spec, kind = self.group_for_workload(okind, obj), okind
+                spec, kind = self._side.book.group_for_workload(okind, obj), okind
             else:
-                spec = self.pod_group_spec(pod)
+                spec = self._side.book.pod_group_spec(pod)
                 kind = kind_of(spec.owner.kind) if spec.owner else None
         except GroupError:
             return None
@@ -310,11 +347,11 @@ class Recovery(Context):
             if None in slots:
                 return None
             spec = replace(spec, name=key[1], size=1 + max(s for s in slots if s is not None))
-        if spec.key != key or spec.key in self.groups:
-            return self.groups.get(key)
-        g = self.new_group(spec, kind)
-        if self.store_recovery.unclaimed():
-            self.store_recovery.claim_store_record(g)  # the store may know the allocation (then it is running)
+        if spec.key != key or spec.key in self._side.book.groups:
+            return self._side.book.groups.get(key)
+        g = self._side.book.new_group(spec, kind)
+        if self._side.store_recovery.unclaimed():
+            self._side.store_recovery.claim_store_record(g)  # the store may know the allocation (then it is running)
         return g
 
     def adopt_placed(self, g: Group, pods: list[dict[str, Any]]) -> bool:
@@ -338,14 +375,14 @@ class Recovery(Context):
                 live[slot] = p
         if not live or set(live) | set(ended) != set(range(size)):
             return False
-        if any(assigned_node(p) not in self.cluster.nodes or self.cluster.node_down.get(str(assigned_node(p)), False)
+        if any(assigned_node(p) not in self._side.cluster.nodes or self._side.cluster.node_down.get(str(assigned_node(p)), False)
                for p in live.values()):
             return False  # a node is gone or down: the node-loss rules apply to foreign pods
-        held = self.accounting.shares_of_pods(g, list(live.values()))
-        jobid = self.cluster.matcher.next_jobid
-        start = min((_parse_time(_meta(p).get("creationTimestamp")) or self.now()) for p in live.values())
+        held = self._side.accounting.shares_of_pods(g, list(live.values()))
+        jobid = self._side.cluster.matcher.next_jobid
+        start = min((_parse_time(_meta(p).get("creationTimestamp")) or self._ctx.now()) for p in live.values())
         try:
-            self.cluster.matcher.update_allocate(jobid, shares.to_match(held), at=start, duration=g.spec.duration)
+            self._side.cluster.matcher.update_allocate(jobid, shares.to_match(held), at=start, duration=g.spec.duration)
         except Exception as exc:
             log.error("%s: its placed pods could not be recorded (%s)", g.qid, exc)
             return False
@@ -359,14 +396,14 @@ class Recovery(Context):
             uid = str(_meta(p).get("uid", ""))
             g.slot_pod[slot] = uid
             g.members[uid] = p
-            self.member_of[uid] = g.key
+            self._side.book.set_member(uid, g.key)
         g.resumed = g.recovered = True
         g.fj_dirty = True
-        self.status.counts_changed()
-        self.dirty = True
-        if self.journal is not None:
-            self.journal.record(self.status.group_record(g), self.now())
-        self.status.group_event(g, "Normal", "Recovered",
+        self._side.status.counts_changed()
+        self._ctx.dirty = True
+        if self._ctx.journal is not None:
+            self._ctx.journal.record(self._side.status.group_record(g), self._ctx.now())
+        self._side.status.group_event(g, "Normal", "Recovered",
                          f"{g.reason}: job {g.jobid} on {','.join(sorted(set(g.held)))}", pods=False)
         log.info("%s: %s (job %s on %s)", g.qid, g.reason, g.jobid, ",".join(sorted(g.held)))
         return True
@@ -374,57 +411,57 @@ class Recovery(Context):
     def reconcile(self) -> None:
         """After a restart, once every pod has been seen again: groups recovered from FluxJobs
         whose pods vanished while the operator was away give their resources back."""
-        for g in list(self.groups.values()):
+        for g in list(self._side.book.groups.values()):
             # replicated workloads scaled down while the operator was away: now that every
             # pod has claimed its slot again, the slots without a pod are given back
             if g.phase == Phase.RUNNING and g.kind is not None and g.kind.owns_pods \
-                    and g.kind.resume_patch({}) is None and self.base_key(g) == g.key:
-                owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+                    and g.kind.resume_patch({}) is None and self._side.scaling.base_key(g) == g.key:
+                owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
                 if owner is not None:
-                    self.rescale(g.key, g.kind, owner)
-        for base, keys in list(self.scale_groups.items()):
+                    self._side.scaling.rescale(g.key, g.kind, owner)
+        for base, keys in list(self._side.scaling.scale_groups.items()):
             # pods the replay routed before every slot was claimed again: to the group that
             # still collects its pods (else a scale group waits for pods it already has)
             for k in [base, *keys]:
-                short = self.groups.get(k)
+                short = self._side.book.groups.get(k)
                 if short is not None and short.phase == Phase.PROVISIONAL and len(short.members) < short.spec.size:
-                    self.take_strays(base, short)
-        for g in list(self.groups.values()):
+                    self._side.scaling.take_strays(base, short)
+        for g in list(self._side.book.groups.values()):
             if g.phase == Phase.RUNNING and self.requeue_if_nodes_gone(g):
                 continue
             if g.phase == Phase.RUNNING:
-                self.assign(g)
+                self._side.allocation.assign(g)
                 self.resume_if_held(g)  # allocated before the crash, resume not sent
             if g.kind is not None:
-                owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+                owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
                 if g.spec.owner is not None and owner is None and not g.phase.final:
-                    self.cancel_group(g, f"{g.spec.owner.kind} {g.spec.owner.name} no longer exists")
+                    self._side.allocation.cancel_group(g, f"{g.spec.owner.kind} {g.spec.owner.name} no longer exists")
                 elif owner is not None and not g.phase.final and g.kind.finished(owner):
-                    self.workload_finished(g, g.kind, owner)  # over while the operator was away
+                    self._side.book.workload_finished(g, g.kind, owner)  # over while the operator was away
                 continue
             if g.phase == Phase.PROVISIONAL and not g.members and g.fj_exists:
-                self.cancel_group(g, "all pods of the group are gone (found after a restart)")
+                self._side.allocation.cancel_group(g, "all pods of the group are gone (found after a restart)")
             elif g.phase == Phase.RUNNING:
                 for slot, uid in enumerate(g.slot_pod):
                     if uid is None and slot not in g.released:
-                        self.release_slot(g, slot)
+                        self._side.allocation.release_slot(g, slot)
                 if g.phase == Phase.RUNNING and not g.held:
-                    self.finish_group(g)
+                    self._side.allocation.finish_group(g)
             elif g.phase in QUEUED and len(g.members) < g.spec.size:
-                self.cluster.scheduler.withdraw(g.qid)
+                self._side.cluster.scheduler.withdraw(g.qid)
                 if not g.members:
-                    self.cancel_group(g, "all pods of the group were deleted")
+                    self._side.allocation.cancel_group(g, "all pods of the group were deleted")
                 else:
-                    self.status.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
-        for g in self.unrecorded:
+                    self._side.status.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
+        for g in self._unrecorded:
             # what ended during the outage is given back now: record what could not be before
-            if g.phase == Phase.RUNNING and g.held and g.jobid is not None and g.jobid not in self.cluster.matcher.jobs \
-                    and self.cluster.record_group(g):
+            if g.phase == Phase.RUNNING and g.held and g.jobid is not None and g.jobid not in self._side.cluster.matcher.jobs \
+                    and self._side.cluster.record_group(g):
                 log.info("%s: allocation recorded once the groups that ended were given back", g.qid)
-        self.unrecorded.clear()
+        self._unrecorded.clear()
         # logged: the graph's use against the bound pods; a few seconds on, so that its list of
         # every pod (and its decoding) does not hold up the first cycles and binds of a restart
-        self.spawn(self.accounting.accounting_check(delay=ACCOUNTING_CHECK_DELAY))
+        self._ctx.spawn(self._side.accounting.accounting_check(delay=ACCOUNTING_CHECK_DELAY))
 
 
 class _DerivedTexts:

@@ -32,15 +32,14 @@ log = logging.getLogger("fluxnetes.k8s.controller")
 class StoreSide(Protocol):
     """What recovery from the store uses of the other parts: the group book (groups, making
     one, its names and finished groups), the cluster view (matcher, nodes gone, recording an
-    allocation), recovery's list of groups whose allocation is not recorded yet, the status
+    allocation), recovery's list of groups whose allocation is not recorded yet (a group leaves it), the status
     writer, and the controller's handling of a workload."""
 
     @property
     def groups(self) -> GroupTable: ...
     @property
     def cluster(self) -> ClusterView: ...
-    @property
-    def unrecorded(self) -> list[Group]: ...
+    def forget_unrecorded(self, g: Group) -> None: ...
     @property
     def status(self) -> StatusWriter: ...
     def spend_name(self, g: Group) -> None: ...
@@ -158,8 +157,7 @@ class StoreRecovery:
                 continue
             if g.jobid is not None and g.jobid in self._side.cluster.matcher.jobs:
                 self._side.cluster.matcher.cancel(g.jobid)
-            if g in self._side.unrecorded:
-                self._side.unrecorded.remove(g)
+            self._side.forget_unrecorded(g)
             g.held, g.alloc, g.jobid = {}, [], None
             g.slot_pod = [None] * len(g.slots)
             g.store_id, g.store_uid = rec.id, rec.uid

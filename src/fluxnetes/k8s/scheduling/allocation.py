@@ -4,14 +4,15 @@
 ``resume`` lets a held Job go, ``evict`` restarts a gang (--on-node-lost requeue);
 ``release_slot`` / ``release_all`` give shares back (partial_cancel / cancel), ``finish_group``
 and ``cancel_group`` end a group. Most crash points of the restart tests are here
-(crashpoints.py). Owned state: ``_hold_placement``."""
+(crashpoints.py). Owned state: ``_hold_placement``. A component: what it needs of the
+others is ``AllocationSide``."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.admission import hold
 from fluxnetes.k8s.context import Context
@@ -28,26 +29,49 @@ from fluxnetes.metrics import METRICS
 if TYPE_CHECKING:
     from fluxnetes.k8s.cluster.mirror import ClusterView
     from fluxnetes.k8s.persistence.status import StatusWriter
+    from fluxnetes.match.results import MatchResult
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 
-class Allocation(Context):
-    """Start, place, resume, evict, release."""
+class Owners(Protocol):
+    """The group book as allocation sees it: the workload objects (groups/groupbook.py)."""
 
-    if TYPE_CHECKING:  # what this part uses of the others (Controller joins them)
-        cluster: ClusterView
-        status: StatusWriter
-        def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-        def slots_of_sets(self, g: Group, res: Any) -> None: ...
-        def set_slots(self, g: Group, pod: Mapping[str, Any], free: list[int]) -> tuple[list[int], int | None]: ...
-        def slot_share(self, g: Group, slot: int, held: shares.Share) -> shares.Share: ...
+    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
 
-    def init_allocation(self) -> None:
+
+class SetSlots(Protocol):
+    """The slots of multi-role workloads' pod sets (groups/podset_groups.py)."""
+
+    def slots_of_sets(self, g: Group, res: MatchResult) -> None: ...
+    def set_slots(self, g: Group, pod: Mapping[str, Any], free: list[int]) -> tuple[list[int], int | None]: ...
+    def slot_share(self, g: Group, slot: int, held: shares.Share) -> shares.Share: ...
+
+
+class AllocationSide(Protocol):
+    """What allocation uses of the other parts: the cluster view (matcher, the queue's
+    scheduler), the status writer, the workload objects and the pod sets' slots."""
+
+    @property
+    def cluster(self) -> ClusterView: ...
+    @property
+    def status(self) -> StatusWriter: ...
+    @property
+    def book(self) -> Owners: ...
+    @property
+    def podsets(self) -> SetSlots: ...
+
+
+class Allocation:
+    """Start, place, resume, evict, release: a component (its state is private); the other
+    parts reach it as ``allocation``."""
+
+    def __init__(self, ctx: Context, side: AllocationSide) -> None:
+        self._ctx, self._side = ctx, side
         self._hold_placement = False  # a restart test's hook held placement back: never place
 
-    def start_group(self, g: Group, res: Any) -> None:
+    def start_group(self, g: Group, res: MatchResult) -> None:
         g.jobid = res.jobid
         held = shares.from_match(res.nodes)
         g.held = {s.node: s for s in held}
@@ -57,30 +81,30 @@ class Allocation(Context):
         g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
         g.slot_pod = [None] * len(g.slots)
         if g.sets:  # a multi-role workload: each pod set's slots (k8s/groups/podset_groups.py)
-            self.slots_of_sets(g, res)
+            self._side.podsets.slots_of_sets(g, res)
         g.released = set()
-        g.start = self.now()
+        g.start = self._ctx.now()
         g.expected_start = None
         g.recovered = False
         METRICS.allocations.inc()
         nodes = ",".join(sorted(set(g.slots)))
-        self.status.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
+        self._side.status.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
         g.note = ""
         if g.spec.size > 1:  # (a group of one pod: its pod's Scheduled Event says it; see enqueue)
-            self.status.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
-        self.crash_point("allocated", g.qid)  # the store has the allocation; nothing else does
-        if self.crash_point("placement", g.qid):
+            self._side.status.group_event(g, "Normal", "Allocated", f"job {g.jobid} allocated on {nodes}", pods=False)
+        self._ctx.crash_point("allocated", g.qid)  # the store has the allocation; nothing else does
+        if self._ctx.crash_point("placement", g.qid):
             self._hold_placement = True  # a restart test's hook: no pod placed, the Job not resumed
             return
-        owner = self.owner_obj(g.spec.owner, g.spec.namespace) or {}
+        owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace) or {}
         if g.kind is not None and g.kind.resume_patch(owner) and g.kind.held_by_fluxnetes(owner):
             g.resumed = True
-            self.spawn(self.resume(g))
+            self._ctx.spawn(self.resume(g))
         self.assign(g)
 
     def assign(self, g: Group) -> None:
         """Give every gated member without a slot a free slot, and pin it there."""
-        if g.phase != Phase.RUNNING or not self.reconciled or self._hold_placement:
+        if g.phase != Phase.RUNNING or not self._ctx.reconciled or self._hold_placement:
             return  # after a restart, wait until every placed pod has claimed its slot again
         taken = {u for u in g.slot_pod if u}
         for uid, pod in sorted(g.members.items(), key=lambda kv: _meta(kv[1]).get("name", "")):
@@ -89,7 +113,7 @@ class Allocation(Context):
             want = g.kind.slot_of(pod) if g.kind else None
             free = [i for i in range(len(g.slots)) if g.slot_pod[i] is None and i not in g.released]
             if g.slot_set:  # a slot of the pod's own set, its index's if free
-                free, want = self.set_slots(g, pod, free)
+                free, want = self._side.podsets.set_slots(g, pod, free)
                 if not free:
                     continue
             if not free:
@@ -97,7 +121,7 @@ class Allocation(Context):
             slot = want if want in free else free[0]
             g.slot_pod[slot] = uid
             taken.add(uid)
-            self.spawn(self.place(g, pod, slot))
+            self._ctx.spawn(self.place(g, pod, slot))
 
     async def place(self, g: Group, pod: dict[str, Any], slot: int) -> None:
         node = g.slots[slot]
@@ -114,13 +138,13 @@ class Allocation(Context):
                 patch = place_patch(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
                 if patch is None:
                     return
-                done = await self.until_answered(
-                    lambda: self.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH),
+                done = await self._ctx.until_answered(
+                    lambda: self._ctx.kube.patch(PODS, m["name"], patch, m.get("namespace"), content_type=JSON_PATCH),
                     still, f"placing {m.get('namespace')}/{m.get('name')} on {node}")
             elif hold.is_held(pod):  # fluxnetes is the pod's scheduler: bind it
                 body = binding(pod, node, jobid=g.jobid, fluxjob=g.spec.name, slot=slot)
-                done = await self.until_answered(
-                    lambda: self.kube.request("POST", PODS.path(m.get("namespace"), m["name"], "binding"), body),
+                done = await self._ctx.until_answered(
+                    lambda: self._ctx.kube.request("POST", PODS.path(m.get("namespace"), m["name"], "binding"), body),
                     still, f"binding {m.get('namespace')}/{m.get('name')} to {node}")
             else:
                 return
@@ -132,23 +156,23 @@ class Allocation(Context):
                 log.info("placing %s/%s on %s: %s", m.get("namespace"), m.get("name"), node, exc)
             return
         METRICS.allocated_pods.inc()
-        self.crash_point("pod-placed", g.qid, pod=uid, size=g.spec.size)
+        self._ctx.crash_point("pod-placed", g.qid, pod=uid, size=g.spec.size)
         if not hold.gated(pod):  # a pinned pod gets its Scheduled Event from kube-scheduler
-            self.status.event(self.status.pod_ref(pod), "Normal", "Scheduled",
+            self._side.status.event(self._side.status.pod_ref(pod), "Normal", "Scheduled",
                        f"fluxnetes placed the pod on {node} (job {g.jobid}, slot {slot})")
 
     async def resume(self, g: Group) -> None:
         if g.kind is None or g.spec.owner is None:
             return
-        owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+        owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
         body = g.kind.resume_patch(owner or {})
         if body is None:
             return
         res = workload_resource(g.kind)
         owner_name, jobid = g.spec.owner.name, g.jobid
         try:
-            done = await self.until_answered(
-                lambda: self.kube.patch(res, owner_name, body, g.spec.namespace),
+            done = await self._ctx.until_answered(
+                lambda: self._ctx.kube.patch(res, owner_name, body, g.spec.namespace),
                 lambda: g.phase == Phase.RUNNING and g.jobid == jobid, f"resuming {g.qid}")
             if done is None:
                 return
@@ -157,7 +181,7 @@ class Allocation(Context):
             with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
                 log.warning("resuming %s: %s", g.qid, exc)
             return
-        self.crash_point("resumed", g.qid)  # the Job runs; no FluxJob status says so
+        self._ctx.crash_point("resumed", g.qid)  # the Job runs; no FluxJob status says so
 
     async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
         assert g.kind is not None and g.spec.owner is not None
@@ -173,10 +197,10 @@ class Allocation(Context):
                     for part in reversed(suspend_at[1:-1]):
                         held = {part: held}
                     body["spec"] = held
-                await self.kube.patch(workload_resource(g.kind), g.spec.owner.name, body, g.spec.namespace)
+                await self._ctx.kube.patch(workload_resource(g.kind), g.spec.owner.name, body, g.spec.namespace)
             else:
                 for pod in list(g.members.values()) if pods is None else pods:
-                    await self.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
+                    await self._ctx.kube.delete(PODS, _meta(pod).get("name", ""), g.spec.namespace)
         except ApiError as exc:
             log.warning("requeue of %s: %s", g.qid, exc)
 
@@ -191,12 +215,12 @@ class Allocation(Context):
         if held is None:
             return
         part = held if len(left_on_node) <= 1 else (
-            self.slot_share(g, slot, held) if g.slot_set else held.split(len(left_on_node)))
+            self._side.podsets.slot_share(g, slot, held) if g.slot_set else held.split(len(left_on_node)))
         rest = held - part
         if rest.empty:
             g.held.pop(node, None)
-            if g.held and self.journal is not None:
-                self.journal.release_nodes(self.status.group_record(g), [node], self.now(), "its pods ended")
+            if g.held and self._ctx.journal is not None:
+                self._ctx.journal.release_nodes(self._side.status.group_record(g), [node], self._ctx.now(), "its pods ended")
         else:
             g.held[node] = rest
         if not g.held:
@@ -204,23 +228,23 @@ class Allocation(Context):
         elif not part.empty:
             METRICS.releases.labels(kind="partial").inc()
             try:
-                self.cluster.matcher.partial_cancel(g.jobid, shares.to_match([part]))
+                self._side.cluster.matcher.partial_cancel(g.jobid, shares.to_match([part]))
             except Exception as exc:
                 log.warning("partial release of %s on %s failed: %s", g.qid, node, exc)
             # wakes only the jobs that could use that node, counting it as freed by this much
-            self.cluster.scheduler.released_part(g.qid, node, part.cores)
+            self._side.cluster.scheduler.released_part(g.qid, node, part.cores)
         g.fj_dirty = True
-        self.dirty = True
+        self._ctx.dirty = True
 
     def release_all(self, g: Group) -> None:
         if g.jobid is not None:
             with contextlib.suppress(Exception):
-                self.cluster.matcher.cancel(g.jobid)
-        self.cluster.scheduler.running.pop(g.qid, None)
-        self.cluster.scheduler.freed(set(g.slots) or None)  # wakes the jobs that could use these nodes
+                self._side.cluster.matcher.cancel(g.jobid)
+        self._side.cluster.scheduler.running.pop(g.qid, None)
+        self._side.cluster.scheduler.freed(set(g.slots) or None)  # wakes the jobs that could use these nodes
         g.held.clear()
         g.released = set(range(len(g.slots)))  # (told to the table: fair share sees the end)
-        self.dirty = True
+        self._ctx.dirty = True
 
     def release_idle_slots(self, g: Group) -> None:
         """A running group is cancelled (its workload deleted, scaled down, ...): the slots
@@ -238,12 +262,12 @@ class Allocation(Context):
 
     def finish_group(self, g: Group) -> None:
         self.release_all(g)
-        g.end = self.now()
+        g.end = self._ctx.now()
         ok = g.failed_pods == 0
         complete = False
         why = f"{g.failed_pods} pod(s) failed"
         if g.kind is not None:
-            owner = self.owner_obj(g.spec.owner, g.spec.namespace)
+            owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
             for c in ((owner or {}).get("status") or {}).get("conditions") or []:
                 if c.get("status") != "True":
                     continue
@@ -261,22 +285,22 @@ class Allocation(Context):
         if ok and g.deleted_pods and not complete:
             # its pods were deleted while they ran: the work was stopped, not finished
             reason = f"pods deleted: {g.deleted_pods} pod(s) of the group were deleted before they finished"
-            self.status.set_phase(g, Phase.CANCELLED, reason)
-            self.status.group_event(g, "Normal", "Cancelled", reason, pods=False)
+            self._side.status.set_phase(g, Phase.CANCELLED, reason)
+            self._side.status.group_event(g, "Normal", "Cancelled", reason, pods=False)
             return
         phase = Phase.COMPLETED if ok else Phase.FAILED
-        self.status.set_phase(g, phase, "all pods finished" if ok else why)
-        self.status.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
+        self._side.status.set_phase(g, phase, "all pods finished" if ok else why)
+        self._side.status.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
 
     def cancel_group(self, g: Group, reason: str) -> None:
         if g.phase == Phase.RUNNING:
             self.release_idle_slots(g)
         elif g.phase in QUEUED:
-            self.cluster.scheduler.withdraw(g.qid)
-        g.end = self.now()
-        self.status.set_phase(g, Phase.CANCELLED, reason)
-        self.status.group_event(g, "Normal", "Cancelled", reason, pods=False)
-        self.dirty = True
+            self._side.cluster.scheduler.withdraw(g.qid)
+        g.end = self._ctx.now()
+        self._side.status.set_phase(g, Phase.CANCELLED, reason)
+        self._side.status.group_event(g, "Normal", "Cancelled", reason, pods=False)
+        self._ctx.dirty = True
 
 
 def _condition_text(kind: str, name: str, cond: Mapping[str, Any]) -> str:

@@ -240,7 +240,7 @@ class Preemption:
             g.expected_start = None
         qos_name = self.qos_name(g)
         account = self._side.scheduling.fairshare.account_of(head.id) if self._side.scheduling.fairshare.enabled else ""
-        matcher = getattr(self._side.cluster.matcher, "_m", self._side.cluster.matcher)  # the plain matcher (not timed)
+        matcher = self._side.cluster.matcher  # the plain matcher (the scheduler's is the timed one)
         plan = plan_preemption(matcher, Preemptor(head.id, head.jobspec, head.priority, qos_name, account),
                                running, now)
         if not plan.victims:
