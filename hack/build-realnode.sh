@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build and cache what the dev cluster's real (kubelet) nodes run (docs/real-nodes.md):
-#   kubelet                    k8s.io/kubernetes (the module hack/build-k8s.sh pins: the same version
-#                              as the control plane), into $FLUXNETES_K8S_HOME/bin
+#   kubelet, kube-proxy        k8s.io/kubernetes (the module hack/build-k8s.sh pins: the same version
+#                              as the control plane), into $FLUXNETES_K8S_HOME/bin; kube-proxy runs
+#                              the Services (devcluster/services.py)
 #   containerd, ctr,           github.com/containerd/containerd/v2 v2.4.2 (pinned: kubelet 1.36 warns
 #   containerd-shim-runc-v2    that containerd 1.x, Debian bookworm's, loses support in 1.37), CGO off
 #   runc, CNI plugins,         Debian packages runc, containernetworking-plugins, busybox-static
@@ -42,17 +43,19 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   [ "$ok" = 1 ] || fail "apt-get install ${pkgs[*]}"
 fi
 
-# -- kubelet: from the control plane's own module -------------------------------------------------
-if [ ! -x "$BIN/kubelet" ]; then
+# -- kubelet, kube-proxy: from the control plane's own module -------------------------------------
+for CMD in kubelet kube-proxy; do
+if [ ! -x "$BIN/$CMD" ]; then
   [ -f "$SRC/go.mod" ] || fail "$SRC/go.mod is missing: run hack/build-k8s.sh first"
   K8S=$(cd "$SRC" && go list -m -f '{{.Version}}' k8s.io/kubernetes) || fail "reading the kubernetes version of $SRC"
   MINOR=$(echo "${K8S#v}" | cut -d. -f2)
-  echo "build-realnode: kubelet $K8S"
+  echo "build-realnode: $CMD $K8S"
   LDF="-s -w -X k8s.io/component-base/version.gitVersion=$K8S \
    -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$MINOR \
    -X k8s.io/component-base/version.gitTreeState=clean"
-  (cd "$SRC" && go build -p 2 -trimpath -ldflags "$LDF" -o "$BIN/kubelet" k8s.io/kubernetes/cmd/kubelet) || fail "go build kubelet"
+  (cd "$SRC" && go build -p 2 -trimpath -ldflags "$LDF" -o "$BIN/$CMD" "k8s.io/kubernetes/cmd/$CMD") || fail "go build $CMD"
 fi
+done
 
 # -- containerd -----------------------------------------------------------------------------------
 if [ ! -x "$BIN/containerd" ] || [ ! -x "$BIN/ctr" ] || [ ! -x "$BIN/containerd-shim-runc-v2" ] \
@@ -88,5 +91,5 @@ fi
 # -- the cluster's DNS (CoreDNS) and the MPI image: their own scripts ---------------------------
 bash "$REPO/hack/build-coredns.sh" || fail "hack/build-coredns.sh"
 bash "$REPO/hack/build-mpi-image.sh" || fail "hack/build-mpi-image.sh"
-"$BIN/kubelet" --version; "$BIN/containerd" --version; runc --version | sed -n 1p
+"$BIN/kubelet" --version; "$BIN/kube-proxy" --version; "$BIN/containerd" --version; runc --version | sed -n 1p
 echo "build-realnode: done in $(( $(date +%s) - start )) s"

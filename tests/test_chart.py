@@ -662,3 +662,20 @@ def test_service_account_can_do_its_job_and_nothing_more(installed: tuple[Any, s
     wrong = [(verb, group, res) for (group, res), verbs in MULTI_ROLE.items() for verb in sorted(every)
              if sar_allows(cluster, ns, sa, verb, group, res) != (verb in verbs)]
     assert wrong == [], f"multi-role kinds: these answers differ from {MULTI_ROLE}: {wrong}"
+
+
+def test_agent_mounts_the_secret_the_operator_makes_whatever_the_release_name() -> None:
+    """The operator names its webhook-certificate Secret itself (install.SECRET_NAME); the
+    agent DaemonSet mounts its CA from that Secret and the Role grants exactly it. A release not
+    called `fluxnetes` once mounted `<release>-fluxnetes-webhook-cert`, which never exists: the
+    agent pods waited in ContainerCreating (found by tests/test_realnode_chart.py)."""
+    from fluxnetes.k8s.admission.install import SECRET_NAME
+
+    objs = docs(helm_template("--set", "agent.enabled=true", release="flx"))
+    ds = one(objs, "DaemonSet")
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert vols["ca"]["secret"]["secretName"] == SECRET_NAME
+    role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"] == "flx-fluxnetes")
+    granted = {n for rule in role["rules"] if "secrets" in rule["resources"]
+               for n in rule.get("resourceNames") or []}
+    assert granted == {SECRET_NAME}

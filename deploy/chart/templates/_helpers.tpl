@@ -33,8 +33,11 @@ app.kubernetes.io/component: operator
 {{- printf "%s-webhook" (include "fluxnetes.fullname" .) -}}
 {{- end -}}
 
+{{- /* The Secret the operator makes for its webhook certificate (and the agents' CA). Its
+name is fixed in the operator (fluxnetes.k8s.admission.install.SECRET_NAME), whatever the
+release is called: one per namespace. */ -}}
 {{- define "fluxnetes.webhookSecret" -}}
-{{- printf "%s-webhook-cert" (include "fluxnetes.fullname" .) -}}
+fluxnetes-webhook-cert
 {{- end -}}
 
 {{- define "fluxnetes.postgresName" -}}

@@ -109,6 +109,12 @@ def up(
         typer.Option("--real-nodes", help="Real kubelet nodes (0-2) beside the fake ones: root, "
                      "hack/build-realnode.sh; docs/real-nodes.md."),
     ] = 0,
+    with_services: Annotated[
+        bool,
+        typer.Option("--services", help="Services for the real nodes' pods (kube-proxy; the API "
+                     "server then listens on the real nodes' interface, reachable from pods); "
+                     "one cluster per machine; docs/real-nodes.md."),
+    ] = False,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
     create fake nodes; returns when they are Ready (the processes keep running). With
@@ -142,6 +148,7 @@ def up(
                 timed_pods=timed_pods or seconds > 0,
                 pod_duration=seconds,
                 real_nodes=real_nodes,
+                services=with_services,
                 log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False),
             )
         )

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from fluxnetes.devcluster import addons as addon_defs
-from fluxnetes.devcluster import components, procs, readiness, realnode
+from fluxnetes.devcluster import components, procs, readiness, realnode, services
 from fluxnetes.devcluster.apicalls import Request, http_ok, run_async, send_all, urlopen
 from fluxnetes.devcluster.components import COMPONENTS, PORT_NAMES, SERVICE_IP, kubeconfig_doc
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
@@ -74,6 +74,8 @@ class ClusterOptions:
     # real kubelet nodes beside the kwok ones (realnode.py; 0, 1 or 2; needs root and
     # hack/build-realnode.sh)
     real_nodes: int = 0
+    # Services (services.py: kube-proxy, the API server reachable from pods); needs real nodes
+    services: bool = False
 
 
 def start_timeout(nodes: int) -> float:
@@ -106,6 +108,8 @@ class ClusterState:
     pod_duration: float = 0.0
     # slot, node names, dirs, cgroups of the real nodes (realnode.py); empty without them
     real_nodes: dict[str, Any] = field(default_factory=dict)
+    # the API server's listen address: 127.0.0.1, or with Services one pods reach (services.py)
+    api_host: str = "127.0.0.1"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -335,6 +339,8 @@ class Cluster:
         if absent:
             raise BinariesMissing(addon_defs.missing_message(wanted, absent))
         realnode.preflight(tools, opts.real_nodes)
+        if opts.services:
+            services.preflight(tools, opts.real_nodes)
         directory = (opts.dir or default_cluster_dir()).expanduser().resolve()
         directory.mkdir(parents=True, exist_ok=True)
         with dir_lock(directory):
@@ -347,10 +353,18 @@ class Cluster:
                         f"{', '.join(str(p.pid) for p in running)}); stop it with "
                         f"`fluxnetes dev cluster down --dir {directory}` or use another --dir"
                     )
-                realnode.stop(cls(previous, tools))  # a crashed run's interfaces, mounts
+                services.stop(cls(previous, tools))  # a crashed run's rules,
+                realnode.stop(cls(previous, tools))  # interfaces, mounts
                 _cleanup(directory, previous)
             started = time.monotonic()
-            cluster = cls._start(directory, tools, opts)
+            # with Services the API server listens on the real nodes' interface: claimed first
+            slot = services.claim() if opts.services else None
+            try:
+                cluster = cls._start(directory, tools, opts, slot)
+            except BaseException:
+                if slot is not None:
+                    services.release(slot)
+                raise
             cluster.timings["control_plane"] = time.monotonic() - started
         try:
             timeout = opts.timeout or start_timeout(shape.count)
@@ -360,6 +374,8 @@ class Cluster:
                 realnode.start(cluster, opts.real_nodes, time.monotonic() + timeout,
                                opts.log or (lambda _msg: None))
                 cluster.timings["real_nodes"] = time.monotonic() - started
+            if opts.services:
+                services.start(cluster, time.monotonic() + timeout)
             if wanted:
                 cluster.start_addons(wanted, timeout=timeout, log=opts.log)
         except BaseException:
@@ -368,7 +384,8 @@ class Cluster:
         return cluster
 
     @classmethod
-    def _start(cls, directory: Path, tools: Toolchain, opts: ClusterOptions) -> Cluster:
+    def _start(cls, directory: Path, tools: Toolchain, opts: ClusterOptions,
+               slot: int | None = None) -> Cluster:
         say = opts.log or (lambda _msg: None)
         deadline = time.monotonic() + (opts.timeout or start_timeout(opts.nodes.count))
         logs = directory / "logs"
@@ -377,9 +394,10 @@ class Cluster:
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir(parents=True)
         ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
-        adv = opts.advertise_address or advertise_address()
+        api_host = "127.0.0.1" if slot is None else services.api_host(slot)
+        adv = api_host if slot is not None else (opts.advertise_address or advertise_address())
         pki = write_cluster_pki(directory / "pki", adv, SERVICE_IP)
-        api_url = f"https://127.0.0.1:{ports['apiserver']}"
+        api_url = f"https://{api_host}:{ports['apiserver']}"
         kubeconfig = directory / "kubeconfig"
         kubeconfig.write_text(yaml.safe_dump(kubeconfig_doc(api_url, pki), sort_keys=False))
         kubeconfig.chmod(0o600)
@@ -397,6 +415,9 @@ class Cluster:
             timed_pods=opts.timed_pods or opts.pod_duration > 0,
             pod_duration=opts.pod_duration,
             die_with_parent=opts.die_with_parent,
+            api_host=api_host,
+            # the slot's interface is removed by `down` even if the start fails
+            real_nodes={} if slot is None else {"slot": slot, "count": 0, "nodes": []},
         )
         cluster = cls(state, tools)
         try:
@@ -428,6 +449,7 @@ class Cluster:
             kubeconfig=st.kubeconfig,
             data_dir=st.data_dir,
             advertise_address=st.advertise_address,
+            api_host=st.api_host,
             pki=self.pki,
             run=run,
             timed_pods=st.timed_pods,
@@ -746,7 +768,8 @@ class Cluster:
         state file. Returns the names of processes that needed SIGKILL."""
         # clients first, then the apiserver, etcd last: an apiserver whose etcd is gone
         # retries its shutdown writes until killed
-        left = realnode.stop(self)  # first: its pods are deleted through the API server
+        left = services.stop(self)
+        left += realnode.stop(self)  # first: its pods are deleted through the API server
         by_name = {p.name: p for p in self.state.processes}
         order: list[list[procs.ProcessRecord]] = [
             [p for p in self.state.processes if p.name not in ("kube-apiserver", "etcd")],

@@ -33,6 +33,7 @@ def argv(
     data_dir: str,
     advertise_address: str,
     pki: ClusterPKI,
+    api_host: str = "127.0.0.1",
     run: Path,
     timed_pods: bool = False,
     nodes: int = 0,
@@ -69,7 +70,8 @@ def argv(
         return [
             exe,
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
+            # 127.0.0.1, or with Services an address of the real nodes' interface (services.py)
+            f"--bind-address={api_host}",
             f"--secure-port={p['apiserver']}",
             f"--advertise-address={advertise_address}",
             f"--cert-dir={run / 'apiserver'}",

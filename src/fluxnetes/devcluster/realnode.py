@@ -246,6 +246,9 @@ def kubelet_config(*, ip: str, slot: int, i: int, sock: Path, ca: Path, cert: Pa
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": cgroup_root(slot, i),
+        # align pods to one NUMA node, as an HPC node's kubelet does: the agent publishes it in
+        # the node's NodeResourceTopology, and the operator then builds sockets below the node
+        "topologyManagerPolicy": "single-numa-node",
         "failSwapOn": False,
         "podLogsDir": str(node_dir / "pod-logs"),
         "volumePluginDir": str(node_dir / "volume-plugins"),
@@ -497,8 +500,8 @@ def ctr(tools: Toolchain, sock: Path, *args: str, timeout: float = 120.0) -> sub
                            *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def import_image(tools: Toolchain, sock: Path, archive: Path) -> None:
-    res = ctr(tools, sock, "images", "import", "--snapshotter", "overlayfs", str(archive))
+def import_image(tools: Toolchain, sock: Path, archive: Path, *flags: str) -> None:
+    res = ctr(tools, sock, "images", "import", "--snapshotter", "overlayfs", *flags, str(archive))
     if res.returncode != 0:
         raise ClusterError(f"ctr images import {archive} failed: {(res.stderr or res.stdout).strip()}")
 
@@ -507,9 +510,10 @@ def start(cluster: Cluster, count: int, deadline: float, log: Callable[[str], No
     """Start `count` real nodes (containerd, images, kubelet) and wait until they are Ready."""
     tools = cluster.tools
     st = cluster.state
-    slot = claim_slot()
+    prev = st.real_nodes or {}
+    slot = prev.get("slot") or claim_slot()  # claimed before the control plane with Services
     # recorded at once: `down` removes what exists even if the start fails half-way
-    st.real_nodes = {"slot": slot, "count": count, "tunables": read_tunables(), "nodes": []}
+    st.real_nodes = {**prev, "slot": slot, "count": count, "tunables": read_tunables(), "nodes": []}
     cluster.save_state()
     _ip("link", "set", dummy_name(slot), "up")
     (Path("/proc/sys") / "net/ipv4/ip_forward").write_text("1")  # between the nodes' bridges
@@ -590,11 +594,13 @@ def _ready(cluster: Cluster, name: str) -> bool:
         return False
 
 
-def import_images(cluster: Cluster, archive: Path) -> None:
+def import_images(cluster: Cluster, archive: Path, base_name: str | None = None) -> None:
     """Import an OCI/docker archive into every real node's containerd (pods then use it with
-    imagePullPolicy: Never)."""
+    imagePullPolicy: Never). base_name: the repository for an archive whose references are bare
+    tags (hack/build-image.sh's: `0.1.0` becomes `<base_name>:0.1.0`)."""
+    extra = ("--base-name", base_name) if base_name else ()
     for n in (cluster.state.real_nodes or {}).get("nodes", []):
-        import_image(cluster.tools, Path(n["run"]) / "containerd.sock", archive)
+        import_image(cluster.tools, Path(n["run"]) / "containerd.sock", archive, *extra)
 
 
 def _drain(cluster: Cluster, names: list[str], cgroups: list[str], timeout: float) -> None:

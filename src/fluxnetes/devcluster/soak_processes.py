@@ -45,9 +45,12 @@ def pg_bindir() -> Path | None:
 
 
 class Postgres:
-    """A PostgreSQL server of our own on 127.0.0.1 (runs as `postgres` when we are root)."""
+    """A PostgreSQL server of our own on 127.0.0.1 (runs as `postgres` when we are root).
 
-    def __init__(self) -> None:
+    host/clients: listen on another address of this machine and let `clients` (a CIDR, e.g.
+    the real nodes' pods) in: the chart on the real-node dev cluster uses it as its store."""
+
+    def __init__(self, host: str = "127.0.0.1", clients: str | None = None) -> None:
         bindir = pg_bindir()
         if bindir is None:
             raise ClusterError("PostgreSQL is not installed (initdb not found); "
@@ -55,11 +58,13 @@ class Postgres:
         self.bin = bindir
         self.dir = Path(tempfile.mkdtemp(prefix="fluxnetes-chaos-pg."))
         self.port = free_ports(1)[0]
+        self.host = host
+        self.clients = clients
         self._as: list[str] = []
         if os.getuid() == 0:
             shutil.chown(self.dir, "postgres")
             self._as = ["runuser", "-u", "postgres", "--"]
-        self.url = f"postgresql+psycopg://fluxnetes@127.0.0.1:{self.port}/fluxnetes"
+        self.url = f"postgresql+psycopg://fluxnetes@{host}:{self.port}/fluxnetes"
 
     def _run(self, *argv: str, timeout: float = 120) -> None:
         res = subprocess.run([*self._as, *argv], capture_output=True, text=True, timeout=timeout,
@@ -72,15 +77,20 @@ class Postgres:
         if not data.exists():
             self._run(str(self.bin / "initdb"), "-D", str(data), "-U", "fluxnetes", "--auth=trust",
                       "-E", "UTF8")
+            if self.host != "127.0.0.1":  # initdb lets in loopback only
+                with (data / "pg_hba.conf").open("a") as hba:
+                    for who in (f"{self.host}/32", self.clients):
+                        if who:
+                            hba.write(f"host all all {who} trust\n")
         self._pg_ctl("start")
         if not getattr(self, "_created", False):
-            self._run(str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
+            self._run(str(self.bin / "createdb"), "-h", self.host, "-p", str(self.port), "-U",
                       "fluxnetes", "fluxnetes")
             self._created = True
         return self
 
     def _pg_ctl(self, action: str) -> None:
-        opts = f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off -c max_connections=100"
+        opts = f"-h {self.host} -p {self.port} -k {self.dir} -c fsync=off -c max_connections=100"
         args = [str(self.bin / "pg_ctl"), "-D", str(self.dir / "data"), "-l", str(self.dir / "log"), "-w"]
         if action == "start":
             self._run(*args, "-o", opts, "start")
