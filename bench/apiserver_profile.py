@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,19 @@ WORK_KINDS: list[tuple[str, str]] = [
 ]
 
 
+# the resource a sample works on, where its stack shows it (the resource's own storage or
+# strategy code: not every sample passes through it, so these are lower bounds)
+RESOURCES: list[tuple[str, str]] = [
+    ("leases", r"registry/coordination/lease"),
+    ("nodes", r"registry/core/node"),
+    ("pods", r"registry/core/pod"),
+    ("events", r"registry/core/event"),
+    ("jobs", r"registry/batch/job"),
+    ("namespaces", r"registry/core/namespace"),
+    ("custom resources (FluxJob)", r"apiextensions-apiserver/pkg/"),
+]
+
+
 def traces(files: list[str]) -> Iterator[tuple[float, list[str]]]:
     """(CPU seconds, stack leaf first) per distinct stack of the merged profiles."""
     out = subprocess.run(["go", "tool", "pprof", "-traces", *files], capture_output=True, text=True,
@@ -104,16 +118,27 @@ def work_kind(stack: list[str]) -> str:
     return "other (allocation, maps, scheduling)"
 
 
+def resource(stack: list[str]) -> str:
+    for name, pattern in RESOURCES:
+        rx = re.compile(pattern)
+        if any(rx.search(f) for f in stack):
+            return name
+    return "not shown"
+
+
 def breakdown(files: list[str]) -> dict[str, Any]:
-    """CPU seconds by request kind, each split by work kind (shares of the run's total)."""
+    """CPU seconds by request kind, each split by work kind (shares of the run's total), and
+    by resource where the stack shows it."""
     total = 0.0
     by_req: Counter[str] = Counter()
     by_work: dict[str, Counter[str]] = {}
+    by_res: dict[str, Counter[str]] = {}
     for v, stack in traces(files):
         total += v
         req = request_kind(stack)
         by_req[req] += v
         by_work.setdefault(req, Counter())[work_kind(stack)] += v
+        by_res.setdefault(resource(stack), Counter())[req] += v
     out: dict[str, Any] = {"total_cpu_s": round(total, 2), "by_request_kind": {}}
     for req, v in by_req.most_common():
         out["by_request_kind"][req] = {
@@ -126,7 +151,21 @@ def breakdown(files: list[str]) -> dict[str, Any]:
             if w.startswith(("json", "protobuf")):
                 enc[f"{req}: {w}"] += x
     out["serialization"] = {k: round(v, 2) for k, v in enc.most_common() if v >= 0.05}
+    out["by_resource_where_shown"] = {
+        res: {"cpu_s": round(sum(c.values()), 2), **{k: round(x, 2) for k, x in c.most_common() if x >= 0.05}}
+        for res, c in sorted(by_res.items(), key=lambda kv: -sum(kv[1].values()))}
     return out
+
+
+def analyse(out: dict[str, Any], files_of: dict[tuple[str, str], list[str]]) -> None:
+    """Put each run's breakdown (from its profile files) into operator_bench's results."""
+    for workload, runs in out["workloads"].items():
+        for label, r in list(runs.items()):
+            files = files_of.get((workload, label))
+            if isinstance(r, dict) and files:
+                r["apiserver_profile"] = prof = breakdown(files)
+                prof["cpu_ms_per_pod"] = round(1000 * prof["total_cpu_s"] / r["pods"], 2)
+                print(workload, label, json.dumps(prof, indent=1), flush=True)
 
 
 def main() -> None:
@@ -136,9 +175,22 @@ def main() -> None:
     ap.add_argument("--gang-jobs", type=int, default=0)
     ap.add_argument("--window", type=int, default=30, help="seconds per profile window")
     ap.add_argument("--output", default=str(RESULTS))
+    ap.add_argument("--keep-pprof", metavar="DIR", help="keep the profile files here")
+    ap.add_argument("--reanalyse", nargs=2, metavar=("RESULT", "DIR"), help="no run: redo the breakdown of "
+                    "RESULT (this script's JSON) from the profiles kept in DIR (--keep-pprof)")
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then operator_bench.py arguments")
     args = ap.parse_args()
     rest = [a for a in args.rest if a != "--"]
+    if args.reanalyse:
+        result, kept = args.reanalyse
+        out = json.loads(Path(result).read_text())
+        files_of: dict[tuple[str, str], list[str]] = {}
+        for f in sorted(Path(kept).glob("apiserver-*.pprof"), key=lambda p: int(p.stem.rsplit("-w", 1)[1])):
+            label, workload = re.match(r"apiserver-(.+)-(single_pod_jobs|gang_jobs_of_10)-r\d+-w\d+", f.stem).groups()
+            files_of.setdefault((workload, label), []).append(str(f))
+        analyse(out, files_of)
+        Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+        return
     with tempfile.TemporaryDirectory(prefix="fx-apiprof-") as tmp:
         raw = Path(tmp) / "operator_bench.json"
         sys.argv = ["operator_bench.py", "--nodes", str(args.nodes), "--jobs", str(args.jobs),
@@ -153,13 +205,13 @@ def main() -> None:
         out["classification"] = {"request_kinds": REQUEST_KINDS, "work_kinds": WORK_KINDS,
                                  "note": "a sample's request kind is the first rule any frame of its stack "
                                          "matches; its work kind the first rule met going up from the leaf"}
-        for workload, runs in out["workloads"].items():
-            for label, r in list(runs.items()):
-                if isinstance(r, dict) and r.get("pprof_files"):
-                    r["apiserver_profile"] = breakdown(r.pop("pprof_files"))
-                    pods = r["pods"]
-                    r["apiserver_profile"]["cpu_ms_per_pod"] = round(1000 * r["apiserver_profile"]["total_cpu_s"] / pods, 2)
-                    print(workload, label, json.dumps(r["apiserver_profile"], indent=1), flush=True)
+        files_of = {(w, label): r.pop("pprof_files") for w, runs in out["workloads"].items()
+                    for label, r in runs.items() if isinstance(r, dict) and r.get("pprof_files")}
+        if args.keep_pprof:
+            Path(args.keep_pprof).mkdir(parents=True, exist_ok=True)
+            for key, files in files_of.items():
+                files_of[key] = [shutil.copy(f, args.keep_pprof) for f in files]
+        analyse(out, files_of)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
 

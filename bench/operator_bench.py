@@ -441,8 +441,13 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 req1 = await api_requests(kube)
                 pods = jobs * size
                 per_pod = {k: round((v - req0.get(k, 0)) / pods, 2) for k, v in req1.items()}
+                watch = {k: v for k, v in per_pod.items() if " WATCH_" in k}
+                per_pod = {k: v for k, v in per_pod.items() if k not in watch}
                 r["api_requests_per_pod"] = dict(sorted(((k, v) for k, v in per_pod.items() if v >= 0.05),
                                                         key=lambda kv: -kv[1]))
+                # the streams that carry the workload (>= 1 event per pod): events and bytes sent
+                busy = {k.split()[0] for k, v in watch.items() if k.endswith("WATCH_EVENTS") and v >= 1}
+                r["watch_per_pod"] = {k: v for k, v in sorted(watch.items()) if k.split()[0] in busy}
                 # writes per pod the workload causes: Lease renewals are left out (node and
                 # component heartbeats: they follow the run's length, not its pods)
                 r["api_writes_per_pod"] = round(sum(
