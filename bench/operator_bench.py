@@ -149,14 +149,24 @@ def _percentiles(xs: list[float]) -> dict[str, float] | None:
             "p99": round(xs[max(0, int(len(xs) * 0.99) - 1)], 3), "max": round(xs[-1], 3)}
 
 
+# the API server's watch counters, per resource kind: events sent to watchers and their bytes
+WATCH_METRICS = {"apiserver_watch_events_total{": "WATCH_EVENTS", "apiserver_watch_events_sizes_sum{": "WATCH_BYTES"}
+
+
 async def api_requests(kube: Kube) -> dict[str, float]:
-    """The API server's request counters: {"resource verb": count} (watches excluded)."""
+    """The API server's request counters: {"resource verb": count} (watch requests excluded),
+    and the events (and bytes) its watches sent: {"Kind WATCH_EVENTS" / "Kind WATCH_BYTES": n}."""
     out: dict[str, float] = {}
     for line in (await kube.request_text("/metrics")).splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        watch = next((w for prefix, w in WATCH_METRICS.items() if line.startswith(prefix)), None)
+        if not line.startswith("apiserver_request_total{") and watch is None:
             continue
         labels, value = line.rsplit(" ", 1)
         f = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))
+        if watch is not None:  # labelled by kind (older servers) or resource
+            key = f"{(f.get('kind') or f.get('resource') or '').strip(chr(34))} {watch}"
+            out[key] = out.get(key, 0) + float(value)
+            continue
         verb, res = f.get("verb", "").strip('"'), f.get("resource", "").strip('"')
         sub = f.get("subresource", "").strip('"')
         if verb == "WATCH":
@@ -164,6 +174,23 @@ async def api_requests(kube: Kube) -> dict[str, float]:
         key = f"{res}{'/' + sub if sub else ''} {verb}"
         out[key] = out.get(key, 0) + float(value)
     return out
+
+
+async def profile_windows(args: argparse.Namespace, cluster: Cluster, stem: str, done: asyncio.Event) -> list[str]:
+    """The API server's CPU profile in consecutive windows of --pprof-seconds from now until
+    ``done`` is set (the run is over: the window then running is the last), one file each:
+    together they cover the whole run (read them merged: ``go tool pprof -top FILES``)."""
+    files: list[str] = []
+    while not done.is_set():
+        out = Path(args.pprof) / f"{stem}-w{len(files)}.pprof"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("wb") as fh:
+            prof = await asyncio.create_subprocess_exec(
+                str(cluster.tools.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get",
+                "--raw", f"/debug/pprof/profile?seconds={args.pprof_seconds}", stdout=fh)
+            await prof.wait()
+        files.append(str(out))
+    return files
 
 
 async def wait_gone(kube: Kube, ns: str, timeout: float) -> float | None:
@@ -397,27 +424,30 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 comp0 = _component_cpu(cluster)
                 req0 = await api_requests(kube)
                 prof = None
-                if args.pprof:  # the API server's CPU profile over the run's first seconds
-                    out = Path(args.pprof) / f"apiserver-{label}-{name}.pprof"
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    prof = await asyncio.create_subprocess_exec(
-                        str(cluster.tools.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "get",
-                        "--raw", f"/debug/pprof/profile?seconds={args.pprof_seconds}",
-                        stdout=out.open("wb"))
+                run_over = asyncio.Event()
+                if args.pprof:  # the API server's CPU profile over the whole run, in windows
+                    stem = f"apiserver-{label}-{name}-r{len(per_round.get(name, {}).get(label, []))}"
+                    prof = asyncio.ensure_future(profile_windows(args, cluster, stem, run_over))
                 spy = _spy(args, op, f"{label}-{name}-{len(per_round.get(name, {}).get(label, []))}") \
                     if args.profile_operator and op is not None else None
                 r = await run_workload(kube, ns, jobs, size, args.timeout)
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)  # it writes its file and exits
                     await asyncio.get_running_loop().run_in_executor(None, spy.wait, 60)
+                run_over.set()
                 if prof is not None:
-                    await prof.wait()
+                    r["pprof_files"] = await prof
                 comp1 = _component_cpu(cluster)
                 req1 = await api_requests(kube)
                 pods = jobs * size
                 per_pod = {k: round((v - req0.get(k, 0)) / pods, 2) for k, v in req1.items()}
+                watch = {k: v for k, v in per_pod.items() if " WATCH_" in k}
+                per_pod = {k: v for k, v in per_pod.items() if k not in watch}
                 r["api_requests_per_pod"] = dict(sorted(((k, v) for k, v in per_pod.items() if v >= 0.05),
                                                         key=lambda kv: -kv[1]))
+                # the streams that carry the workload (>= 1 event per pod): events and bytes sent
+                busy = {k.split()[0] for k, v in watch.items() if k.endswith("WATCH_EVENTS") and v >= 1}
+                r["watch_per_pod"] = {k: v for k, v in sorted(watch.items()) if k.split()[0] in busy}
                 # writes per pod the workload causes: Lease renewals are left out (node and
                 # component heartbeats: they follow the run's length, not its pods)
                 r["api_writes_per_pod"] = round(sum(
@@ -511,7 +541,8 @@ def main() -> None:
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
                     "(needs FLUXNETES_DEV_PROFILING=1; read with `go tool pprof -top FILE`)")
     ap.add_argument("--keep-logs", metavar="DIR", help="copy the operators' logs here at the end")
-    ap.add_argument("--pprof-seconds", type=int, default=10)
+    ap.add_argument("--pprof-seconds", type=int, default=10, help="length of each profile window (windows "
+                    "follow each other until the run is over)")
     ap.add_argument("--profile-operator", metavar="DIR", help="record each operator process with "
                     "py-spy (pip install py-spy; not a dependency) (GIL-holding samples: CPU) as collapsed stacks in "
                     "DIR/operator-LABEL-WORKLOAD-ROUND.txt, over each measured run only")

@@ -336,3 +336,36 @@ def test_a_single_pod_group_costs_one_event_a_gang_one_per_step() -> None:
         assert sorted(kube.event_reasons) == [("FluxJob", "Allocated"), ("FluxJob", "Queued")]
 
     asyncio.run(main())
+
+
+def test_a_single_pod_group_that_succeeds_posts_no_completed_event() -> None:
+    """A group of one pod that succeeded gets no group Event for it (its FluxJob's phase, its
+    pod and its workload's own Event say it: kube-scheduler's path makes no such write); a
+    failed one keeps its Warning, and a gang still gets its one Completed."""
+    async def main() -> None:
+        c, kube = make_controller()
+        lone = {}
+        for name in ("ok", "bad"):
+            p = pod(name, labels={names.LABEL_GROUP: name, names.LABEL_GROUP_SIZE: "1"})
+            c.handle(("Pod", "ADDED", p))
+            lone[name] = p
+        gang = [pod(f"gang-{i}", labels={names.LABEL_GROUP: "gang", names.LABEL_GROUP_SIZE: "2"}) for i in range(2)]
+        for p in gang:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        for p in [*lone.values(), *gang]:
+            c.handle(("Pod", "MODIFIED", bound(p, "n0")))
+        await settle(c)
+        kube.event_reasons.clear()
+        failed = finished(bound(lone["bad"], "n0"))
+        failed["status"]["phase"] = "Failed"
+        c.handle(("Pod", "MODIFIED", failed))
+        for p in [lone["ok"], *gang]:
+            c.handle(("Pod", "MODIFIED", finished(bound(p, "n0"))))
+        await settle(c)
+        assert {k: str(c.groups[("ns", k)].phase) for k in ("ok", "bad", "gang")} \
+            == {"ok": "Completed", "bad": "Failed", "gang": "Completed"}
+        assert sorted(kube.event_reasons) == [("FluxJob", "Completed"), ("FluxJob", "Failed")]
+        assert kube.fluxjob_status[("ns", "ok")]["phase"] == "Completed"  # the FluxJob still says it
+
+    asyncio.run(main())

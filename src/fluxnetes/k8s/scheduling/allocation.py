@@ -290,6 +290,11 @@ class Allocation:
             return
         phase = Phase.COMPLETED if ok else Phase.FAILED
         self._side.status.set_phase(g, phase, "all pods finished" if ok else why)
+        if ok and g.spec.size == 1:
+            # a group of one pod that succeeded: its pod's phase, its FluxJob's conditions and
+            # its workload's own Event (a Job's Completed) say it; one Event more per pod is a
+            # write kube-scheduler's path does not make (issue 31). A failure keeps its Warning.
+            return
         self._side.status.group_event(g, "Normal" if ok else "Warning", str(phase), g.reason, pods=False)
 
     def cancel_group(self, g: Group, reason: str) -> None:
