@@ -682,6 +682,14 @@ class Scheduler:
         walk = self._walk
         if walk is None or self._reset:
             return None
+        done = walk.order
+        n = len(done)
+        if n <= len(order):  # common: every job walked last time is still there, in order
+            for job, job_id in zip(order, done, strict=False):
+                if job.id != job_id:
+                    break
+            else:
+                return n
         pending_ids = {job.id for job in order}
         still = [job_id for job_id in walk.order if job_id in pending_ids]
         for job, job_id in zip(order, still, strict=False):
@@ -689,11 +697,13 @@ class Scheduler:
                 return None
         return len(still)
 
-    def cycle(self, pending: Iterable[QueuedJob], now: int, *, ordered: bool = False) -> CycleResult:
+    def cycle(self, pending: Iterable[QueuedJob], now: int, *, ordered: bool = False,
+              waiting: bool = False) -> CycleResult:
         """Run one cycle over ``pending`` (the jobs waiting now) at time ``now``.
-        ``ordered=True``: ``pending`` is already in queue order (saves a sort)."""
+        ``ordered=True``: ``pending`` is already in queue order (saves a sort);
+        ``waiting=True``: it holds no running job (saves a pass over the queue)."""
         jobs = list(pending) if ordered else queue_order(list(pending))
-        order = [job for job in jobs if job.id not in self.running]
+        order = jobs if waiting else [job for job in jobs if job.id not in self.running]
         self.cycles += 1
         if self.parking and self._policy.reservation_style == "pinned":
             return self._pinned_cycle(order, now)
