@@ -339,13 +339,53 @@ def engine_speed(args: argparse.Namespace) -> int:
     load_start = os.getloadavg()
     sides = {"before": before_src, "after": after_src}
     kth: dict[str, Any] = {}
+    profiles: dict[str, Any] = {}
+    growth_jobs: list[dict[str, Any]] = []
+    growth_nodes: list[dict[str, Any]] = []
+    out = Path(args.out or ROOT / "bench" / "results" / "sim_engine_speed.json")
+
+    def save(done: str) -> None:
+        """Written after every section: a run cut short keeps what it measured."""
+        payload = {
+            "benchmark": "sim_bench --engine-speed",
+            "sections_done": done,
+            "parameters": {
+                "before": f"{before_src} (main's code, c53c2dc)", "after": "this tree",
+                "kth": f"KTH-SP2, the first {args.kth_limit or 'all'} records (published "
+                       "filter), 100 one-core nodes (SWF header), requested times as "
+                       "estimates, counted reservations, match policy first (the default)",
+                "rounds": args.rounds,
+                "measure": "CPU seconds of run_policy (time.process_time) in a fresh process "
+                           "per run, before and after alternating; the count oracle runs in "
+                           "the after process just before the queue engine",
+                "reference_time": "pyss cannot run here: derived = count oracle time / "
+                                  "count_over_pyss_recorded (issue #32's paired runs)",
+                "profiles": f"cProfile of the after side, top 15 by own time: the first "
+                            f"{args.profile_jobs} KTH-SP2 records per policy, and a synthetic "
+                            f"trace of {args.profile_jobs} jobs on 1,152 one-core nodes (EASY)",
+                "synthetic": "bench/sim_bench.py synthetic(jobs, procs, seed 7): one-core "
+                             "nodes, EASY; each growth row is a fresh seeded trace",
+            },
+            "kth": kth,
+            "profile_after_top": profiles,
+            "growth_jobs": growth_jobs,
+            "growth_nodes": growth_nodes,
+            "machine_info": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+                             "platform": platform.platform(),
+                             "load_average_at_start": load_start,
+                             "load_average_now": os.getloadavg()},
+            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+
     for policy in POLICIES:
         cpu: dict[str, list[float]] = {"before": [], "after": [], "count": []}
         got: dict[str, dict[str, Any]] = {}
         for r in range(args.rounds):
             for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
                 res = _run_worker(sides[side], {"trace": "kth", "policy": policy,
-                                                "count": side == "after"})
+                                                "count": side == "after",
+                                                "limit": args.kth_limit})
                 got[side] = res
                 cpu[side].append(res["queue"]["cpu_seconds"])
                 if "count" in res:
@@ -379,26 +419,7 @@ def engine_speed(args: argparse.Namespace) -> int:
         }
         kth[policy] = entry
         print(policy, {k: v for k, v in entry.items() if k != "cpu_seconds"}, cpu, flush=True)
-    profiles = {}
-    for policy in POLICIES:
-        profiles[f"kth_{policy}"] = _run_worker(after_src, {
-            "trace": "kth", "policy": policy, "profile": True,
-            "limit": args.profile_jobs})["profile_top"]
-    profiles["synthetic_easy"] = _run_worker(after_src, {
-        "trace": "synthetic", "jobs": args.profile_jobs, "procs": 1152, "policy": "easy",
-        "profile": True})["profile_top"]
-    print("profiles done", flush=True)
-    growth_jobs = []
-    for n in args.growth_jobs:
-        row: dict[str, Any] = {"jobs": n, "processors": 1152, "policy": "easy"}
-        for side in (("before", "after") if n <= args.before_max_jobs else ("after",)):
-            res = _run_worker(sides[side], {"trace": "synthetic", "jobs": n, "procs": 1152,
-                                            "policy": "easy"})
-            row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
-                         "microseconds_per_job_cpu": round(res["queue"]["cpu_seconds"] / n * 1e6, 1)}
-        growth_jobs.append(row)
-        print(row, flush=True)
-    growth_nodes = []
+        save(f"kth {policy}")
     for procs in args.growth_nodes:
         row = {"jobs": args.nodes_jobs, "processors": procs, "policy": "easy"}
         for side in ("before", "after"):
@@ -408,38 +429,27 @@ def engine_speed(args: argparse.Namespace) -> int:
                          "microseconds_per_job_cpu": round(
                              res["queue"]["cpu_seconds"] / args.nodes_jobs * 1e6, 1)}
         growth_nodes.append(row)
+        save(f"growth nodes {procs}")
         print(row, flush=True)
-    payload = {
-        "benchmark": "sim_bench --engine-speed",
-        "parameters": {
-            "before": f"{before_src} (main's code, c53c2dc)", "after": "this tree",
-            "kth": "KTH-SP2, all 28,481 jobs after the published filter, 100 one-core nodes "
-                   "(SWF header), requested times as estimates, counted reservations, "
-                   "match policy first (the simulator's default)",
-            "rounds": args.rounds,
-            "measure": "CPU seconds of run_policy (time.process_time) in a fresh process per "
-                       "run, before and after alternating; the count oracle runs in the after "
-                       "process just before the queue engine",
-            "reference_time": "pyss cannot run here: derived = count oracle time / "
-                              "count_over_pyss_recorded (issue #32's paired runs)",
-            "profiles": f"cProfile of the after side, top 15 by own time: the first "
-                        f"{args.profile_jobs} KTH-SP2 records per policy, and a synthetic "
-                        f"trace of {args.profile_jobs} jobs on 1,152 one-core nodes (EASY)",
-            "synthetic": "bench/sim_bench.py synthetic(jobs, procs, seed 7): one-core nodes, "
-                         "EASY; the job-growth runs are prefixes of no single trace but each "
-                         "a fresh seeded trace of that length",
-        },
-        "kth": kth,
-        "profile_after_top": profiles,
-        "growth_jobs": growth_jobs,
-        "growth_nodes": growth_nodes,
-        "machine_info": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-                         "platform": platform.platform(), "load_average_at_start": load_start,
-                         "load_average_at_end": os.getloadavg()},
-        "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    out = Path(args.out or ROOT / "bench" / "results" / "sim_engine_speed.json")
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    for policy in args.profile_policies:
+        profiles[f"kth_{policy}"] = _run_worker(after_src, {
+            "trace": "kth", "policy": policy, "profile": True,
+            "limit": args.profile_jobs})["profile_top"]
+    profiles["synthetic_easy"] = _run_worker(after_src, {
+        "trace": "synthetic", "jobs": args.profile_jobs, "procs": 1152, "policy": "easy",
+        "profile": True})["profile_top"]
+    save("profiles")
+    print("profiles done", flush=True)
+    for n in args.growth_jobs:
+        row: dict[str, Any] = {"jobs": n, "processors": 1152, "policy": "easy"}
+        for side in (("before", "after") if n <= args.before_max_jobs else ("after",)):
+            res = _run_worker(sides[side], {"trace": "synthetic", "jobs": n, "procs": 1152,
+                                            "policy": "easy"})
+            row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
+                         "microseconds_per_job_cpu": round(res["queue"]["cpu_seconds"] / n * 1e6, 1)}
+        growth_jobs.append(row)
+        save(f"growth jobs {n}")
+        print(row, flush=True)
     print(f"wrote {out}")
     return 0
 
@@ -471,6 +481,10 @@ def main() -> int:
     parser.add_argument("--growth-nodes", type=lambda t: [int(x) for x in t.split(",")],
                         default=[100, 1152, 4096])
     parser.add_argument("--nodes-jobs", type=int, default=20_000)
+    parser.add_argument("--kth-limit", type=int, default=None,
+                        help="only the first N KTH-SP2 records (default: all)")
+    parser.add_argument("--profile-policies", type=lambda t: t.split(","),
+                        default=list(POLICIES))
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
