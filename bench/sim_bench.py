@@ -291,6 +291,169 @@ def paired(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ engine speed, before/after
+
+def _worker(task: dict[str, Any]) -> dict[str, Any]:
+    """One measurement in this process (the fluxnetes on PYTHONPATH: before or after).
+    Uses only APIs both versions have (run_policy, policy_for, prepare, machine_from_size)."""
+    trace = read_swf(bundled_trace())
+    base = prepare(trace, machine_from_header(trace.header), limit=task.get("limit"))
+    if task["trace"] == "kth":
+        workload = base
+    else:
+        procs = int(task["procs"])
+        jobs = synthetic(int(task["jobs"]), procs, int(task.get("seed", 7)))
+        workload = Workload(trace, machine_from_size(procs, 1), jobs, base.report)
+    policy = task["policy"]
+    out: dict[str, Any] = {"jobs": len(workload.jobs)}
+    if task.get("profile"):
+        out["profile_top"] = profile_top(
+            lambda: run_policy(workload, policy_for(policy), engine="queue"), top=15)
+        return out
+    engines = ("count", "queue") if task.get("count") else ("queue",)
+    for engine in engines:
+        (run, summary), wall, cpu = timed(
+            lambda e=engine: run_policy(workload, policy_for(policy), engine=e))  # type: ignore[misc]
+        out[engine] = {"cpu_seconds": round(cpu, 3), "wall_seconds": round(wall, 3),
+                       "matcher_calls": run.matcher_calls,
+                       "mean_bsld": round(summary.mean_bsld, 4)}
+        out[engine]["starts"] = [o.start for o in run.outcomes]
+        if engine == "queue":
+            out["placements_digest"] = __import__("hashlib").sha256(
+                repr([o.shares for o in run.outcomes]).encode()).hexdigest()[:16]
+    return out
+
+
+def _run_worker(src: str, task: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0")
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(task)], env=env,
+                          check=True, capture_output=True, text=True)
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def engine_speed(args: argparse.Namespace) -> int:
+    """Before (``--before-src``: main's code) and after (this tree), alternating, each run in
+    a fresh process; CPU seconds of the run itself (time.process_time)."""
+    after_src = str(ROOT / "src")
+    before_src = args.before_src
+    load_start = os.getloadavg()
+    sides = {"before": before_src, "after": after_src}
+    kth: dict[str, Any] = {}
+    profiles: dict[str, Any] = {}
+    growth_jobs: list[dict[str, Any]] = []
+    growth_nodes: list[dict[str, Any]] = []
+    out = Path(args.out or ROOT / "bench" / "results" / "sim_engine_speed.json")
+
+    def save(done: str) -> None:
+        """Written after every section: a run cut short keeps what it measured."""
+        payload = {
+            "benchmark": "sim_bench --engine-speed",
+            "sections_done": done,
+            "parameters": {
+                "before": f"{before_src} (main's code, c53c2dc)", "after": "this tree",
+                "kth": f"KTH-SP2, the first {args.kth_limit or 'all'} records (published "
+                       "filter), 100 one-core nodes (SWF header), requested times as "
+                       "estimates, counted reservations, match policy first (the default)",
+                "rounds": args.rounds,
+                "measure": "CPU seconds of run_policy (time.process_time) in a fresh process "
+                           "per run, before and after alternating; the count oracle runs in "
+                           "the after process just before the queue engine",
+                "reference_time": "pyss cannot run here: derived = count oracle time / "
+                                  "count_over_pyss_recorded (issue #32's paired runs)",
+                "profiles": f"cProfile of the after side, top 15 by own time: the first "
+                            f"{args.profile_jobs} KTH-SP2 records per policy, and a synthetic "
+                            f"trace of {args.profile_jobs} jobs on 1,152 one-core nodes (EASY)",
+                "synthetic": "bench/sim_bench.py synthetic(jobs, procs, seed 7): one-core "
+                             "nodes, EASY; each growth row is a fresh seeded trace",
+            },
+            "kth": kth,
+            "profile_after_top": profiles,
+            "growth_jobs": growth_jobs,
+            "growth_nodes": growth_nodes,
+            "machine_info": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+                             "platform": platform.platform(),
+                             "load_average_at_start": load_start,
+                             "load_average_now": os.getloadavg()},
+            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+
+    for policy in POLICIES:
+        cpu: dict[str, list[float]] = {"before": [], "after": [], "count": []}
+        got: dict[str, dict[str, Any]] = {}
+        for r in range(args.rounds):
+            for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                res = _run_worker(sides[side], {"trace": "kth", "policy": policy,
+                                                "count": side == "after",
+                                                "limit": args.kth_limit})
+                got[side] = res
+                cpu[side].append(res["queue"]["cpu_seconds"])
+                if "count" in res:
+                    cpu["count"].append(res["count"]["cpu_seconds"])
+        after, before = got["after"], got["before"]
+        count_med = statistics.median(cpu["count"])
+        entry = {
+            "cpu_seconds": cpu,
+            "jobs": after["jobs"],
+            "jobs_per_second_cpu": {k: round(after["jobs"] / statistics.median(v))
+                                    for k, v in cpu.items()},
+            "after_over_before": round(statistics.median(cpu["after"])
+                                       / statistics.median(cpu["before"]), 3),
+            "after_over_count": round(statistics.median(cpu["after"]) / count_med, 2),
+            "count_over_pyss_recorded": ISSUE_COUNT_OVER_PYSS[policy],
+            "after_over_pyss_derived": round(statistics.median(cpu["after"]) / count_med
+                                             * ISSUE_COUNT_OVER_PYSS[policy], 2),
+            "before_over_pyss_derived": round(statistics.median(cpu["before"]) / count_med
+                                              * ISSUE_COUNT_OVER_PYSS[policy], 2),
+            "matcher_calls": {"before": before["queue"]["matcher_calls"],
+                              "after": after["queue"]["matcher_calls"]},
+            "mean_bsld": after["queue"]["mean_bsld"],
+            "start_times_differing_after_vs_before": sum(
+                1 for a, b in zip(after["queue"]["starts"], before["queue"]["starts"],
+                                  strict=True) if a != b),
+            "start_times_differing_after_vs_count": sum(
+                1 for a, b in zip(after["queue"]["starts"], after["count"]["starts"],
+                                  strict=True) if a != b),
+            "same_placements_after_vs_before":
+                after["placements_digest"] == before["placements_digest"],
+        }
+        kth[policy] = entry
+        print(policy, {k: v for k, v in entry.items() if k != "cpu_seconds"}, cpu, flush=True)
+        save(f"kth {policy}")
+    for procs in args.growth_nodes:
+        row = {"jobs": args.nodes_jobs, "processors": procs, "policy": "easy"}
+        for side in ("before", "after"):
+            res = _run_worker(sides[side], {"trace": "synthetic", "jobs": args.nodes_jobs,
+                                            "procs": procs, "policy": "easy"})
+            row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
+                         "microseconds_per_job_cpu": round(
+                             res["queue"]["cpu_seconds"] / args.nodes_jobs * 1e6, 1)}
+        growth_nodes.append(row)
+        save(f"growth nodes {procs}")
+        print(row, flush=True)
+    for policy in args.profile_policies:
+        profiles[f"kth_{policy}"] = _run_worker(after_src, {
+            "trace": "kth", "policy": policy, "profile": True,
+            "limit": args.profile_jobs})["profile_top"]
+    profiles["synthetic_easy"] = _run_worker(after_src, {
+        "trace": "synthetic", "jobs": args.profile_jobs, "procs": 1152, "policy": "easy",
+        "profile": True})["profile_top"]
+    save("profiles")
+    print("profiles done", flush=True)
+    for n in args.growth_jobs:
+        row: dict[str, Any] = {"jobs": n, "processors": 1152, "policy": "easy"}
+        for side in (("before", "after") if n <= args.before_max_jobs else ("after",)):
+            res = _run_worker(sides[side], {"trace": "synthetic", "jobs": n, "procs": 1152,
+                                            "policy": "easy"})
+            row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
+                         "microseconds_per_job_cpu": round(res["queue"]["cpu_seconds"] / n * 1e6, 1)}
+        growth_jobs.append(row)
+        save(f"growth jobs {n}")
+        print(row, flush=True)
+    print(f"wrote {out}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="skip the 'before' runs")
@@ -306,7 +469,29 @@ def main() -> int:
                         help="queue engine vs count oracle, alternating (sim_paired.json)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--paired-jobs", type=int, default=8000)
+    parser.add_argument("--engine-speed", action="store_true",
+                        help="queue engine before (--before-src) vs after, alternating, plus "
+                        "profiles and growth in jobs and nodes (sim_engine_speed.json)")
+    parser.add_argument("--before-src", default="/tmp/wt32-before/src")
+    parser.add_argument("--profile-jobs", type=int, default=20_000)
+    parser.add_argument("--growth-jobs", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[10_000, 50_000, 200_000, 500_000])
+    parser.add_argument("--before-max-jobs", type=int, default=50_000,
+                        help="growth runs of more jobs time the after side only")
+    parser.add_argument("--growth-nodes", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[100, 1152, 4096])
+    parser.add_argument("--nodes-jobs", type=int, default=20_000)
+    parser.add_argument("--kth-limit", type=int, default=None,
+                        help="only the first N KTH-SP2 records (default: all)")
+    parser.add_argument("--profile-policies", type=lambda t: t.split(","),
+                        default=list(POLICIES))
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(_worker(json.loads(args.worker))))
+        return 0
+    if args.engine_speed:
+        return engine_speed(args)
     if args.paired:
         return paired(args)
     load_start = os.getloadavg()

@@ -85,14 +85,18 @@ class VState:
         "fidx",
         "ftot",
         "ftypes",
+        "inroom",
         "mexcl",
         "mneeds",
         "mseq",
         "okeys",
         "order",
         "parent",
+        "pos",
         "ps",
         "pused",
+        "rkeys",
+        "room",
         "v",
         "weight",
         "xs",
@@ -101,6 +105,7 @@ class VState:
     def __init__(self, v: Vertex, parent: VState | None) -> None:
         self.v = v
         self.parent = parent
+        self.pos = 0  # index in parent.children (set by Engine.prime)
         # leaves share immutable empties (most vertices are leaves; keeps memory and GC low)
         self.children: list[VState] = _EMPTY_LIST
         self.ps: dict[int, tuple[int, int, int]] | None = None
@@ -120,6 +125,11 @@ class VState:
         # dynamic ("first") child order: keys (-weight, -uniq_id)
         self.order: list[VState] = _EMPTY_LIST
         self.okeys: list[tuple[int, int]] = _EMPTY_LIST
+        # the children of ``order`` that have a core no recorded span holds (``room``), with
+        # their keys; ``inroom``: this vertex is in its parent's ``room`` (first-style only)
+        self.room: list[VState] = _EMPTY_LIST
+        self.rkeys: list[tuple[int, int]] = _EMPTY_LIST
+        self.inroom = False
 
     # views (tests, invariants) ------------------------------------------------------------
     @property
@@ -175,6 +185,52 @@ class VState:
     def f_add(self, jobid: int, at: int, end: int, counts: tuple[int, ...]) -> None:
         assert self.f is not None
         self.f.put(jobid, at, end, counts)
+        if self.parent is not None and self.parent.order:
+            _reroom(self)
+
+
+def _has_room(c: VState) -> bool:
+    """Has ``c`` a core that no recorded span holds (True if it counts no cores)?"""
+    f = c.f
+    if f is None:
+        return True
+    i = c.fidx.get("core")
+    return i is None or f.unheld(i) > 0
+
+
+def _unlist(room: list[VState], rkeys: list[tuple[int, int]], c: VState, key: tuple[int, int]) -> None:
+    j = bisect_left(rkeys, key)
+    if j < len(rkeys) and room[j] is c:
+        del rkeys[j]
+        del room[j]
+    else:  # pragma: no cover - defensive: keys are unique (uniq_id)
+        k = room.index(c)
+        del rkeys[k]
+        del room[k]
+
+
+def _reroom(c: VState) -> None:
+    """``c``'s filter changed: keep its membership in its parent's ``room`` current."""
+    p = c.parent
+    if p is None:
+        return
+    want = _has_room(c)
+    if want == c.inroom:
+        return
+    key = (-c.weight, -c.v.uniq_id)
+    if want:
+        j = bisect_left(p.rkeys, key)
+        if p.room is _EMPTY_LIST:
+            p.room, p.rkeys = [], []
+        p.rkeys.insert(j, key)
+        p.room.insert(j, c)
+    else:
+        _unlist(p.room, p.rkeys, c, key)
+    c.inroom = want
+
+
+def _child_pos(c: VState) -> int:
+    return c.pos
 
 
 def _order_key(c: VState) -> tuple[int, int]:
@@ -350,9 +406,12 @@ class Share:
 class Meta:
     """One matching attempt (Fluxion jobmeta_t)."""
 
-    __slots__ = ("alloc_type", "at", "constraint", "duration", "end", "jobid", "now")
+    __slots__ = ("alloc_type", "at", "constraint", "duration", "end", "jobid", "now", "room")
 
     def __init__(self, jobid: int, at: int, now: int, duration: int, alloc_type: int, constraint: Any) -> None:
+        # room: every recorded span holds at ``at`` (the caller knows: Matcher._all_active),
+        # so a child whose cores are all held by spans cannot give one now (Engine.explore)
+        self.room = False
         self.jobid = jobid
         self.at = at
         self.now = now
@@ -408,6 +467,10 @@ class Engine:
         self.prune_all = prune_types
         self.leaf_types: list[str] = []
         self.seq = 0
+        # vertices marked with the current seq (enforce, mark_selection): the update pass
+        # visits only these below an unshadowed vertex instead of scanning every child
+        self.marked: list[VState] = []
+        self._kids: dict[int, list[VState]] = {}  # update(): marked children by id(parent)
         self.vs: dict[int, VState] = {}
         self.root: VState = self._build(root_vertex, None)
         self.nodes_up = 0
@@ -487,6 +550,8 @@ class Engine:
                 if ct == "node" and cv.status == UP:
                     nodes_up += 1
             sums[id(s)] = agg
+            for i, c in enumerate(s.children):
+                c.pos = i
             types = self.my_types(v.type)
             s.ftypes = types
             s.fidx = {t: i for i, t in enumerate(types)}
@@ -502,6 +567,15 @@ class Engine:
                 order = sorted(s.children, key=_order_key)
                 s.order = order
                 s.okeys = [(-c.weight, -c.v.uniq_id) for c in order]
+        if self.first:  # (after every filter is made: room reads the children's filters)
+            for s in internal:
+                room = [c for c in s.order if _has_room(c)]
+                for c in s.children:
+                    c.inroom = False
+                for c in room:
+                    c.inroom = True
+                s.room = room
+                s.rkeys = [(-c.weight, -c.v.uniq_id) for c in room]
         if self.root.v.type == "node" and self.root.v.status == UP:
             nodes_up += 1
         self.nodes_up = nodes_up
@@ -526,6 +600,7 @@ class Engine:
     def select(self, resources: list[Resource], meta: Meta, x_types: set[str]) -> bool:
         """One matching walk at meta.at; on success edges are marked for update()."""
         self.seq += 1
+        self.marked = []
         self.meta = meta
         self.x_types = x_types
         root = self.root
@@ -757,7 +832,12 @@ class Engine:
         meta = self.meta
         at = meta.at
         end = meta.end
-        for c in u.order:
+        # every slot needs a core and every span holds at `at`: a child with no core free of
+        # spans fails the filter check below, so only the children with room are looked at
+        # (same children in the same order, minus ones the walk would skip)
+        children = u.room if meta.room and any(a.get("core", 0) > 0 for a in slot_aggs) \
+            else u.order
+        for c in children:
             ct = c.v.type
             if ct in sat:
                 continue
@@ -950,6 +1030,7 @@ class Engine:
 
     def enforce(self, dfu: Dfu, unconstrained: bool) -> None:
         seq = self.seq
+        marked = self.marked
         touched: set[int] = set()
         for _t, ev in dfu.m.items():
             if not ev.best_k:
@@ -970,6 +1051,7 @@ class Engine:
                         c.mneeds = cnt_needs[1]
                     c.mexcl = cnt_needs[2]
                     c.mseq = seq
+                    marked.append(c)
                     if unconstrained:
                         p = c.parent
                         while p is not None and p.parent is not None:
@@ -981,6 +1063,7 @@ class Engine:
                                 p.mneeds = p.v.size
                                 p.mexcl = False
                                 p.mseq = seq
+                                marked.append(p)
                             p = p.parent
 
     def mark_selection(self, chosen: list[tuple[VState, int, bool]]) -> None:
@@ -988,6 +1071,8 @@ class Engine:
         the root: chosen edges get (needs, exclusive), their ancestors (size, shared)."""
         self.seq += 1
         seq = self.seq
+        marked: list[VState] = []
+        self.marked = marked
         touched: set[int] = set()
         for c, needs, excl in chosen:
             if id(c) in touched:
@@ -997,11 +1082,13 @@ class Engine:
                 c.mneeds = needs
             c.mexcl = excl
             c.mseq = seq
+            marked.append(c)
             p = c.parent
             while p is not None and p.parent is not None and p.mseq != seq:
                 p.mneeds = p.v.size
                 p.mexcl = False
                 p.mseq = seq
+                marked.append(p)
                 p = p.parent
         self.root_needs = 1
         self.root_excl = False
@@ -1014,6 +1101,25 @@ class Engine:
         self.meta = meta
         out: list[Entry] = []
         acc: dict[str, int] = {}
+        # marked children per parent, in child order: the pass follows only marked edges
+        # below a vertex that is not shadowed, so it need not scan all of its children
+        seq = self.seq
+        kids: dict[int, list[VState]] = {}
+        seen: set[int] = set()
+        for c in self.marked:
+            p = c.parent
+            if p is None or c.mseq != seq or id(c) in seen:
+                continue
+            seen.add(id(c))
+            lst = kids.get(id(p))
+            if lst is None:
+                kids[id(p)] = [c]
+            else:
+                lst.append(c)
+        for lst in kids.values():
+            if len(lst) > 1:
+                lst.sort(key=_child_pos)
+        self._kids = kids
         self._upd(self.root, self.root_needs, self.root_excl, False, acc, out, reserved, record)
         return out
 
@@ -1033,7 +1139,7 @@ class Engine:
         tracked = self.prune_all
         leaf_types = self.leaf_types
         split = self.split_pools
-        for c in u.children:
+        for c in (u.children if mod else self._kids.get(id(u), _EMPTY_LIST)):
             if not mod and c.mseq != seq:
                 continue
             x = c.mexcl or mod
@@ -1083,6 +1189,8 @@ class Engine:
                 if f is not None and dfu:
                     fcounts = tuple([dfu.get(t, 0) for t in u.ftypes])
                     f.put(jid, at, end, fcounts)
+                    if u.inroom or (u.parent is not None and u.parent.order):
+                        _reroom(u)
             # is_pruning_type, inline (hot: once per emitted inner vertex and counted type)
             vt = v.type
             if vt in tracked or vt in leaf_types:
@@ -1119,11 +1227,17 @@ class Engine:
             k = u.order.index(c)
             del u.okeys[k]
             del u.order[k]
+        if c.inroom:
+            _unlist(u.room, u.rkeys, c, old)
         c.weight = max(avail, 0)
         key = (-c.weight, -c.v.uniq_id)
         j = bisect_left(u.okeys, key)
         u.okeys.insert(j, key)
         u.order.insert(j, c)
+        if c.inroom:
+            j = bisect_left(u.rkeys, key)
+            u.rkeys.insert(j, key)
+            u.room.insert(j, c)
 
     # ------------------------------------------------------------------ removal
     def remove_entries(self, jobid: int, entries: list[Entry], reserved: bool) -> None:
@@ -1139,6 +1253,8 @@ class Engine:
                         u.alloc_n -= 1
             if e.fcounts is not None and u.f is not None:
                 u.f.pop(jobid)
+                if u.parent is not None and u.parent.order:
+                    _reroom(u)
 
     # ------------------------------------------------------------------ candidate times
     def candidate_times(self, after: int, duration: int, totals: dict[str, int]) -> Iterator[int]:

@@ -221,6 +221,7 @@ class Matcher:
         def run(at: int, alloc_type: int) -> bool:
             d = duration if at + duration <= GRAPH_END or alloc_type == AT_SAT else GRAPH_END - at
             meta = Meta(jid, at, now, d, alloc_type, constraint)
+            meta.room = at == now and alloc_type == AT_ALLOC and self._all_active(now, d)
             return eng.select(js.resources, meta, x_types)
 
         need_nodes = js.totals.get("node", 0)

@@ -66,8 +66,8 @@ class AllocVertex(NamedTuple):
 class MatchResult:
     """Answer of one match. ``vertices`` (emit order) and ``nodes`` are built on first use."""
 
-    __slots__ = ("_emitted", "_nodes", "_vertices", "at", "duration", "jobid", "podsets", "queue", "reason",
-                 "status")
+    __slots__ = ("_core_shares", "_emitted", "_nodes", "_vertices", "at", "duration", "jobid", "podsets",
+                 "queue", "reason", "status")
 
     def __init__(self, status: MatchStatus, jobid: int, at: int = 0, duration: int = 0, reason: str = "",
                  nodes: list[NodeShare] | None = None, vertices: list[AllocVertex] | None = None,
@@ -82,6 +82,7 @@ class MatchResult:
         self._nodes = nodes
         self._vertices = vertices
         self._emitted = emitted  # engine Emitted records (vs, needs, excl), post-order
+        self._core_shares: tuple[tuple[str, int], ...] | None = None
         # several pod sets (fluxnetes.match.gang): set label -> node of each of its slots
         self.podsets = podsets
 
@@ -106,6 +107,14 @@ class MatchResult:
         if self._nodes is None:
             self._nodes = node_shares(self.vertices) if self._emitted is None else _shares_from_emitted(self._emitted)
         return self._nodes
+
+    @property
+    def core_shares(self) -> tuple[tuple[str, int], ...]:
+        """(node name, cores) per node of ``nodes``, built once (a queue asks it several
+        times per job: its own counts, the core profile, the caller's record)."""
+        if self._core_shares is None:
+            self._core_shares = tuple((str(s.name), int(s.cores)) for s in self.nodes)
+        return self._core_shares
 
     @property
     def ok(self) -> bool:

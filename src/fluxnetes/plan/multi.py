@@ -248,6 +248,12 @@ class PlannerMulti:
                 lst[i].pop(key)
         return counts if len(counts) == len(lst) else self._aligned(counts)
 
+    def unheld(self, i: int) -> int:
+        """Units of type number ``i`` that no span holds at all (total minus every span's
+        count, whatever its window; may be negative)."""
+        p = self._list[i]
+        return p._total - p.used
+
     def free(self, i: int, at: int, end: int) -> int:
         """Fewest units of type number ``i`` free at an instant of ``[at, end)``."""
         return self._list[i].free(at, end)

@@ -55,9 +55,15 @@ def status_name(result: Any) -> str:
 
 def shares_of(result: Any) -> list[tuple[str, int]]:
     """(node name, cores) of each node a match result holds."""
+    known = getattr(result, "core_shares", None)  # (fluxnetes.match results keep them)
+    if known is not None:
+        return list(known)
     return [(str(share.name), int(share.cores)) for share in result.nodes]
 
 
 def cores_of(result: Any) -> int:
     """Cores a match result holds, summed over its nodes."""
+    known = getattr(result, "core_shares", None)
+    if known is not None:
+        return sum(cores for _, cores in known)
     return sum(int(share.cores) for share in result.nodes)

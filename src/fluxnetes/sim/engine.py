@@ -10,7 +10,7 @@ job at its time limit), so running jobs never outlive what the matcher planned.
 from __future__ import annotations
 
 import heapq
-from bisect import insort
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -141,7 +141,11 @@ def simulate(
     due: list[tuple[int, str]] = []  # heap of (reserved start, job id); stale ones skipped
     plan: dict[str, tuple[int, int]] = {}  # job id -> (reserved start, decision)
     pending: dict[str, QueuedJob] = {}
-    order: list[tuple[tuple[int, int, int], str]] = []  # pending jobs kept in queue order
+    # pending jobs kept in queue order (keys and jobs side by side; a job leaves by bisect,
+    # so a cycle does not rebuild the queue)
+    keys: list[tuple[int, int, int]] = []
+    queue: list[QueuedJob] = []
+    key_of: dict[str, tuple[int, int, int]] = {}
     samples: list[Sample] = []
     state = {"busy": 0, "done": 0, "decision": 0}
     n = len(ordered)
@@ -149,15 +153,14 @@ def simulate(
     next_report = report_every
 
     def run_cycle(now: int) -> None:
-        nonlocal order
-        if head_gate and order:
+        if head_gate and queue:
             free = scheduler.free_now(now)
-            if free is not None and free < pending[order[0][1]].cores:
+            if free is not None and free < queue[0].cores:
                 return
-        walk = [pending[job_id] for _, job_id in order]
+        walk = queue
         if reorder is not None and len(walk) > 1:
             walk = [walk[p] for p in reorder(now, [by_id[q.id] for q in walk])]
-        result = scheduler.cycle(walk, now, ordered=True)
+        result = scheduler.cycle(walk, now, ordered=True, waiting=True)
         removed: set[str] = set()
         for queued, allocation in result.started:
             job = by_id[queued.id]
@@ -193,10 +196,12 @@ def simulate(
             state["done"] += 1
             if observer is not None:
                 observer.on_reject(by_id[queued.id], now, reason)
-        if removed:
-            for job_id in removed:
-                del pending[job_id]
-            order = [item for item in order if item[1] not in removed]
+        for job_id in removed:
+            del pending[job_id]
+            key = key_of.pop(job_id)
+            j = bisect_left(keys, key)
+            del keys[j]
+            del queue[j]
 
     def next_due() -> int | None:
         while due:
@@ -232,10 +237,14 @@ def simulate(
                                min_cores=min_cores_for(job) if min_cores_for else 0)
             pending[job.id] = queued
             key = (-job.priority, job.submit, i)
-            if not order or order[-1][0] < key:
-                order.append((key, job.id))
+            key_of[job.id] = key
+            if not keys or keys[-1] < key:
+                keys.append(key)
+                queue.append(queued)
             else:
-                insort(order, (key, job.id))
+                j = bisect_left(keys, key)
+                keys.insert(j, key)
+                queue.insert(j, queued)
             if easy:
                 free = scheduler.free_now(now)
                 if free is not None and free < queued.cores:

@@ -1,0 +1,317 @@
+"""One scheduling walk over the queue (qmanager's backfill loop) and what it decided.
+
+``schedule_cycle`` is a pure function of (pending jobs, matcher state, now, policy): it reads
+no clock and does no I/O; the only state it changes is the matcher's (allocations and
+reservations), and it hands back everything it did in a :class:`CycleResult`. ``_walk`` is
+the loop itself, shared with ``Scheduler`` (``cycle.py``), which adds what it remembers
+between cycles (kept reservations, parking hints: ``hints.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fluxnetes.queue.job import QueuedJob, queue_order
+from fluxnetes.queue.policy import QueuePolicy
+from fluxnetes.queue.profile import CoreProfile
+from fluxnetes.queue.protocol import MatcherLike, cores_of, shares_of, status_name
+
+if TYPE_CHECKING:
+    from fluxnetes.queue.hints import _Hints
+
+
+@dataclass
+class CycleResult:
+    """What one cycle decided.
+
+    * ``started``: (job, allocation) for jobs that start now, in walk order.
+    * ``reserved``: (job, reservation) with ``reservation.at`` = expected start; includes
+      reservations kept from the previous cycle.
+    * ``unsatisfiable``: (job, reason): can never run on this graph; take them out of the
+      queue (they are reported once).
+    * ``blocked``: considered, but neither started nor reserved (they stay pending).
+    * ``considered``: jobs looked at (<= queue depth); ``matcher_calls``: calls made;
+      ``mode``: ``reset`` (all reservations cancelled first, as qmanager), ``compress``
+      (reservations kept unless they can move earlier) or ``incremental`` (only newly
+      arrived jobs walked) or ``idle`` (nothing could have changed: the previous answers,
+      no matcher call) - see ``Scheduler``. ``parked`` / ``memo``: questions answered
+      without the matcher (see ``Scheduler``, "Parking").
+    """
+
+    now: int
+    started: list[tuple[QueuedJob, Any]] = field(default_factory=list)
+    reserved: list[tuple[QueuedJob, Any]] = field(default_factory=list)
+    unsatisfiable: list[tuple[QueuedJob, str]] = field(default_factory=list)
+    blocked: list[QueuedJob] = field(default_factory=list)
+    considered: int = 0
+    matcher_calls: int = 0
+    mode: str = "reset"
+    parked: int = 0  # plain-allocate questions answered BUSY from the park (no matcher call)
+    memo: int = 0  # answered BUSY because the same shape already failed in this walk
+
+    @property
+    def changed(self) -> bool:
+        """True if the cycle started, reserved or rejected anything."""
+        return bool(self.started or self.reserved or self.unsatisfiable)
+
+
+def job_duration(job: QueuedJob) -> int:
+    """The job's duration in seconds (0 = unknown: holds resources until released)."""
+    value = getattr(job.jobspec, "duration", 0) or 0
+    return int(value)
+
+
+@dataclass
+class _Walk:
+    """Counters carried through one walk (and across an incremental continuation)."""
+
+    considered: int = 0
+    reservations: int = 0
+    stopped: bool = False  # fcfs hit a job that cannot start
+    unreservable: bool = False  # some job within the reservation depth got BUSY on reserve
+    order: list[str] = field(default_factory=list)  # ids considered and still pending
+
+
+def _satisfiable(matcher: Any, job: QueuedJob) -> tuple[bool, str]:
+    check = getattr(matcher, "satisfiability", None)
+    if check is None:
+        return True, ""
+    answer = check(job.jobspec)
+    if isinstance(answer, bool):
+        return answer, "" if answer else "the request can never be satisfied on this graph"
+    if status_name(answer) == "UNSATISFIABLE":
+        return False, str(getattr(answer, "reason", "") or "unsatisfiable")
+    return True, ""
+
+
+def _shape_key(job: QueuedJob) -> str:
+    """What satisfiability depends on: the requested resources (not the duration)."""
+    resources = getattr(job.jobspec, "resources", None)
+    constraint = getattr(job.jobspec, "constraint", None)
+    if resources is None:
+        return f"job:{job.id}"
+    return f"{resources!r}|{constraint!r}"
+
+
+def _reserved_key(job_id: str) -> tuple[str, str]:
+    return ("reserved", job_id)
+
+
+@dataclass(frozen=True)
+class CountedReservation:
+    """A ``counted``-style reservation: ``cores`` cores from ``at`` for ``duration``,
+    held by the queue's core profile only (nothing recorded in the matcher)."""
+
+    at: int
+    duration: int
+    cores: int
+    status: str = "RESERVED"
+    jobid: None = None
+    reason: str = ""
+    nodes: tuple[Any, ...] = ()
+
+
+def _reserve_forever(
+    matcher: MatcherLike, job: QueuedJob, now: int, hints: _Hints, result: CycleResult
+) -> tuple[Any, str]:
+    """``allocate_orelse_reserve`` when nothing in the matcher ever ends by itself
+    (``_Hints.forever``): no later start exists for a job that cannot start now, so the
+    answer is a plain ``allocate``, and if that is BUSY, the request's satisfiability (asked
+    once per request shape until ``invalidate()``). Same decision, without the matcher's
+    search over candidate times and its satisfiability walk of the whole graph on every
+    failure (about a second at 1,000 nodes: bench/cycle_backlog.py)."""
+    answer = matcher.allocate(job.jobspec, now=now)
+    result.matcher_calls += 1
+    status = status_name(answer)
+    if status != "BUSY" or hints.shape(job) in hints.sat:
+        return answer, status
+    ok, reason = _satisfiable(matcher, job)
+    result.matcher_calls += 1
+    if not ok:
+        return _Unsatisfiable(reason), "UNSATISFIABLE"
+    hints.sat.add(hints.shape(job))
+    return answer, status
+
+
+@dataclass(frozen=True)
+class _Unsatisfiable:
+    reason: str
+
+
+def _walk(
+    jobs: Iterable[QueuedJob],
+    matcher: MatcherLike,
+    now: int,
+    policy: QueuePolicy,
+    walk: _Walk,
+    result: CycleResult,
+    profile: CoreProfile | None,
+    keep: dict[str, Any] | None = None,
+    satisfiable: set[str] | None = None,
+    hints: _Hints | None = None,
+) -> None:
+    """Walk ``jobs`` in order. ``keep``: reservations still in the matcher from the last
+    cycle (compress mode); each is kept if it cannot move earlier, else re-placed.
+    ``hints``: answers known without the matcher (parked jobs, shapes already BUSY)."""
+    limit = policy.reservations
+    counted = policy.reservation_style == "counted"
+    jobs_iter: Iterator[QueuedJob] = iter(jobs)
+    for job in jobs_iter:
+        if walk.stopped:
+            return
+        if policy.queue_depth is not None and walk.considered >= policy.queue_depth:
+            return
+        walk.considered += 1
+        result.considered += 1
+        cores = job.cores
+        if profile is not None and cores > profile.capacity:
+            result.unsatisfiable.append(
+                (job, f"needs {cores} cores; the whole graph has {profile.capacity}")
+            )
+            continue
+        duration = job_duration(job)
+        reserve = limit is None or walk.reservations < limit
+        old = keep.pop(job.id, None) if keep else None
+        if old is not None:
+            if reserve and profile is not None and int(old.at) > now:
+                low = profile.earliest(now, duration, cores, exclude=_reserved_key(job.id))
+                if low is not None and low >= int(old.at):
+                    # no placement can start earlier than the one it holds: keep it
+                    result.reserved.append((job, old))
+                    walk.reservations += 1
+                    walk.order.append(job.id)
+                    continue
+            if old.jobid is not None:
+                matcher.cancel(old.jobid)
+                result.matcher_calls += 1
+            if profile is not None:
+                profile.remove(_reserved_key(job.id))
+        if (
+            not reserve
+            and not keep
+            and profile is not None
+            and policy.name != "fcfs"
+            and profile.avail_during(now, 1) <= 0
+        ):
+            # nothing is free now and no reservation is left to make: every remaining job
+            # (up to the depth) would get BUSY from plain allocate; skip the calls
+            walk.considered -= 1
+            result.considered -= 1
+            rest = [job, *jobs_iter]
+            if policy.queue_depth is not None:
+                rest = rest[: policy.queue_depth - walk.considered]
+            walk.considered += len(rest)
+            result.considered += len(rest)
+            result.blocked.extend(rest)
+            walk.order.extend(j.id for j in rest)
+            return
+        fits_now = profile is None or profile.fits_now(now, duration, cores)
+        answer: Any = None
+        status = "BUSY"
+        if reserve and counted and profile is not None:
+            low = profile.earliest(now, duration, cores)
+            if low is not None and low > now:
+                answer = CountedReservation(low, duration, cores)
+                status = "RESERVED"
+            else:
+                if low is not None:
+                    answer = matcher.allocate(job.jobspec, now=now)
+                    result.matcher_calls += 1
+                    status = status_name(answer)
+                if status != "ALLOCATED":
+                    # the count fits (or never does) but the shape does not: ask the
+                    # matcher when it would fit, and hold that time as a count
+                    answer = matcher.allocate_orelse_reserve(job.jobspec, now=now)
+                    result.matcher_calls += 1
+                    status = status_name(answer)
+                    if status == "RESERVED":
+                        matcher.cancel(answer.jobid)
+                        result.matcher_calls += 1
+                        answer = CountedReservation(int(answer.at), duration, cores)
+        elif reserve:
+            if hints is not None and hints.known_busy(job, result, reserve=True):
+                pass  # BUSY (and satisfiable): see _Hints.forever
+            elif hints is not None and job_duration(job) == 0 and hints.forever:
+                answer, status = _reserve_forever(matcher, job, now, hints, result)
+            else:
+                answer = matcher.allocate_orelse_reserve(job.jobspec, now=now)
+                result.matcher_calls += 1
+                status = status_name(answer)
+        elif fits_now and not (hints is not None and hints.known_busy(job, result)):
+            answer = matcher.allocate(job.jobspec, now=now)
+            result.matcher_calls += 1
+            status = status_name(answer)
+        if hints is not None:
+            # (a skipped question is not an answer about satisfiability)
+            hints.answered(job, status, answer, reserve=reserve and answer is not None)
+        if status == "ALLOCATED":
+            result.started.append((job, answer))
+            if profile is not None:
+                profile.add(job.id, now, duration, cores_of(answer), shares_of(answer), running=True)
+            continue
+        if status == "RESERVED":
+            result.reserved.append((job, answer))
+            walk.reservations += 1
+            walk.order.append(job.id)
+            if profile is not None:
+                held = answer.cores if isinstance(answer, CountedReservation) else cores_of(answer)
+                profile.add(_reserved_key(job.id), int(answer.at), duration, held,
+                            shares_of(answer))
+            continue
+        if status == "UNSATISFIABLE":
+            result.unsatisfiable.append((job, str(getattr(answer, "reason", "") or "unsatisfiable")))
+            continue
+        if policy.name == "fcfs":
+            # plain allocate says BUSY even for requests that can never fit: ask once per
+            # job, so an impossible head job is rejected instead of blocking the queue
+            if satisfiable is None or job.id not in satisfiable:
+                shape = _shape_key(job)
+                if satisfiable is None or shape not in satisfiable:
+                    ok, reason = _satisfiable(matcher, job)
+                    result.matcher_calls += 1
+                    if not ok:
+                        result.unsatisfiable.append((job, reason))
+                        continue
+                if satisfiable is not None:
+                    satisfiable.add(shape)
+                    satisfiable.add(job.id)
+            result.blocked.append(job)
+            walk.order.append(job.id)
+            walk.stopped = True
+            return
+        if reserve:
+            walk.unreservable = True
+        result.blocked.append(job)
+        walk.order.append(job.id)
+
+
+def schedule_cycle(
+    pending: Iterable[QueuedJob],
+    matcher: MatcherLike,
+    now: int,
+    policy: QueuePolicy,
+    previous_reservations: Iterable[Any] = (),
+) -> CycleResult:
+    """One full scheduling cycle (qmanager semantics).
+
+    1. Cancel the reservations made by the previous cycle (``previous_reservations``: the
+       match results found in the previous ``CycleResult.reserved``).
+    2. Walk the pending jobs in queue order (priority, submit time, id), at most
+       ``policy.queue_depth`` of them: ``allocate_orelse_reserve`` while this cycle made
+       fewer reservations than the policy allows, plain ``allocate`` after that.
+       fcfs makes no reservation and stops at the first job that cannot start.
+
+    Reservations stay in the matcher, so later jobs in the walk only backfill where they
+    delay no reserved job. Pass this result's ``reserved`` results to the next call.
+    """
+    if policy.reservation_style != "pinned":
+        raise ValueError("schedule_cycle: counted reservations need a Scheduler (core profile)")
+    for res in previous_reservations:
+        matcher.cancel(res.jobid)
+    result = CycleResult(now=now)
+    _walk(queue_order(list(pending)), matcher, now, policy, _Walk(), result, None)
+    return result
+
+
