@@ -7,6 +7,7 @@
 #   mpi-operator github.com/kubeflow/mpi-operator v0.6.0 (MPIJob v2beta1)
 #   trainer      github.com/kubeflow/trainer/v2 v2.0.0   (TrainJob, training runtimes)
 #   lws          sigs.k8s.io/lws v0.7.0                  (LeaderWorkerSet)
+#   kueue        sigs.k8s.io/kueue v0.17.0               (Kueue: a peer, for bench/peers.py; opt-in)
 # Usage: bash hack/build-addons.sh [jobset mpi trainer lws]   (default: all four)
 # Cache: $FLUXNETES_K8S_HOME/addons/<name>/{bin/manager,crds/,webhooks/,runtimes/,VERSION}
 # (default ~/.cache/fluxnetes/k8s); whatever is already built is skipped (seconds).
@@ -30,6 +31,7 @@ ADDONS=(
   "mpi|github.com/kubeflow/mpi-operator@v0.6.0|./cmd/mpi-operator|manifests/base/kubeflow.org_mpijobs.yaml||health-addr-1|"
   "trainer|github.com/kubeflow/trainer/v2@v2.0.0|./cmd/trainer-controller-manager|manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml|manifests/base/webhook/manifests.yaml|external-certs-1|manifests/base/runtimes/torch_distributed.yaml"
   "lws|sigs.k8s.io/lws@v0.7.0|./cmd|config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml|config/webhook/manifests.yaml||"
+  "kueue|sigs.k8s.io/kueue@v0.17.0|./cmd/kueue|config/components/crd/bases/kueue.x-k8s.io_admissionchecks.yaml config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml config/components/crd/bases/kueue.x-k8s.io_cohorts.yaml config/components/crd/bases/kueue.x-k8s.io_localqueues.yaml config/components/crd/bases/kueue.x-k8s.io_resourceflavors.yaml config/components/crd/bases/kueue.x-k8s.io_topologies.yaml config/components/crd/bases/kueue.x-k8s.io_workloadpriorityclasses.yaml config/components/crd/bases/kueue.x-k8s.io_workloads.yaml|config/components/webhook/manifests.yaml||"
 )
 
 fail() { echo "build-addons: FAILED: $*" >&2; echo "build-addons: retry with: bash hack/build-addons.sh (cache in $HOME_DIR/addons)" >&2; exit 1; }
