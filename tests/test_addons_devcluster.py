@@ -123,6 +123,7 @@ def test_command_lines(tmp_path: Path) -> None:
             assert cfg["apiVersion"] == "config.kueue.x-k8s.io/v1beta2" and not cfg["manageJobsWithoutQueueName"]
             assert cfg["webhook"]["certDir"] == str(addon_defs.cert_dirs(run)[0])
             assert cfg["waitForPodsReady"]["blockAdmission"] is True and "fairSharing" in cfg
+            assert cmd.env["KUEUE_METRICS_CERT_DIR"] == str(addon_defs.cert_dirs(run)[1])
             # every other addon running is a kind Kueue admits
             assert cfg["integrations"]["frameworks"] == [
                 "batch/job", "pod", "jobset.x-k8s.io/jobset", "kubeflow.org/mpijob",

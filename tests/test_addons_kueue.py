@@ -67,7 +67,7 @@ def test_job_in_a_local_queue_is_admitted_and_placed_by_kube_scheduler(cluster: 
         .get("conditions") or []))
     created = cluster.api_call("POST", f"/apis/batch/v1/namespaces/{NS}/jobs", job("fits", 3, "2"))
     assert created["spec"]["suspend"] is True, "Kueue's webhook did not suspend the Job at creation"
-    big = cluster.api_call("POST", f"/apis/batch/v1/namespaces/{NS}/jobs", job("over-quota", 2, "8"))
+    big = cluster.api_call("POST", f"/apis/batch/v1/namespaces/{NS}/jobs", job("over-quota", 3, "8"))
     assert big["spec"]["suspend"] is True
 
     def workload_of(name: str) -> dict[str, Any] | None:
@@ -87,7 +87,7 @@ def test_job_in_a_local_queue_is_admitted_and_placed_by_kube_scheduler(cluster: 
         and len([p for p in ps if p["spec"].get("nodeName")]) == 3 and ps)
     assert {p["spec"]["nodeName"] for p in pods} <= nodes
     assert {p["spec"].get("schedulerName") for p in pods} == {"default-scheduler"}
-    # 6 of 16 cpus used: 2 x 8 more does not fit the quota, so Kueue keeps it suspended
+    # 3 x 8 cpus is over the 16 of the quota, so Kueue keeps it suspended (the cluster has room)
     time.sleep(3)
     assert not admitted("over-quota")
     assert cluster.kubectl_json("get", "job", "over-quota", "-n", NS)["spec"]["suspend"] is True

@@ -12,7 +12,9 @@ on 127.0.0.1 like the other components, and its admission webhooks are served:
 - webhook configurations: the ones the release ships (its kustomize ``manifests.yaml``, copied
   by the build script), with the same rules and the objectSelectors of the release's kustomize
   patches, each ``clientConfig`` pointing at the local process by URL with the cluster CA as
-  caBundle. The four CRDs serve one version each, so no conversion webhook is needed.
+  caBundle. The four workload CRDs serve one version each, so no conversion webhook is
+  needed; Kueue's serve v1beta1 and v1beta2 with no conversion configured here (the API
+  server only relabels the version): write Kueue objects as v1beta2, its storage version.
 - leader election off (the MPI Operator always elects: its lease lives in kube-system and a
   single instance wins at once), metrics and health endpoints on free ports of 127.0.0.1.
 
@@ -206,6 +208,7 @@ def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
             env, url, None,
         )
     if name == "kueue":
+        env["KUEUE_METRICS_CERT_DIR"] = str(cert_dirs(run)[1])  # see hack/build-addons.sh
         cfg = kueue_configuration(ports=ports, certs=certs, run=run)
         path = run / "config.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -245,9 +248,10 @@ def kueue_configuration(*, ports: dict[str, int], certs: str, run: Path) -> dict
                              "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60}},
         "integrations": {"frameworks": ["batch/job", "pod", *(_KUEUE_FRAMEWORKS[n] for n in others)]},
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
-        # its visibility API server would bind 0.0.0.0:8082 (one per machine); the pending
-        # workloads' positions are not used here
-        "featureGates": {"VisibilityOnDemand": False},
+        # its visibility API server would bind 0.0.0.0:8082 (one per machine; the pending
+        # workloads' positions are not used here); MultiKueue (several clusters) needs CRDs
+        # the build does not install
+        "featureGates": {"VisibilityOnDemand": False, "MultiKueue": False},
     }
     override = os.environ.get(KUEUE_CONFIG_ENV)
     if override:
