@@ -307,7 +307,10 @@ async def large_behind_stream(system: System, kube: Kube, args: argparse.Namespa
     rng = random.Random(7)
     q = system.name == "kueue"
     mean = (args.small_seconds[0] + args.small_seconds[1]) / 2
-    interval = mean / nodes / args.stream_load  # arrivals per second above what the pool drains
+    # the intended gap between arrivals (the pool's drain rate x stream_load); at most one Job is
+    # created per sampling loop, so on a loaded machine the stream is slower than that: the
+    # number created is reported
+    interval = mean / nodes / args.stream_load
     load = os.getloadavg()[0]
     t0 = time.time()
     created: dict[str, float] = {}
@@ -321,7 +324,7 @@ async def large_behind_stream(system: System, kube: Kube, args: argparse.Namespa
     want = {}
     while True:
         now = time.time()
-        while now < end_stream and now >= next_small:  # every arrival due (a loop takes a while)
+        if now < end_stream and now >= next_small:
             name = f"s{i}"
             i += 1
             await kube.create(JOBS, job_body(name, 1, cpu, queue=q,
