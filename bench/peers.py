@@ -404,6 +404,7 @@ async def shares(system: System, kube: Kube, args: argparse.Namespace) -> dict[s
     await asyncio.gather(*(create(ns, b) for ns, b in jobs))
     samples: list[dict[str, Any]] = []
     backlogged: list[dict[str, int]] = []
+    idle = 0
     while time.monotonic() - t0 < args.share_timeout:
         running = dict.fromkeys(SHARES, 0)
         waiting = dict.fromkeys(SHARES, 0)
@@ -416,6 +417,9 @@ async def shares(system: System, kube: Kube, args: argparse.Namespace) -> dict[s
         if all(waiting.values()) and sum(running.values()):
             backlogged.append(running)
         if not any(waiting.values()) and not any(running.values()):
+            break
+        idle = idle + 1 if not any(running.values()) else 0
+        if idle >= 30:  # nothing ran for 30 s: what is left will not (a Job failed, a pod was lost)
             break
         await asyncio.sleep(1.0)
     total = sum(sum(r.values()) for r in backlogged) or 1
