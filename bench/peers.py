@@ -32,10 +32,13 @@ Rows (each system, same sizes):
 Not here yet: row c (MPIJobs on scattered free nodes, bench/mpijob_bench.py measures it for
 fluxnetes and kube-scheduler).
 
-    .venv/bin/python bench/peers.py --quick      # ~15 min on 2 shared cores
+    .venv/bin/python bench/peers.py --quick      # 100 nodes, 200 Jobs, 20 gangs (not recorded yet)
     .venv/bin/python bench/peers.py              # 1,000 nodes, 1,000 Jobs, 100 gangs
+    .venv/bin/python bench/peers.py --nodes 300 --jobs 300 --gangs 30 --stream-seconds 90 \
+        --share-jobs 80 --grace 90               # what peers.json holds (a loaded machine)
 
-Writes bench/results/peers.json (peers_quick.json with --quick).
+Writes bench/results/peers.json (peers_quick.json with --quick). Kueue needs
+`hack/build-addons.sh kueue` (a cold build of close to an hour on 2 busy cores).
 """
 
 from __future__ import annotations
