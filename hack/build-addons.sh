@@ -7,7 +7,10 @@
 #   mpi-operator github.com/kubeflow/mpi-operator v0.6.0 (MPIJob v2beta1)
 #   trainer      github.com/kubeflow/trainer/v2 v2.0.0   (TrainJob, training runtimes)
 #   lws          sigs.k8s.io/lws v0.7.0                  (LeaderWorkerSet)
-# Usage: bash hack/build-addons.sh [jobset mpi trainer lws]   (default: all four)
+#   kueue        sigs.k8s.io/kueue v0.17.0               (Kueue: a peer, for bench/peers.py and
+#                                                         --addons kueue; cold build 55 min on 2
+#                                                         cores shared at load ~25, 2026-11-29)
+# Usage: bash hack/build-addons.sh [jobset mpi trainer lws kueue]   (default: all five)
 # Cache: $FLUXNETES_K8S_HOME/addons/<name>/{bin/manager,crds/,webhooks/,runtimes/,VERSION}
 # (default ~/.cache/fluxnetes/k8s); whatever is already built is skipped (seconds).
 #
@@ -20,6 +23,9 @@
 #   trainer: FLUXNETES_EXTERNAL_CERTS=1 skips its built-in certificate rotator (which wants a
 #            Secret in kubeflow-system and a Service DNS name); the dev cluster then provides
 #            the serving certificate itself, as for the other three (default unchanged).
+#   kueue:   with its internal certificates off, the metrics server's certificate is read from
+#            the hard-coded /etc/kueue/metrics/certs; $KUEUE_METRICS_CERT_DIR overrides it, so
+#            that each dev cluster gives its own (default unchanged).
 set -euo pipefail
 HOME_DIR=${FLUXNETES_K8S_HOME:-$HOME/.cache/fluxnetes/k8s}
 export GOFLAGS=-mod=readonly CGO_ENABLED=0 GOTOOLCHAIN=local
@@ -30,6 +36,7 @@ ADDONS=(
   "mpi|github.com/kubeflow/mpi-operator@v0.6.0|./cmd/mpi-operator|manifests/base/kubeflow.org_mpijobs.yaml||health-addr-1|"
   "trainer|github.com/kubeflow/trainer/v2@v2.0.0|./cmd/trainer-controller-manager|manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml|manifests/base/webhook/manifests.yaml|external-certs-1|manifests/base/runtimes/torch_distributed.yaml"
   "lws|sigs.k8s.io/lws@v0.7.0|./cmd|config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml|config/webhook/manifests.yaml||"
+  "kueue|sigs.k8s.io/kueue@v0.17.0|./cmd/kueue|config/components/crd/bases/kueue.x-k8s.io_admissionchecks.yaml config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml config/components/crd/bases/kueue.x-k8s.io_cohorts.yaml config/components/crd/bases/kueue.x-k8s.io_localqueues.yaml config/components/crd/bases/kueue.x-k8s.io_resourceflavors.yaml config/components/crd/bases/kueue.x-k8s.io_topologies.yaml config/components/crd/bases/kueue.x-k8s.io_workloadpriorityclasses.yaml config/components/crd/bases/kueue.x-k8s.io_workloads.yaml|config/components/webhook/manifests.yaml|metrics-certs-1|"
 )
 
 fail() { echo "build-addons: FAILED: $*" >&2; echo "build-addons: retry with: bash hack/build-addons.sh (cache in $HOME_DIR/addons)" >&2; exit 1; }
@@ -86,6 +93,21 @@ func ManageCerts(mgr ctrl.Manager, cfg Config, setupFinished chan struct{}) erro
 	return manageCertsRotator(mgr, cfg, setupFinished)
 }
 ''')
+elif name == "kueue":
+    patched("cmd/kueue/main.go", 'metricsCertPath := "/etc/kueue/metrics/certs"', "metricsCertPath := metricsCertDir()")
+    added("cmd/kueue/zz_fluxnetes_metrics.go", '''package main
+
+import "os"
+
+// metricsCertDir: $KUEUE_METRICS_CERT_DIR, else the release's /etc/kueue/metrics/certs (added
+// by fluxnetes' hack/build-addons.sh so that several local clusters can run on one machine).
+func metricsCertDir() string {
+	if dir := os.Getenv("KUEUE_METRICS_CERT_DIR"); dir != "" {
+		return dir
+	}
+	return "/etc/kueue/metrics/certs"
+}
+''')
 else:
     sys.exit(f"build-addons: no patch for {name}")
 EOF
@@ -93,7 +115,7 @@ EOF
 
 command -v go >/dev/null || fail "the Go toolchain (>= 1.26) is not on PATH"
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(jobset mpi trainer lws)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(jobset mpi trainer lws kueue)
 start=$(date +%s)
 for entry in "${ADDONS[@]}"; do
   IFS='|' read -r name modver pkg crds webhooks patch runtimes <<<"$entry"

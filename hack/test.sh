@@ -30,7 +30,8 @@ await_build() {  # await_build PID LOG WHAT REQUIRE_VAR
 }
 
 # -- the controllers of the multi-role workload kinds (JobSet, MPI Operator, LeaderWorkerSet,
-# Kubeflow Trainer), from Go modules (hack/build-addons.sh; tests/test_addons.py)
+# Kubeflow Trainer) and Kueue, from Go modules (hack/build-addons.sh; tests/test_addons.py,
+# tests/test_addons_kueue.py)
 addons_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ] && [ "${FLUXNETES_SKIP_ADDONS_BUILD:-0}" != "1" ]; then
   start_build build-addons.sh; addons_pid=$build_pid; addons_log=$build_log

@@ -133,10 +133,12 @@ def log_path(op: Operator) -> Path:
     return Path(op.log)
 
 
-def addon_cluster(tmp_path_factory: Any, label: str, nodes: Any, *, timed_pods: bool = False) -> Iterator[Any]:
+def addon_cluster(tmp_path_factory: Any, label: str, nodes: Any, *, timed_pods: bool = False,
+                  names: tuple[str, ...] | None = None) -> Iterator[Any]:
     """A dev cluster running the four workload controllers (MPI Operator, JobSet, Trainer,
-    LWS), for a module fixture: skipped without the control plane or the addon builds, failed
-    instead when FLUXNETES_REQUIRE_K8S / FLUXNETES_REQUIRE_ADDONS=1 say they must be there."""
+    LWS), or the addons ``names``, for a module fixture: skipped without the control plane or
+    the addon builds, failed instead when FLUXNETES_REQUIRE_K8S / FLUXNETES_REQUIRE_ADDONS=1
+    say they must be there."""
     import pytest
 
     from conftest import k8s_missing_reason
@@ -148,14 +150,15 @@ def addon_cluster(tmp_path_factory: Any, label: str, nodes: Any, *, timed_pods: 
         if os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    absent = addon_defs.missing(addon_defs.ADDON_NAMES)
+    wanted = names if names is not None else addon_defs.WORKLOAD_ADDONS
+    absent = addon_defs.missing(wanted)
     if absent:
-        msg = addon_defs.missing_message(addon_defs.ADDON_NAMES, absent)
+        msg = addon_defs.missing_message(wanted, absent)
         if os.environ.get("FLUXNETES_REQUIRE_ADDONS") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
     c = Cluster.up(ClusterOptions(nodes=nodes, dir=tmp_path_factory.mktemp(label), die_with_parent=True,
-                                  timed_pods=timed_pods, addons=addon_defs.ADDON_NAMES))
+                                  timed_pods=timed_pods, addons=wanted))
     try:
         yield c
     finally:

@@ -47,7 +47,7 @@ pytestmark = pytest.mark.k8s
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NS = "flux-demo"  # the examples' namespace, opted in by examples/k8s/namespace.yaml
-ALL = addon_defs.ADDON_NAMES
+ALL = addon_defs.WORKLOAD_ADDONS
 
 
 @pytest.fixture(scope="module")

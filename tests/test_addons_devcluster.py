@@ -48,9 +48,13 @@ def test_parse_orders_and_adds_requirements() -> None:
     assert addon_defs.parse("") == ()
     assert addon_defs.parse("trainer") == ("jobset", "trainer")
     assert addon_defs.parse("lws, MPI,jobset") == ("jobset", "mpi", "lws")
-    assert addon_defs.parse("all") == addon_defs.ADDON_NAMES
-    with pytest.raises(addon_defs.AddonError, match=r"--addons: unknown addon\(s\) kueue .*known: jobset, lws, mpi, trainer"):
-        addon_defs.parse("kueue,mpi")
+    # all: the workload controllers; a peer (kueue) only when named, started after them
+    assert addon_defs.parse("all") == addon_defs.WORKLOAD_ADDONS
+    assert addon_defs.parse("kueue,all") == (*addon_defs.WORKLOAD_ADDONS, "kueue")
+    assert addon_defs.parse("kueue,mpi") == ("mpi", "kueue")
+    with pytest.raises(addon_defs.AddonError,
+                       match=r"--addons: unknown addon\(s\) volcano .*known: jobset, kueue, lws, mpi, trainer"):
+        addon_defs.parse("volcano,mpi")
 
 
 def test_crd_name_from_controller_gen_file_name() -> None:
@@ -114,6 +118,16 @@ def test_command_lines(tmp_path: Path) -> None:
                                       "certDir": str(addon_defs.cert_dirs(run)[0])}
         elif name == "trainer":
             assert cmd.env["FLUXNETES_EXTERNAL_CERTS"] == "1" and "--leader-elect=false" in cmd.argv
+        elif name == "kueue":
+            cfg = yaml.safe_load((run / "config.yaml").read_text())
+            assert cfg["apiVersion"] == "config.kueue.x-k8s.io/v1beta2" and not cfg["manageJobsWithoutQueueName"]
+            assert cfg["webhook"]["certDir"] == str(addon_defs.cert_dirs(run)[0])
+            assert cfg["waitForPodsReady"]["blockAdmission"] is True and "fairSharing" in cfg
+            assert cmd.env["KUEUE_METRICS_CERT_DIR"] == str(addon_defs.cert_dirs(run)[1])
+            # every other addon running is a kind Kueue admits
+            assert cfg["integrations"]["frameworks"] == [
+                "batch/job", "pod", "jobset.x-k8s.io/jobset", "kubeflow.org/mpijob",
+                "leaderworkerset.x-k8s.io/leaderworkerset", "trainer.kubeflow.org/trainjob"]
         else:
             assert cmd.env["MPI_OPERATOR_HEALTH_ADDR"] == f"127.0.0.1:{health}" and cmd.webhook_port is None
 
@@ -133,7 +147,33 @@ def test_webhook_configurations_point_at_the_local_process(tmp_path: Path) -> No
         {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
 
 
-@pytest.mark.skipif(addon_defs.missing(addon_defs.ADDON_NAMES) != [], reason="hack/build-addons.sh not run")
+def test_kueue_configuration_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$FLUXNETES_KUEUE_CONFIG replaces top-level fields (null removes one); a file that is not
+    a mapping is refused naming the variable."""
+    ports = {addon_defs.port_key("kueue", k): 20000 + j for j, k in enumerate(addon_defs.PORT_KINDS)}
+    over = tmp_path / "over.yaml"
+    over.write_text("waitForPodsReady: null\nclientConnection: {qps: 500, burst: 1000}\n")
+    monkeypatch.setenv(addon_defs.KUEUE_CONFIG_ENV, str(over))
+    cfg = addon_defs.kueue_configuration(ports=ports, certs="/c", run=tmp_path)
+    assert "waitForPodsReady" not in cfg and cfg["clientConnection"] == {"qps": 500, "burst": 1000}
+    assert cfg["integrations"]["frameworks"] == ["batch/job", "pod"]
+    over.write_text("- a list\n")
+    with pytest.raises(addon_defs.AddonError, match=r"FLUXNETES_KUEUE_CONFIG=.*YAML mapping"):
+        addon_defs.kueue_configuration(ports=ports, certs="/c", run=tmp_path)
+
+
+def test_kueue_pod_webhooks_skip_system_namespaces(tmp_path: Path) -> None:
+    """Kueue's kustomize patch: its pod webhooks never see kube-system's (or its own) pods."""
+    d = tmp_path / "addons" / "kueue" / "webhooks"
+    d.mkdir(parents=True)
+    (d / "manifests.yaml").write_text(JOBSET_MANIFEST)
+    (cfg,) = addon_defs.webhook_configurations("kueue", 9999, b"CA-PEM", tmp_path)
+    js, pod = cfg["webhooks"]
+    assert "namespaceSelector" not in js
+    assert pod["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "kueue-system"]
+
+
+@pytest.mark.skipif(addon_defs.missing(addon_defs.WORKLOAD_ADDONS) != [], reason="hack/build-addons.sh not run")
 def test_built_manifests_are_the_releases() -> None:
     """What hack/build-addons.sh copied: every webhook has a path and a rule."""
     for name in ("jobset", "lws", "trainer"):

@@ -26,7 +26,7 @@ def build(
     addons: Annotated[
         bool,
         typer.Option("--addons", help="Also build the JobSet, MPI Operator, LeaderWorkerSet and Trainer "
-                     "controllers (hack/build-addons.sh) for `dev cluster up --addons`."),
+                     "controllers and Kueue (hack/build-addons.sh) for `dev cluster up --addons`."),
     ] = False,
 ) -> None:
     """Build kube-apiserver, controller-manager, scheduler, kubectl, etcd and kwok from Go modules.
@@ -90,7 +90,8 @@ def up(
     addons: Annotated[
         str,
         typer.Option(help="Controllers of multi-role workloads to run too, comma-separated: "
-                     "jobset, mpi, lws, trainer (brings jobset), or all. Built by hack/build-addons.sh."),
+                     "jobset, mpi, lws, trainer (brings jobset), or all (these four); and kueue (Kueue "
+                     "v0.17.0, a peer for bench/peers.py). Built by hack/build-addons.sh."),
     ] = "",
     pod_duration: Annotated[
         str | None,
@@ -118,8 +119,8 @@ def up(
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 and
     create fake nodes; returns when they are Ready (the processes keep running). With
-    --addons, also the JobSet, MPI Operator, LeaderWorkerSet and Trainer controllers, with
-    their CRDs and webhooks. With --pod-duration, Jobs run for a while instead of ending
+    --addons, also the JobSet, MPI Operator, LeaderWorkerSet and Trainer controllers (or
+    Kueue), with their CRDs and webhooks. With --pod-duration, Jobs run for a while instead of ending
     the instant they start."""
     from rich.console import Console
 

@@ -1,6 +1,7 @@
 """The controllers of the multi-role workload kinds, run as processes of the dev cluster.
 
-``fluxnetes dev cluster up --addons mpi,jobset,trainer,lws``: each addon's CRDs are installed,
+``fluxnetes dev cluster up --addons mpi,jobset,trainer,lws`` (``all``), and the peer
+``kueue`` (Kueue, for bench/peers.py; only when named): each addon's CRDs are installed,
 its manager binary (built by hack/build-addons.sh into $FLUXNETES_K8S_HOME/addons/<name>/) runs
 on 127.0.0.1 like the other components, and its admission webhooks are served:
 
@@ -11,7 +12,9 @@ on 127.0.0.1 like the other components, and its admission webhooks are served:
 - webhook configurations: the ones the release ships (its kustomize ``manifests.yaml``, copied
   by the build script), with the same rules and the objectSelectors of the release's kustomize
   patches, each ``clientConfig`` pointing at the local process by URL with the cluster CA as
-  caBundle. The four CRDs serve one version each, so no conversion webhook is needed.
+  caBundle. The four workload CRDs serve one version each, so no conversion webhook is
+  needed; Kueue's serve v1beta1 and v1beta2 with no conversion configured here (the API
+  server only relabels the version): write Kueue objects as v1beta2, its storage version.
 - leader election off (the MPI Operator always elects: its lease lives in kube-system and a
   single instance wins at once), metrics and health endpoints on free ports of 127.0.0.1.
 
@@ -33,7 +36,10 @@ import yaml
 from fluxnetes.devcluster.paths import k8s_home
 
 # start order (Trainer needs the JobSet CRD and controller)
-ADDON_NAMES: tuple[str, ...] = ("jobset", "mpi", "lws", "trainer")
+# (Kueue last: its integrations are set up for the workload kinds whose CRDs are installed)
+ADDON_NAMES: tuple[str, ...] = ("jobset", "mpi", "lws", "trainer", "kueue")
+# ``--addons all``: the workload controllers (the peers, kueue, only when named)
+WORKLOAD_ADDONS: tuple[str, ...] = ("jobset", "mpi", "lws", "trainer")
 REQUIRES: dict[str, tuple[str, ...]] = {"trainer": ("jobset",)}
 COMPONENT_PREFIX = "addon-"
 HOST = "127.0.0.1"
@@ -64,6 +70,10 @@ ADDONS: dict[str, Addon] = {
         Addon("lws", "sigs.k8s.io/lws@v0.7.0", ("LeaderWorkerSet",)),
         Addon("trainer", "github.com/kubeflow/trainer/v2@v2.0.0",
               ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")),
+        # a peer, not a workload controller: queueing and admission in front of kube-scheduler
+        # (bench/peers.py); its settings are kueue_configuration()'s
+        Addon("kueue", "sigs.k8s.io/kueue@v0.17.0",
+              ("ClusterQueue", "LocalQueue", "ResourceFlavor", "Workload", "Cohort")),
     )
 }
 COMPONENTS: tuple[str, ...] = tuple(ADDONS[n].component for n in ADDON_NAMES)
@@ -77,11 +87,11 @@ def parse(spec: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     words = spec.split(",") if isinstance(spec, str) else list(spec)
     names = {w.strip().lower() for w in words if w.strip()}
     if "all" in names:
-        names = set(ADDON_NAMES)
+        names = (names - {"all"}) | set(WORKLOAD_ADDONS)
     unknown = sorted(names - set(ADDON_NAMES))
     if unknown:
         raise AddonError(
-            f"--addons: unknown addon(s) {', '.join(unknown)} (known: {', '.join(sorted(ADDON_NAMES))}, or all)"
+            f"--addons: unknown addon(s) {', '.join(unknown)} (known: {', '.join(sorted(ADDON_NAMES))}, or all: {', '.join(WORKLOAD_ADDONS)})"
         )
     for n in list(names):
         names.update(REQUIRES.get(n, ()))
@@ -197,7 +207,63 @@ def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
              "--kube-api-qps=200", "--kube-api-burst=400", "--threadiness=4"],
             env, url, None,
         )
+    if name == "kueue":
+        env["KUEUE_METRICS_CERT_DIR"] = str(cert_dirs(run)[1])  # see hack/build-addons.sh
+        cfg = kueue_configuration(ports=ports, certs=certs, run=run)
+        path = run / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return Command([exe, f"--config={path}", "--zap-log-level=info"], env, url, webhook)
     raise ValueError(f"unknown addon {name}")
+
+
+# Kueue's frameworks for the kinds the dev cluster can serve: Jobs and plain pod groups always,
+# MPIJobs / JobSets / LeaderWorkerSets / TrainJobs when their CRDs are installed (Kueue starts
+# after the other addons: the integration of a kind without its CRD would wait for it)
+_KUEUE_FRAMEWORKS = {"mpi": "kubeflow.org/mpijob", "jobset": "jobset.x-k8s.io/jobset",
+                     "lws": "leaderworkerset.x-k8s.io/leaderworkerset", "trainer": "trainer.kubeflow.org/trainjob"}
+# $FLUXNETES_KUEUE_CONFIG: a YAML file whose top-level keys replace kueue_configuration()'s
+# (bench/peers.py runs single-pod Jobs without waitForPodsReady, gangs with it)
+KUEUE_CONFIG_ENV = "FLUXNETES_KUEUE_CONFIG"
+
+
+def kueue_configuration(*, ports: dict[str, int], certs: str, run: Path) -> dict[str, Any]:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) as its documentation sets it up
+    for batch work: Jobs and pod groups (only those naming a LocalQueue), all-or-nothing with
+    ``waitForPodsReady`` (sequential admission, the documented setting for gangs), fair sharing
+    between ClusterQueues of a cohort; plus what a local process needs (its ports on
+    127.0.0.1, no leader election, the dev cluster's certificate, no visibility API server)."""
+    webhook, metrics, health = (ports[port_key("kueue", k)] for k in PORT_KINDS)
+    others = [n for n in ADDON_NAMES if n != "kueue" and port_key(n, "health") in ports]
+    cfg: dict[str, Any] = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": webhook, "host": HOST, "certDir": certs},
+        "metrics": {"bindAddress": f"{HOST}:{metrics}"},
+        "health": {"healthProbeBindAddress": f"{HOST}:{health}"},
+        "clientConnection": {"qps": 50, "burst": 100},  # the release's manager config
+        "manageJobsWithoutQueueName": False,
+        "waitForPodsReady": {"timeout": "5m", "blockAdmission": True,
+                             "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60}},
+        "integrations": {"frameworks": ["batch/job", "pod", *(_KUEUE_FRAMEWORKS[n] for n in others)]},
+        "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+        # its visibility API server would bind 0.0.0.0:8082 (one per machine; the pending
+        # workloads' positions are not used here); MultiKueue (several clusters) needs CRDs
+        # the build does not install
+        "featureGates": {"VisibilityOnDemand": False, "MultiKueue": False},
+    }
+    override = os.environ.get(KUEUE_CONFIG_ENV)
+    if override:
+        extra = yaml.safe_load(Path(override).read_text()) or {}
+        if not isinstance(extra, dict):
+            raise AddonError(f"{KUEUE_CONFIG_ENV}={override}: must hold a YAML mapping of Configuration fields")
+        for key, value in extra.items():
+            if value is None:
+                cfg.pop(key, None)
+            else:
+                cfg[key] = value
+    return cfg
 
 
 # -- webhook configurations ----------------------------------------------------------------------
@@ -217,11 +283,19 @@ _POD_WEBHOOK_PATCHES: dict[str, dict[str, tuple[dict[str, Any], list[str] | None
 }
 
 
+_SYSTEM_NAMESPACES = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                             "values": ["kube-system", "kueue-system"]}]}
+_NAMESPACE_SELECTOR_PATCHES: dict[str, dict[str, dict[str, Any]]] = {
+    "kueue": {f"{mv}{kind}.kb.io": _SYSTEM_NAMESPACES for mv in "mv" for kind in ("pod", "deployment", "statefulset")},
+}
+
+
 def webhook_configurations(name: str, port: int, ca_pem: bytes, home: Path | None = None) -> list[dict[str, Any]]:
     """The release's webhook configurations of addon ``name``, served at 127.0.0.1:``port``."""
     path = addon_home(name, home) / "webhooks" / "manifests.yaml"
     out: list[dict[str, Any]] = []
     patches = _POD_WEBHOOK_PATCHES.get(name, {})
+    ns_patches = _NAMESPACE_SELECTOR_PATCHES.get(name, {})
     for doc in yaml.safe_load_all(path.read_text()):
         if not doc or not doc.get("webhooks"):
             continue
@@ -238,6 +312,8 @@ def webhook_configurations(name: str, port: int, ca_pem: bytes, home: Path | Non
                 if ops is not None:
                     for rule in wh.get("rules") or []:
                         rule["operations"] = list(ops)
+            if wh["name"] in ns_patches:
+                wh["namespaceSelector"] = ns_patches[wh["name"]]
             wh.setdefault("timeoutSeconds", 10)
         out.append(doc)
     return out
