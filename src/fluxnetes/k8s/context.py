@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fluxnetes.k8s import crashpoints
 from fluxnetes.k8s.config import OperatorConfig
 from fluxnetes.k8s.informer import Event
-from fluxnetes.k8s.kube import Kube, short, transient
+from fluxnetes.k8s.kube import Fenced, Kube, short, transient
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.persistence.journal import Journal
@@ -71,13 +71,19 @@ class Context:
                              what: str) -> T | None:
         """``call()``, sent again while the API server is away (refused, reset, timeout, 5xx,
         429) and the write is ``still`` wanted; None once it is not. A write lost to an API
-        server restart would otherwise leave a pod gated or a Job suspended for good."""
+        server restart would otherwise leave a pod gated or a Job suspended for good.
+
+        A write the leader's fence refused (``Fenced``: nothing was sent) is sent again too.
+        The fence closes when a renewal is late, and then either the renewal lands and the
+        fence opens again, or the lease is lost and the controller stops, cancelling this task
+        (the next leader's recovery places the pod). Given up, the pod of a running group
+        stayed unbound for good while the lease was still held (seen under load)."""
         backoff = 0.5
         while True:
             try:
                 return await call()
             except Exception as exc:
-                if not transient(exc):
+                if not (transient(exc) or isinstance(exc, Fenced)):
                     raise
                 if not still():
                     return None
