@@ -99,6 +99,31 @@ steps = st.lists(st.tuples(st.sampled_from(["allocate", "reserve", "reserve", "s
                            st.integers(0, 10 ** 6), st.booleans()), min_size=1, max_size=16)
 
 
+MATCH_OPS = {"allocate": "allocate", "reserve": "allocate_orelse_reserve", "sat": "satisfiability"}
+
+
+def step_both(fast: Matcher, ref: Matcher, op: str, pick: int, spec: Any, nodes: list[str], now: int) -> bool:
+    """One step of a differential session on two matchers (match, cancel, node down/up), the
+    answers compared; False when ``op`` is not one of those (the caller's own ops)."""
+    if op in MATCH_OPS:
+        a, b = fast.match(MATCH_OPS[op], spec, now=now), ref.match(MATCH_OPS[op], spec, now=now)
+        assert answer(a) == answer(b), (op, now, spec)
+    elif op == "cancel":
+        jobs = sorted(fast.jobs)
+        assert jobs == sorted(ref.jobs)
+        if jobs:
+            jid = jobs[pick % len(jobs)]
+            fast.cancel(jid)
+            ref.cancel(jid)
+    elif op in ("down", "up") and nodes:
+        name = nodes[pick % len(nodes)]
+        fast.set_status(name, op == "up")
+        ref.set_status(name, op == "up")
+    else:
+        return False
+    return True
+
+
 def same_session(graph_of: Any, policy: str, specs: list[Any], ops: list[tuple[str, int, bool]],
                  hostlists: bool) -> tuple[Matcher, Matcher]:
     fast = Matcher(graph_of(), policy)
@@ -112,21 +137,8 @@ def same_session(graph_of: Any, policy: str, specs: list[Any], ops: list[tuple[s
         if hostlists and flag and nodes:
             allowed = [n for i, n in enumerate(nodes) if (pick >> i) & 1]
             spec = replace(spec, constraint=parse_constraint({"hostlist": allowed}, "c"))
-        if op in ("allocate", "reserve", "sat"):
-            name = {"allocate": "allocate", "reserve": "allocate_orelse_reserve", "sat": "satisfiability"}[op]
-            a, b = fast.match(name, spec, now=now), ref.match(name, spec, now=now)
-            assert answer(a) == answer(b), (op, spec)
-        elif op == "cancel":
-            jobs = sorted(fast.jobs)
-            assert jobs == sorted(ref.jobs)
-            if jobs:
-                jid = jobs[pick % len(jobs)]
-                fast.cancel(jid)
-                ref.cancel(jid)
-        elif op in ("down", "up") and nodes:
-            name = nodes[pick % len(nodes)]
-            fast.set_status(name, op == "up")
-            ref.set_status(name, op == "up")
+        if step_both(fast, ref, op, pick, spec, nodes, now):
+            pass
         elif op == "label" and nodes:
             # properties feed constraints: answers remembered before must not survive this
             name = nodes[pick % len(nodes)]

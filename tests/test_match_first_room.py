@@ -20,7 +20,7 @@ from fluxnetes.graph import from_description, from_k8s_nodes
 from fluxnetes.match import Matcher
 from fluxnetes.match.engine import VState, _has_room
 from fluxnetes.sim.machine import machine_from_size
-from test_match_failing_fast import answer, descriptions, k8s_nodes
+from test_match_failing_fast import answer, descriptions, k8s_nodes, step_both
 from test_match_reserve_fast import _slots
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -58,21 +58,8 @@ def session(graph_of: Any, policy: str, jobspecs: list[Any], ops: list[tuple[str
     now = 0
     for op, pick in ops:
         spec = jobspecs[pick % len(jobspecs)]
-        if op in ("allocate", "reserve"):
-            name = "allocate" if op == "allocate" else "allocate_orelse_reserve"
-            a, b = fast.match(name, spec, now=now), ref.match(name, spec, now=now)
-            assert answer(a) == answer(b), (op, now, spec)
-        elif op == "cancel":
-            jobs = sorted(fast.jobs)
-            assert jobs == sorted(ref.jobs)
-            if jobs:
-                jid = jobs[pick % len(jobs)]
-                fast.cancel(jid)
-                ref.cancel(jid)
-        elif op in ("down", "up") and nodes:
-            name = nodes[pick % len(nodes)]
-            fast.set_status(name, op == "up")
-            ref.set_status(name, op == "up")
+        if step_both(fast, ref, op, pick, spec, nodes, now):
+            pass
         elif op == "advance":
             now += pick % 120
         check_room(fast)

@@ -19,7 +19,7 @@ from fluxnetes.jobspec import parse_jobspec
 from fluxnetes.match import Matcher
 from fluxnetes.match.engine import Engine
 from fluxnetes.plan import Planner
-from test_match_failing_fast import answer, descriptions, k8s_nodes
+from test_match_failing_fast import answer, descriptions, k8s_nodes, step_both
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 POLICIES = ["low", "high", "lonode", "hinode", "first", "locality", "variation"]
@@ -63,21 +63,8 @@ def session(graph_of: Any, policy: str, specs: list[Any], ops: list[tuple[str, i
     now = 0
     for op, pick in ops:
         spec = specs[pick % len(specs)]
-        if op in ("allocate", "reserve"):
-            name = "allocate" if op == "allocate" else "allocate_orelse_reserve"
-            a, b = fast.match(name, spec, now=now), ref.match(name, spec, now=now)
-            assert answer(a) == answer(b), (op, now, spec)
-        elif op == "cancel":
-            jobs = sorted(fast.jobs)
-            assert jobs == sorted(ref.jobs)
-            if jobs:
-                jid = jobs[pick % len(jobs)]
-                fast.cancel(jid)
-                ref.cancel(jid)
-        elif op in ("down", "up") and nodes:
-            name = nodes[pick % len(nodes)]
-            fast.set_status(name, op == "up")
-            ref.set_status(name, op == "up")
+        if step_both(fast, ref, op, pick, spec, nodes, now):
+            pass
         elif op == "advance":
             now += pick % 120
     fast.check_invariants()

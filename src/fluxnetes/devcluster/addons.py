@@ -168,6 +168,21 @@ def health_url(name: str, ports: dict[str, int]) -> str:
     return f"http://{HOST}:{health}/healthz" if name == "mpi" else f"http://{HOST}:{health}/readyz"
 
 
+def manager_configuration(api_version: str, *, webhook: int, metrics: int, health: int,
+                          certs: str) -> dict[str, Any]:
+    """The controller-runtime manager fields every addon's Configuration shares: on 127.0.0.1,
+    no leader election, the dev cluster's certificate (not the manager's own)."""
+    return {
+        "apiVersion": api_version,
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": webhook, "host": HOST, "certDir": certs},
+        "metrics": {"bindAddress": f"{HOST}:{metrics}"},
+        "health": {"healthProbeBindAddress": f"{HOST}:{health}"},
+    }
+
+
 def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
             home: Path | None = None) -> Command:
     """How addon ``name`` is started; writes its configuration file into ``run``."""
@@ -178,15 +193,8 @@ def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
     url = health_url(name, ports)
     if name in ("jobset", "lws"):
         group = "config.jobset.x-k8s.io" if name == "jobset" else "config.lws.x-k8s.io"
-        cfg: dict[str, Any] = {
-            "apiVersion": f"{group}/v1alpha1",
-            "kind": "Configuration",
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "webhook": {"port": webhook, "host": HOST, "certDir": certs},
-            "metrics": {"bindAddress": f"{HOST}:{metrics}"},
-            "health": {"healthProbeBindAddress": f"{HOST}:{health}"},
-        }
+        cfg = manager_configuration(f"{group}/v1alpha1", webhook=webhook, metrics=metrics, health=health,
+                                    certs=certs)
         if name == "jobset":
             cfg["metrics"]["certDir"] = str(cert_dirs(run)[1])
         path = run / "config.yaml"
@@ -234,14 +242,9 @@ def kueue_configuration(*, ports: dict[str, int], certs: str, run: Path) -> dict
     127.0.0.1, no leader election, the dev cluster's certificate, no visibility API server)."""
     webhook, metrics, health = (ports[port_key("kueue", k)] for k in PORT_KINDS)
     others = [n for n in ADDON_NAMES if n != "kueue" and port_key(n, "health") in ports]
-    cfg: dict[str, Any] = {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-        "kind": "Configuration",
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
-        "webhook": {"port": webhook, "host": HOST, "certDir": certs},
-        "metrics": {"bindAddress": f"{HOST}:{metrics}"},
-        "health": {"healthProbeBindAddress": f"{HOST}:{health}"},
+    cfg = manager_configuration("config.kueue.x-k8s.io/v1beta2", webhook=webhook, metrics=metrics,
+                                health=health, certs=certs)
+    cfg.update({
         "clientConnection": {"qps": 50, "burst": 100},  # the release's manager config
         "manageJobsWithoutQueueName": False,
         "waitForPodsReady": {"timeout": "5m", "blockAdmission": True,
@@ -252,7 +255,7 @@ def kueue_configuration(*, ports: dict[str, int], certs: str, run: Path) -> dict
         # workloads' positions are not used here); MultiKueue (several clusters) needs CRDs
         # the build does not install
         "featureGates": {"VisibilityOnDemand": False, "MultiKueue": False},
-    }
+    })
     override = os.environ.get(KUEUE_CONFIG_ENV)
     if override:
         extra = yaml.safe_load(Path(override).read_text()) or {}
