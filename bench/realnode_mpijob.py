@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,9 @@ from typing import Any
 import yaml
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape, realnode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from realnode_pod_start import start_operator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "realnode_mpijob.json"
@@ -113,21 +115,7 @@ def main() -> None:
             t0 = time.monotonic()
             realnode.import_images(cluster, archive)
             import_s = time.monotonic() - t0
-            log = Path(tmp) / "operator.log"
-            op = subprocess.Popen([sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig",
-                                   str(cluster.kubeconfig), "--webhook-port", "0",
-                                   "--namespace", OP_NS], stdout=log.open("wb"), stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 90
-            while "operator ready" not in log.read_text():
-                if op.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"operator did not start:\n{log.read_text()[-2000:]}")
-                time.sleep(0.2)
-            cluster.kubectl("create", "namespace", "bench-flux")
-            cluster.kubectl("label", "namespace", "bench-flux", "fluxnetes.io/enabled=true")
-            cluster.kubectl("create", "namespace", "bench-default")
-            for ns in ("bench-flux", "bench-default"):
-                cluster.wait_for(f"{ns}/default", lambda ns=ns: cluster._exists(
-                    f"/api/v1/namespaces/{ns}/serviceaccounts/default"), time.monotonic() + 60)
+            op = start_operator(cluster, Path(tmp) / "operator.log")
             samples: dict[str, list[dict[str, float]]] = {"fluxnetes": [], "kube-scheduler": []}
             for i in range(args.pairs):
                 order = [("fluxnetes", "bench-flux"), ("kube-scheduler", "bench-default")]

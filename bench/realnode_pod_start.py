@@ -85,6 +85,26 @@ def summary(xs: list[float]) -> dict[str, float]:
             "max_s": round(s[-1], 3), "p90_s": round(s[min(len(s) - 1, int(0.9 * len(s)))], 3)}
 
 
+def start_operator(cluster: Cluster, log: Path) -> subprocess.Popen[bytes]:
+    """The operator from the shell, once ready, and the two namespaces the runs compare:
+    bench-flux (opted in) and bench-default (kube-scheduler), each with its service account."""
+    op = subprocess.Popen([sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig",
+                           str(cluster.kubeconfig), "--webhook-port", "0", "--namespace", OP_NS],
+                          stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    while "operator ready" not in log.read_text():
+        if op.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"operator did not start:\n{log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    cluster.kubectl("create", "namespace", "bench-flux")
+    cluster.kubectl("label", "namespace", "bench-flux", "fluxnetes.io/enabled=true")
+    cluster.kubectl("create", "namespace", "bench-default")
+    for ns in ("bench-flux", "bench-default"):  # the service account exists
+        cluster.wait_for(f"{ns}/default", lambda ns=ns: cluster._exists(
+            f"/api/v1/namespaces/{ns}/serviceaccounts/default"), time.monotonic() + 60)
+    return op
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=10)
@@ -98,22 +118,7 @@ def main() -> None:
         up_s = time.monotonic() - t0
         op = None
         try:
-            log = Path(tmp) / "operator.log"
-            op = subprocess.Popen([sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig",
-                                   str(cluster.kubeconfig), "--webhook-port", "0",
-                                   "--namespace", OP_NS], stdout=log.open("wb"),
-                                  stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 90
-            while "operator ready" not in log.read_text():
-                if op.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"operator did not start:\n{log.read_text()[-2000:]}")
-                time.sleep(0.2)
-            cluster.kubectl("create", "namespace", "bench-flux")
-            cluster.kubectl("label", "namespace", "bench-flux", "fluxnetes.io/enabled=true")
-            cluster.kubectl("create", "namespace", "bench-default")
-            for ns in ("bench-flux", "bench-default"):  # the service account exists
-                cluster.wait_for(f"{ns}/default", lambda ns=ns: cluster._exists(
-                    f"/api/v1/namespaces/{ns}/serviceaccounts/default"), time.monotonic() + 60)
+            op = start_operator(cluster, Path(tmp) / "operator.log")
             one(cluster, "bench-flux", "warm-flux", by_fluxnetes=True)  # first pays setup
             one(cluster, "bench-default", "warm-default")
             samples: dict[str, list[float]] = {"fluxnetes": [], "kube-scheduler": []}
