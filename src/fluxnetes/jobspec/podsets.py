@@ -11,6 +11,8 @@ the whole gang or nothing:
   refuses sibling slots; the matcher places them together (``fluxnetes.match.gang``);
 * ``exclusive`` (``fluxnetes.io/exclusive: node``): each entry becomes
   ``node[n_S] exclusive -> slot[1] (label S)`` - one pod per node, whole nodes;
+* socket locality: ``socket[n_S] -> slot[1] (label S)`` - each pod within one socket, the
+  socket shared (``fluxnetes.jobspec.pods.slots_entry``);
 * ``pack`` (``fluxnetes.io/pack: node|rack|zone``): the entries go under ``<level>[1]``, so
   every pod lands within one node / rack / zone.
 
@@ -32,7 +34,14 @@ from typing import Any
 from fluxnetes.jobspec.constraints import parse_constraint
 from fluxnetes.jobspec.model import Jobspec, JobspecError, parse_jobspec
 from fluxnetes.jobspec.packing import LEVELS, Packing, PackingError
-from fluxnetes.jobspec.pods import PodRequest, cores_for, extended_type, jobspec_from_pods, mib_for, slots_entry
+from fluxnetes.jobspec.pods import (
+    PodRequest,
+    cores_for,
+    extended_type,
+    jobspec_from_pods,
+    mib_for,
+    slots_entry,
+)
 
 PODSETS_KEY = "podsets"  # attributes.system.podsets.<name>.constraints
 
