@@ -187,3 +187,32 @@ def test_a_node_heartbeat_costs_nothing_a_cordon_or_a_resize_is_seen() -> None:
     labelled["metadata"]["labels"]["team"] = "a"
     m.cluster.on_node("MODIFIED", labelled)
     assert m.dirty
+
+
+def test_a_foreign_pod_leaves_the_rest_of_its_socket_to_socket_local_pods() -> None:
+    """Issue #28: on a real node (one NUMA zone) the agent DaemonSet's pod took 1 of 2 cores
+    and a socket-local pod (``fluxnetes.io/topology: socket``) was never placed there. The
+    foreign pod's core is in the socket, so the socket carries its x_checker tag (Fluxion); the
+    socket-local request must not ask for the socket exclusively, only for cores within it."""
+    from fluxnetes.jobspec.pods import PodRequest, jobspec_from_pods
+    from fluxnetes.match.results import MatchStatus
+    from test_graph_topology import nrt_obj
+
+    m = Book()
+    n = node("n0")
+    n["status"]["allocatable"]["cpu"] = "2"
+    n["status"]["capacity"]["cpu"] = "4"
+    m.cluster.know_node(n)
+    m.cluster.topologies.update("ADDED", nrt_obj("n0", [(2, 8, 0)]))
+    m.cluster.build_matcher()
+    assert [v.type for v in m.cluster.matcher.graph.vertices].count("socket") == 1
+    m.cluster.add_foreign("agent", other("agent", "1", "n0"), "n0")
+    m.cluster.flush_foreign()
+    assert foreign_cores(m) == {"n0": 1}
+    local = jobspec_from_pods(1, PodRequest(cpu_millis=1000), locality="socket", name="g")
+    r = m.cluster.matcher.allocate(local, now=0)
+    assert r.status == MatchStatus.ALLOCATED, r
+    assert [(s.name, s.cores) for s in r.nodes] == [("n0", 1)]
+    # the socket is full now: a second one waits
+    assert m.cluster.matcher.allocate(local, now=0).status == MatchStatus.BUSY
+    m.cluster.matcher.check_invariants()

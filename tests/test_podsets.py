@@ -407,3 +407,27 @@ def test_every_allocation_gives_each_set_its_count(case: tuple[list[int], list[P
     m.check_invariants()
     m.cancel(r.jobid)
     assert free_cores(m) == before
+
+
+def test_socket_local_sets_share_sockets_but_keep_each_pod_in_one() -> None:
+    """Issue #28: a set's socket locality puts a shared socket above each slot (not an
+    exclusive one inside it), so pods of two sets can share a socket's cores."""
+    from fluxnetes.graph.topology import from_k8s_nodes_topology, topology_from_nrt
+    from fluxnetes.match.matcher import Matcher
+    from fluxnetes.match.results import MatchStatus
+    from test_graph_topology import k8s_node, nrt_obj
+
+    g, _ = from_k8s_nodes_topology([k8s_node("a")], {"a": topology_from_nrt(nrt_obj("a", [(4, 8, 0), (4, 8, 0)]))})
+    sets = [PodSet("l", 1, cpu(1), "socket"), PodSet("w", 2, cpu(3), "socket")]
+    js = jobspec_from_podsets(sets, name="x")
+    assert [(r.type, r.with_[0].type) for r in js.resources] == [("socket", "slot"), ("socket", "slot")]
+    m = Matcher(g, policy="first")
+    r = m.allocate(js, now=0)
+    assert r.status == MatchStatus.ALLOCATED, r
+    # 1 + 3 + 3 cores on 2 sockets of 4: the launcher shares a socket with a worker
+    by_socket: dict[str, int] = {}
+    for v in r.vertices:
+        if v.type == "core":
+            by_socket[v.path.rsplit("/", 1)[0]] = by_socket.get(v.path.rsplit("/", 1)[0], 0) + 1
+    assert sorted(by_socket.values()) == [3, 4]
+    m.check_invariants()

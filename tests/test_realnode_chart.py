@@ -333,19 +333,15 @@ def test_agent_topology_from_real_sys_becomes_numa_zones(env: Env, opted_in: str
     # The operator builds sockets below a node only from such an object; a pod asking for one
     # socket finds "0 sockets" (Unsatisfiable) without them. (The agent installs the NRT CRD
     # after the operator started, which looks for it again every 60 s: until then the pod is
-    # Unsatisfiable, then queued again when the node's socket appears.) It is not placed: the
-    # agent, a pod fluxnetes did not place, is recorded on the node's only socket and the
-    # matcher then counts that socket as taken (see the report of this change).
+    # Unsatisfiable, then queued again when the node's socket appears.) Then it is placed in
+    # the node's only socket beside the agent, a pod fluxnetes did not place, which holds a
+    # core of that socket but not the socket (issue #28: the socket-local pod's socket was
+    # exclusive, inside its slot, so the agent kept it off the node).
     create(c, opted_in, busybox_pod("socket-local", "sleep 600",
                                     {"fluxnetes.io/topology": "socket"}))
-
-    def sockets_seen() -> bool:
-        st = c.kubectl_json("get", "fluxjob", "-n", opted_in, "pod-socket-local").get("status") or {}
-        reason = str(st.get("reason", ""))
-        return st.get("phase") == "Pending" and reason.startswith(("waiting for resources", "queued again"))
-
-    wait("the operator to see a socket on the real node", sockets_seen, timeout=150,
-         diag=lambda: diagnose(c))
+    pod = wait("the socket-local pod Running on the real node", lambda: running(c, opted_in, "socket-local"),
+               timeout=180, diag=lambda: diagnose(c))
+    assert pod["spec"]["nodeName"] == NODE
     c.kubectl("delete", "pod", "-n", opted_in, "socket-local", "--wait=true", timeout=60)
 
 

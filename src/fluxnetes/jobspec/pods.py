@@ -14,10 +14,13 @@ Mapping (kept in step with ``fluxnetes.graph.builders.from_k8s_nodes``):
 * ``exclusive_nodes`` wraps the slots as ``node[N] (exclusive) -> slot[1]``: one pod per node,
   nothing else on those nodes.
 * ``locality="socket"`` (pod annotation ``fluxnetes.io/topology: socket``, read by
-  :func:`locality_from_annotations`) puts the slot's resources under one ``socket``:
-  ``slot -> socket[1] -> core, memory, gpu...``. The slot then holds a whole socket (NUMA
-  domain) of a topology-aware node (``fluxnetes.graph.topology``), all its cores and GPUs in
-  it; flat nodes (no NodeResourceTopology) have no sockets and cannot take it.
+  :func:`locality_from_annotations`) puts each slot in its own ``socket``:
+  ``socket[N] -> slot[1] -> core, memory, gpu...``. Every pod's cores and GPUs come from one
+  socket (NUMA domain) of a topology-aware node (``fluxnetes.graph.topology``), each pod from
+  a different socket; the socket itself is shared (not exclusive), so other pods (foreign
+  ones too) may use its other cores. With ``exclusive_nodes`` the shape stays
+  ``node[N] (exclusive) -> slot[1] -> socket[1] -> ...``. Flat nodes (no
+  NodeResourceTopology) have no sockets and cannot take it.
 """
 
 from __future__ import annotations
@@ -72,6 +75,26 @@ def mib_for(memory_bytes: int) -> int:
     return -(-memory_bytes // MIB)
 
 
+def slots_entry(count: int, label: str, inner: list[dict[str, Any]], *, exclusive_nodes: bool = False,
+                locality: str | None = None) -> dict[str, Any]:
+    """The jobspec entry of ``count`` pods whose slot holds ``inner`` (see the module docstring).
+
+    Socket locality puts the socket *above* the slot (``socket[count] -> slot[1]``), never
+    inside it: Fluxion makes everything inside a slot exclusive, and an exclusive socket needs
+    no other job in it at all, so one foreign pod (a DaemonSet's) on a one-socket node kept
+    every socket-local pod off that node (issue #28). Above the slot the socket is shared:
+    each pod's cores still come from one socket, and each pod from a different socket."""
+    if exclusive_nodes:
+        if locality == "socket":  # the node is held whole: its sockets have no other job
+            inner = [{"type": "socket", "count": 1, "with": inner}]
+        return {"type": "node", "count": count, "exclusive": True,
+                "with": [{"type": "slot", "count": 1, "label": label, "with": inner}]}
+    if locality == "socket":
+        return {"type": "socket", "count": count,
+                "with": [{"type": "slot", "count": 1, "label": label, "with": inner}]}
+    return {"type": "slot", "count": count, "label": label, "with": inner}
+
+
 def jobspec_from_pods(
     count: int,
     request: PodRequest,
@@ -108,14 +131,8 @@ def jobspec_from_pods(
         if t in ("core", "memory", "gpu", "node", "slot", "socket"):
             raise JobspecError(f"request.extended.{rname}", "clashes with a built-in resource type")
         inner.append({"type": t, "count": n})
-    if locality == "socket":
-        inner = [{"type": "socket", "count": 1, "with": inner}]
     label = name or "group"
-    if exclusive_nodes:
-        resources = [{"type": "node", "count": count, "exclusive": True,
-                      "with": [{"type": "slot", "count": 1, "label": label, "with": inner}]}]
-    else:
-        resources = [{"type": "slot", "count": count, "label": label, "with": inner}]
+    resources = [slots_entry(count, label, inner, exclusive_nodes=exclusive_nodes, locality=locality)]
     spec = {
         "version": 9999,
         "resources": resources,

@@ -11,6 +11,8 @@ the whole gang or nothing:
   refuses sibling slots; the matcher places them together (``fluxnetes.match.gang``);
 * ``exclusive`` (``fluxnetes.io/exclusive: node``): each entry becomes
   ``node[n_S] exclusive -> slot[1] (label S)`` - one pod per node, whole nodes;
+* socket locality: ``socket[n_S] -> slot[1] (label S)`` - each pod within one socket, the
+  socket shared (``fluxnetes.jobspec.pods.slots_entry``);
 * ``pack`` (``fluxnetes.io/pack: node|rack|zone``): the entries go under ``<level>[1]``, so
   every pod lands within one node / rack / zone.
 
@@ -32,7 +34,14 @@ from typing import Any
 from fluxnetes.jobspec.constraints import parse_constraint
 from fluxnetes.jobspec.model import Jobspec, JobspecError, parse_jobspec
 from fluxnetes.jobspec.packing import LEVELS, Packing, PackingError
-from fluxnetes.jobspec.pods import PodRequest, cores_for, extended_type, jobspec_from_pods, mib_for
+from fluxnetes.jobspec.pods import (
+    PodRequest,
+    cores_for,
+    extended_type,
+    jobspec_from_pods,
+    mib_for,
+    slots_entry,
+)
 
 PODSETS_KEY = "podsets"  # attributes.system.podsets.<name>.constraints
 
@@ -85,7 +94,7 @@ def _check_sets(sets: Sequence[PodSet]) -> list[PodSet]:
 def _slot_inner(s: PodSet, i: int) -> list[dict[str, Any]]:
     """The slot contents of one pod of ``s``, exactly as jobspec_from_pods writes them."""
     try:
-        one = jobspec_from_pods(1, s.request, locality=s.locality, name=s.name)
+        one = jobspec_from_pods(1, s.request, name=s.name)  # locality: slots_entry, above the slot
     except JobspecError as exc:
         raise JobspecError(f"podsets[{i}].{exc.path}", f"pod set {s.name!r}: {exc.rule}") from None
     inner: list[dict[str, Any]] = one.to_dict()["resources"][0]["with"]
@@ -123,11 +132,7 @@ def jobspec_from_podsets(sets: Sequence[PodSet], *, duration: int = 0, packing: 
     for i, s in enumerate(live):
         label = (name or "group") if single else s.name
         inner = inners[i]
-        if pk.exclusive:
-            entries.append({"type": "node", "count": s.count, "exclusive": True,
-                            "with": [{"type": "slot", "count": 1, "label": label, "with": inner}]})
-        else:
-            entries.append({"type": "slot", "count": s.count, "label": label, "with": inner})
+        entries.append(slots_entry(s.count, label, inner, exclusive_nodes=pk.exclusive, locality=s.locality))
         tasks.append({"command": [label], "slot": label, "count": {"per_slot": 1}})
         if s.constraint is not None and not single:
             parse_constraint(s.constraint, f"podsets[{i}].constraint")
