@@ -56,6 +56,8 @@ ALLOWED = [
     ("watch", "namespaces", None),
     ("get", "customresourcedefinitions.apiextensions.k8s.io/fluxjobs.fluxnetes.io", None),
     ("update", "customresourcedefinitions.apiextensions.k8s.io/fluxjobs.fluxnetes.io", None),
+    ("watch", "customresourcedefinitions.apiextensions.k8s.io/noderesourcetopologies.topology.node.k8s.io", None),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io/noderesourcetopologies.topology.node.k8s.io", None),
     ("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
     ("update", "mutatingwebhookconfigurations.admissionregistration.k8s.io/fluxnetes.io", None),
     ("get", "validatingwebhookconfigurations.admissionregistration.k8s.io/fluxnetes.io", None),
@@ -87,6 +89,8 @@ FORBIDDEN = [
     ("update", "fluxaccounts.fluxnetes.io", None),  # accounts are the users' to write
     ("patch", "namespaces", None),
     ("update", "customresourcedefinitions.apiextensions.k8s.io/other.example.com", None),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io", None),  # only the NRT one, by name
+    ("update", "customresourcedefinitions.apiextensions.k8s.io/noderesourcetopologies.topology.node.k8s.io", None),
     ("update", "mutatingwebhookconfigurations.admissionregistration.k8s.io/someone-else", None),
     ("list", "mutatingwebhookconfigurations.admissionregistration.k8s.io", None),
     ("update", "validatingadmissionpolicies.admissionregistration.k8s.io/someone-else", None),

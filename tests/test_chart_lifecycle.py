@@ -1,7 +1,7 @@
 """What the operator creates at run time goes away with the installation.
 
 The operator creates its MutatingWebhookConfiguration and the gate's ValidatingAdmissionPolicy
-and binding itself (the chart cannot: they carry a CA made at start-up and the operator's own
+and binding itself (and its certificate Secret and leader Lease) (the chart cannot: they carry a CA made at start-up and the operator's own
 identity). Each carries an ownerReference to the installation's ClusterRole, so when
 `helm uninstall` (or `kubectl delete -f dist/fluxnetes.yaml`) deletes that ClusterRole, the
 garbage collector of kube-controller-manager deletes them too. Here: a real `helm install`
@@ -55,10 +55,12 @@ def owner_refs(cluster: Any, kind: str, name: str) -> list[dict[str, Any]]:
     return list(cluster.kubectl_json("get", kind, name)["metadata"].get("ownerReferences") or [])
 
 
-def start_operator(kubeconfig: Path, namespace: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+def start_operator(kubeconfig: Path, namespace: str, log: Path, *extra: str,
+                   leader_elect: bool = False) -> subprocess.Popen[bytes]:
+    elect = "--leader-elect" if leader_elect else "--no-leader-elect"
     return subprocess.Popen(
         [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", str(kubeconfig),
-         "--namespace", namespace, "--webhook-port", "0", "--no-leader-elect", *extra],
+         "--namespace", namespace, "--webhook-port", "0", elect, *extra],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         cwd=ROOT,
@@ -117,7 +119,8 @@ def test_helm_uninstall_removes_the_operators_webhook_configurations(
     assert f"--owner-cluster-role={role}" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     uid = cluster.kubectl_json("get", "clusterrole", role)["metadata"]["uid"]
     log = tmp_path / "operator.log"
-    proc = start_operator(cluster.kubeconfig, ns, log, f"--owner-cluster-role={role}")
+    # leader election on: its Lease is one of the objects the operator makes (issue #28)
+    proc = start_operator(cluster.kubeconfig, ns, log, f"--owner-cluster-role={role}", leader_elect=True)
     uninstalled = False
     try:
         wait_for("the operator's objects",
@@ -131,6 +134,8 @@ def test_helm_uninstall_removes_the_operators_webhook_configurations(
         # the certificate Secret in the release namespace has the same owner
         cert = cluster.kubectl_json("get", "secret", "fluxnetes-webhook-cert", "-n", ns)
         assert [r["uid"] for r in cert["metadata"]["ownerReferences"]] == [uid]
+        lease = cluster.kubectl_json("get", "lease", "fluxnetes-leader", "-n", ns)
+        assert [r["uid"] for r in lease["metadata"].get("ownerReferences") or []] == [uid], lease["metadata"]
         # the probe namespace, when this operator made it (an earlier one may have)
         probe = cluster.kubectl_json("get", "namespace", "fluxnetes-probe")["metadata"]
         probe_owned = [r["uid"] for r in probe.get("ownerReferences") or []] == [uid]
@@ -142,6 +147,9 @@ def test_helm_uninstall_removes_the_operators_webhook_configurations(
                  lambda: not any(exists(cluster, k, n) for k, n in OPERATOR_OBJECTS), timeout=120)
         wait_for("the certificate Secret to go",
                  lambda: not cluster.kubectl("get", "secret", "fluxnetes-webhook-cert", "-n", ns,
+                                             "--ignore-not-found", "-o", "name").stdout.strip(), timeout=120)
+        wait_for("the leader Lease to go",
+                 lambda: not cluster.kubectl("get", "lease", "fluxnetes-leader", "-n", ns,
                                              "--ignore-not-found", "-o", "name").stdout.strip(), timeout=120)
         if probe_owned:  # gone completely, so that the next operator can make it again
             wait_for("the probe namespace to go", lambda: not exists(cluster, "namespace", "fluxnetes-probe"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 
@@ -20,7 +21,14 @@ from fluxnetes.graph.topology import (
 )
 from fluxnetes.jobspec.model import JobspecError
 from fluxnetes.jobspec.pods import PodRequest, jobspec_from_pods, locality_from_annotations
-from fluxnetes.k8s.cluster.topology import Topologies, TopologySource, build_graph, replace_node
+from fluxnetes.k8s.cluster.topology import (
+    CRD_NAME,
+    NRT,
+    Topologies,
+    TopologySource,
+    build_graph,
+    replace_node,
+)
 from fluxnetes.match.matcher import Matcher
 from fluxnetes.match.results import MatchStatus
 
@@ -319,8 +327,12 @@ def test_topologies_ignore_bad_objects_and_unchanged_updates(caplog: pytest.LogC
 
 
 class _NoCrdKube:
-    def __init__(self) -> None:
+    """No NRT API (404) and, unless ``may_watch``, no right to list CRDs (403)."""
+
+    def __init__(self, may_watch: bool = False) -> None:
         self.calls = 0
+        self.may_watch = may_watch
+        self.crd_lists: list[str | None] = []
 
     async def request(self, method: str, path: str, **kw: Any) -> None:
         from fluxnetes.k8s.kube import ApiError
@@ -328,8 +340,17 @@ class _NoCrdKube:
         self.calls += 1
         raise ApiError(404, {"message": "the server could not find the requested resource"}, method, path)
 
+    async def list(self, res: Any, *, field_selector: str | None = None) -> tuple[list[Any], str]:
+        from fluxnetes.k8s.kube import ApiError
+
+        self.crd_lists.append(field_selector)
+        if not self.may_watch:
+            raise ApiError(403, {"message": "forbidden"}, "GET", res.path())
+        return [], "1"
+
 
 def test_topology_source_waits_for_the_crd() -> None:
+    """Without the right to watch CRDs it looks every crd_poll seconds (refused once only)."""
     kube = _NoCrdKube()
 
     async def main() -> None:
@@ -341,6 +362,59 @@ def test_topology_source_waits_for_the_crd() -> None:
 
     asyncio.run(main())
     assert kube.calls >= 2
+    assert len(kube.crd_lists) == 1  # the refused watch is not asked for again
+
+
+class _LateCrdKube(_NoCrdKube):
+    """The NRT CRD appears (the agent installs it) while the source watches for it: a watch
+    event, then the API is served and lists one object."""
+
+    def __init__(self) -> None:
+        super().__init__(may_watch=True)
+        self.created = asyncio.Event()
+        self.watches: list[tuple[str, str | None, int]] = []
+
+    async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        if not self.created.is_set():
+            await super().request(method, path, **kw)
+        return {}
+
+    async def watch(self, res: Any, version: str, *, field_selector: str | None = None,
+                    timeout_seconds: int = 290) -> Any:
+        self.watches.append((version, field_selector, timeout_seconds))
+        await self.created.wait()
+        yield {"type": "ADDED", "object": {"metadata": {"name": CRD_NAME}}}
+
+
+def test_topology_source_notices_a_late_crd_at_once_not_at_the_next_poll() -> None:
+    """Issue #28: the agent installs the NRT CRD after the operator started; the operator
+    read the topology only at its next look a minute later. It now watches that CRD by name
+    and starts reading NRT objects as soon as it appears (crd_poll here: an hour)."""
+    kube = _LateCrdKube()
+    started: list[Any] = []
+
+    class _Informer:
+        def __init__(self, _kube: Any, res: Any, kind: str, queue: Any) -> None:
+            started.append(res)
+
+        async def run(self) -> None:
+            await asyncio.sleep(3600)
+
+    async def main() -> None:
+        src = TopologySource(kube, asyncio.Queue(), crd_poll=3600)  # type: ignore[arg-type]
+        with patch("fluxnetes.k8s.informer.Informer", _Informer):
+            task = asyncio.ensure_future(src.run())
+            await asyncio.sleep(0.05)
+            assert not started and kube.watches == [("1", f"metadata.name={CRD_NAME}", 3600)]
+            kube.created.set()
+            for _ in range(100):
+                if started:
+                    break
+                await asyncio.sleep(0.01)
+            task.cancel()
+        assert started == [NRT]
+
+    asyncio.run(main())
 
 
 class _Kube:

@@ -225,6 +225,36 @@ async def test_a_released_lease_is_taken_at_once(api: FakeApi) -> None:
             await k.close()
 
 
+OWNER = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": "flx-fluxnetes",
+         "uid": "u-1"}
+
+
+@pytest.mark.asyncio
+async def test_the_lease_is_owned_by_the_installation_so_uninstall_deletes_it(api: FakeApi) -> None:
+    """Issue #28: the Lease outlived `helm uninstall`. Given an owner (the chart's ClusterRole)
+    it carries the reference from its creation, and a Lease left without one (an older
+    release) gains it when taken over; run from a shell (no owner) it carries none."""
+    kube = kube_for(api)
+    try:
+        owned = LeaderElector(kube, "ns", "lead", "a", lease_seconds=LEASE, renew_deadline=DEADLINE,
+                              retry_seconds=RETRY, owner=OWNER)
+        assert await owned.try_acquire(kube)
+        assert api.lease is not None
+        assert api.lease["metadata"]["ownerReferences"] == [OWNER]
+        assert await owned.try_acquire(kube)  # a renewal keeps it
+        assert api.lease["metadata"]["ownerReferences"] == [OWNER]
+
+        api.lease = None
+        assert await elector(kube, "shell").try_acquire(kube)
+        assert "ownerReferences" not in api.lease["metadata"]
+        api.lease["spec"]["holderIdentity"] = ""  # released: the installed operator takes it
+        assert await owned.try_acquire(kube)
+        assert api.lease["spec"]["holderIdentity"] == "a"
+        assert api.lease["metadata"]["ownerReferences"] == [OWNER]
+    finally:
+        await kube.close()
+
+
 def test_bad_timings_are_refused() -> None:
     kube = Kube("http://127.0.0.1:1", False, {})
     with pytest.raises(ValueError, match="renew deadline"):

@@ -3,13 +3,17 @@ controller): a node with an aligned topology gets sockets in the graph, a pod as
 `fluxnetes.io/topology: socket` is placed within one socket, a change of the object replaces
 the node's subtree with running allocations kept, and deleting it makes the node flat again.
 
-Unit level: the Controller driven by watch events (the recording fake of test_k8s_prune)."""
+Unit level: the Controller driven by watch events (the recording fake of test_k8s_prune).
+Against the API server (k8s): the NodeResourceTopology CRD installed after the start is noticed
+within seconds."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 from typing import Any
+
+import pytest
 
 from test_graph_topology import nrt_obj
 from test_k8s_prune import bound, make_controller, pod, settle
@@ -65,5 +69,60 @@ def test_topology_events_shape_the_graph_and_keep_running_work() -> None:
         assert sockets_of(c, "n0") == [] and set(c.cluster.matcher.jobs) == set(before)
         c.handle(("NodeResourceTopology", "DELETED", unaligned))
         assert sockets_of(c, "n0") == []
+
+    asyncio.run(main())
+
+
+@pytest.mark.k8s
+def test_a_topology_crd_installed_after_the_start_is_read_within_seconds(
+    k8s_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #28, against the API server: the agent installs the NodeResourceTopology CRD
+    after the operator started. The operator's TopologySource (crd_poll here an hour, so a
+    look at the next poll cannot pass) watches the CRD by name and lists the first object
+    within seconds of the CRD's creation."""
+    import time
+
+    from fluxnetes.agent import nrt
+    from fluxnetes.k8s.cluster.topology import CRD_NAME, NRT, TopologySource
+    from fluxnetes.k8s.kube import CRDS, ApiError, Kube
+
+    monkeypatch.setattr(nrt, "_crd_ready", False)
+    node = "kwok-node-0"
+
+    async def served(kube: Kube) -> bool:
+        try:
+            await kube.request("GET", NRT.path(), params={"limit": 1})
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def main() -> None:
+        kube = await Kube.from_config(str(k8s_cluster.kubeconfig))
+        task: asyncio.Future[None] | None = None
+        try:
+            await kube.delete(CRDS, CRD_NAME)  # (left by an earlier test: absent at the start)
+            for _ in range(300):
+                if not await served(kube):
+                    break
+                await asyncio.sleep(0.2)
+            assert not await served(kube), f"the {CRD_NAME} CRD did not go"
+            queue: asyncio.Queue[Any] = asyncio.Queue()
+            task = asyncio.ensure_future(TopologySource(kube, queue, crd_poll=3600).run())
+            await asyncio.sleep(1.0)  # the source is waiting for the CRD now
+            assert queue.empty()
+            created = time.monotonic()
+            assert await nrt.ensure_crd(kube)  # what the agent does at its start
+            await kube.create(NRT, nrt_obj(node, [(8, 32, 0), (8, 32, 0)]))
+            kind, etype, obj = await asyncio.wait_for(queue.get(), 30)
+            assert (kind, etype, obj["metadata"]["name"]) == ("NodeResourceTopology", "ADDED", node)
+            assert time.monotonic() - created < 30
+        finally:
+            if task is not None:
+                task.cancel()
+            await kube.delete(NRT, node)
+            await kube.close()
 
     asyncio.run(main())

@@ -30,6 +30,13 @@ start): the lease runs out ``lease_seconds`` after the last renewal, and a follo
 it run out looks just after that moment (``next_look``) instead of at its next one-second
 look. A clean shutdown releases the lease and a follower takes it at its next look, within a
 second.
+
+Lifetime: the Lease is made by the operator, not by the chart, so nothing else would delete it
+on uninstall. Given ``owner`` (an ownerReference to the installation's ClusterRole, as the
+webhook configurations get: admission/webhook_config.py ``Owner``), the Lease carries it, set
+when the Lease is created or taken (a Lease left by a release without owners gains it), and
+the garbage collector deletes the Lease with the ClusterRole. Without one (an operator run
+from a shell) the Lease stays until deleted by hand, as before.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ class LeaderElector:
 
     def __init__(self, kube: Kube, namespace: str, name: str, identity: str, *,
                  lease_seconds: int = LEASE_SECONDS, renew_deadline: float = RENEW_DEADLINE_SECONDS,
-                 retry_seconds: float = RETRY_SECONDS) -> None:
+                 retry_seconds: float = RETRY_SECONDS, owner: dict[str, Any] | None = None) -> None:
         if not 0 < renew_deadline < lease_seconds:
             raise ValueError(f"the renew deadline ({renew_deadline} s) must be shorter than the lease "
                              f"({lease_seconds} s)")
@@ -92,6 +99,7 @@ class LeaderElector:
                              f"({renew_deadline} s)")
         self.kube, self.namespace, self.name, self.identity = kube, namespace, name, identity
         self.lease_seconds, self.renew_deadline, self.retry_seconds = lease_seconds, renew_deadline, retry_seconds
+        self.owner = owner  # the Lease's ownerReference (module docstring, "Lifetime")
         self.fence = Fence()
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
@@ -146,8 +154,10 @@ class LeaderElector:
         """Take or renew the lease; True when this process holds it now."""
         lease = await asyncio.wait_for(kube.get_or_none(LEASES, self.name, self.namespace), timeout)
         if lease is None:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+            meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+            if self.owner is not None:
+                meta["ownerReferences"] = [self.owner]
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
                     "spec": self._spec(None, 0)}
             try:
                 await asyncio.wait_for(kube.create(LEASES, body, self.namespace), timeout)
@@ -164,6 +174,9 @@ class LeaderElector:
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         acquire = _parse(spec.get("acquireTime")) if mine else None
         lease["spec"] = self._spec(acquire, transitions)
+        meta = lease.setdefault("metadata", {})
+        if self.owner is not None and meta.get("ownerReferences") != [self.owner]:
+            meta["ownerReferences"] = [self.owner]  # a Lease of an older release (or install)
         try:
             # resourceVersion guards races: of two replicas taking an expired lease one wins
             await asyncio.wait_for(kube.replace(LEASES, self.name, lease, self.namespace), timeout)

@@ -59,6 +59,7 @@ class Operator:
         self.controller: Controller | None = None
         self._standby: asyncio.Future[Controller | None] | None = None  # a follower's (_stand_by)
         self.elector: LeaderElector | None = None
+        self.owner: webhook_config.Owner | None = None  # setup (find_owner)
         self.operators: set[str] = set()
         self.webhook_url = ""
         from fluxnetes.metrics import Health
@@ -98,8 +99,10 @@ class Operator:
             # is sought: a restarted leader takes its lease back at once, then waits only for
             # what is left of the list
             self._standby = asyncio.ensure_future(self._stand_by())
+        # the webhook configurations, their certificate and the leader Lease are owned by the
+        # installation's ClusterRole: uninstalling deletes them (webhook_config.Owner)
+        self.owner = owner = await find_owner(kube, cfg.owner_cluster_role)
         if cfg.webhook:
-            owner = await find_owner(kube, cfg.owner_cluster_role)
             hosts = ["127.0.0.1", "localhost"]
             if cfg.service_name:
                 hosts = [f"{cfg.service_name}.{cfg.namespace}.svc", f"{cfg.service_name}.{cfg.namespace}.svc.cluster.local", *hosts]
@@ -193,7 +196,8 @@ class Operator:
             cfg = self.config
             self.elector = elector = LeaderElector(
                 self.kube, cfg.namespace, cfg.lease_name, cfg.identity, lease_seconds=cfg.lease_seconds,
-                renew_deadline=cfg.renew_deadline, retry_seconds=cfg.retry_period)
+                renew_deadline=cfg.renew_deadline, retry_seconds=cfg.retry_period,
+                owner=self.owner.reference() if self.owner else None)
             # every write of the leader checks the fence the elector extends on each renewal
             self.kube.fence = elector.fence
             self._side_tasks.append(asyncio.ensure_future(self._beat(elector)))

@@ -40,10 +40,10 @@ CLUSTER_ROLES = Resource("rbac.authorization.k8s.io/v1", "clusterroles", namespa
 async def find_owner(kube: Kube, name: str | None) -> webhook_config.Owner | None:
     """The installation's ClusterRole (see webhook_config.Owner), or None (logged) when it is
     not named, does not exist or may not be read: the operator then works as before and its
-    webhook configurations outlive it until deleted by hand."""
+    webhook configurations, certificate Secret and leader Lease outlive it until deleted by hand."""
     if not name:
-        log.info("no owner ClusterRole (--owner-cluster-role ''): the webhook configurations will "
-                 "outlive the operator")
+        log.info("no owner ClusterRole (--owner-cluster-role ''): the webhook configurations and the "
+                 "leader Lease will outlive the operator")
         return None
     try:
         role = await kube.get_or_none(CLUSTER_ROLES, name)
@@ -59,7 +59,7 @@ async def find_owner(kube: Kube, name: str | None) -> webhook_config.Owner | Non
                     "the operator (normal out of cluster without the chart; see --owner-cluster-role)", name)
         return None
     owner = webhook_config.Owner(name=name, uid=str(role["metadata"]["uid"]))
-    log.info("webhook configurations owned by ClusterRole %s (deleted with it)", name)
+    log.info("webhook configurations and the leader Lease owned by ClusterRole %s (deleted with it)", name)
     return owner
 
 

@@ -17,6 +17,12 @@ change into an in-place replacement of that node's subtree in the matcher's grap
 * :class:`TopologySource` - a watch of NRT objects that tolerates the CRD being absent (it
   waits for it) and a missing permission (logged once, the graph stays flat), so it never
   blocks the operator's start. It needs get/list/watch on noderesourcetopologies only.
+  While the CRD is absent it watches that one CRD by name (list/watch on
+  customresourcedefinitions ``noderesourcetopologies.topology.node.k8s.io``, as the chart
+  grants): the agent installs the CRD after the operator has started, and its topology is
+  read as soon as the CRD is served instead of at the next minute's look (issue #28). One
+  idle watch costs the API server nothing between events; without that permission it looks
+  every ``crd_poll`` seconds as before.
 """
 
 from __future__ import annotations
@@ -34,9 +40,12 @@ from fluxnetes.graph.topology import (
     node_graph,
     topology_from_nrt,
 )
-from fluxnetes.k8s.kube import ApiError, Kube, Resource, short, transient
+from fluxnetes.k8s.kube import CRDS, ApiError, Kube, Resource, short, transient
 
 log = logging.getLogger("fluxnetes.k8s.topology")  # its name from before the sub-packages
+
+# a CRD that exists but is not served yet (being established) is looked at again this soon
+CRD_SETTLE_SECONDS = 0.5
 
 KIND = "NodeResourceTopology"
 CRD_NAME = "noderesourcetopologies.topology.node.k8s.io"
@@ -232,12 +241,38 @@ def replace_node(matcher: Any, node: Mapping[str, Any], topo: NodeTopology | Non
 class TopologySource:
     """Watch NodeResourceTopology objects into ``queue`` as ``(KIND, etype, obj)`` events.
 
-    Never blocks or ends the operator: without the CRD it checks again every
-    ``crd_poll`` seconds; without permission it logs once and retries rarely."""
+    Never blocks or ends the operator: without the CRD it watches for it (``crd_poll``
+    seconds at most per watch; every ``crd_poll`` seconds a plain look when it may not watch
+    CRDs); without permission on the NRT objects it logs once and retries rarely."""
 
     def __init__(self, kube: Kube, queue: asyncio.Queue[Any], *, crd_poll: float = 60) -> None:
         self.kube, self.queue, self.crd_poll = kube, queue, crd_poll
         self._warned = False
+        self._crd_watch = True  # False once watching the CRD was refused: plain looks then
+
+    async def _crd_changed(self) -> None:
+        """Return when the NRT CRD may have appeared: it is created or changed (a watch by name),
+        it exists already, ``crd_poll`` seconds passed, or (no permission to watch it) after a
+        plain ``crd_poll`` sleep."""
+        if self._crd_watch:
+            selector = f"metadata.name={CRD_NAME}"
+            try:
+                items, version = await self.kube.list(CRDS, field_selector=selector)
+                if items:  # made, not served yet: being established
+                    await asyncio.sleep(min(CRD_SETTLE_SECONDS, self.crd_poll))
+                    return
+                async for event in self.kube.watch(CRDS, version, field_selector=selector,
+                                                   timeout_seconds=max(1, int(self.crd_poll))):
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        return
+                return  # the watch timed out: look again
+            except ApiError as exc:
+                if exc.status == 410:  # the version is too old: list again
+                    return
+                self._crd_watch = False
+                log.info("node topology: cannot watch the CustomResourceDefinition %s (%s); looking for "
+                         "it every %.0f s instead", CRD_NAME, short(exc), self.crd_poll)
+        await asyncio.sleep(self.crd_poll)
 
     async def _served(self) -> bool:
         """Is the NRT API there (the CRD installed)? A one-item list: no permission on
@@ -278,7 +313,7 @@ class TopologySource:
         while True:
             try:
                 if not await self._served():
-                    await asyncio.sleep(self.crd_poll)
+                    await self._crd_changed()
                     continue
                 await Informer(self.kube, NRT, KIND, self.queue).run()
             except asyncio.CancelledError:
