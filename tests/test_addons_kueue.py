@@ -11,14 +11,13 @@ FLUXNETES_REQUIRE_ADDONS=1, then failed.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from fluxnetes.devcluster import Cluster, NodeShape
-from k8s_helpers import addon_cluster
+from k8s_helpers import addon_cluster, wait
 
 pytestmark = pytest.mark.k8s
 
@@ -29,17 +28,6 @@ NS = "kueue-demo"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     yield from addon_cluster(tmp_path_factory, "kueue-cluster", NodeShape(count=4, cpu="8", memory="32Gi"),
                              names=("kueue",))
-
-
-def wait(what: str, cond: Callable[[], Any], timeout: float = 90, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def job(name: str, pods: int, cpu: str) -> dict[str, Any]:
@@ -61,7 +49,7 @@ def test_job_in_a_local_queue_is_admitted_and_placed_by_kube_scheduler(cluster: 
          "spec": {"clusterQueue": "cq"}},
     ]
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": queues}))
-    wait("the ClusterQueue Active", lambda: any(
+    wait("the ClusterQueue Active", timeout=90, cond=lambda: any(
         c.get("type") == "Active" and c.get("status") == "True"
         for c in (cluster.kubectl_json("get", "clusterqueue", "cq").get("status") or {})
         .get("conditions") or []))
@@ -80,15 +68,18 @@ def test_job_in_a_local_queue_is_admitted_and_placed_by_kube_scheduler(cluster: 
         return bool(w) and any(c.get("type") == "Admitted" and c.get("status") == "True"
                                for c in (w.get("status") or {}).get("conditions") or [])
 
-    wait("the Workload of job 'fits' admitted", lambda: admitted("fits"))
+    wait("the Workload of job 'fits' admitted", lambda: admitted("fits"), timeout=90)
     nodes = {n["metadata"]["name"] for n in cluster.kubectl_json("get", "nodes")["items"]}
-    pods = wait("3 pods of job 'fits' bound", lambda: (ps := cluster.kubectl_json(
+    pods = wait("3 pods of job 'fits' bound", timeout=90, cond=lambda: (ps := cluster.kubectl_json(
         "get", "pods", "-n", NS, "-l", "batch.kubernetes.io/job-name=fits")["items"])
         and len([p for p in ps if p["spec"].get("nodeName")]) == 3 and ps)
     assert {p["spec"]["nodeName"] for p in pods} <= nodes
     assert {p["spec"].get("schedulerName") for p in pods} == {"default-scheduler"}
-    # 3 x 8 cpus is over the 16 of the quota, so Kueue keeps it suspended (the cluster has room)
-    time.sleep(3)
+    # 3 x 8 cpus is over the 16 of the quota, so Kueue keeps it suspended (the cluster has room):
+    # wait until Kueue has looked at it and said why (QuotaReserved False), not for a time
+    wait("Kueue's verdict on job 'over-quota'", timeout=90, cond=lambda: any(
+        c.get("type") == "QuotaReserved" and c.get("status") == "False"
+        for c in ((workload_of("over-quota") or {}).get("status") or {}).get("conditions") or []))
     assert not admitted("over-quota")
     assert cluster.kubectl_json("get", "job", "over-quota", "-n", NS)["spec"]["suspend"] is True
     assert not cluster.kubectl_json("get", "pods", "-n", NS, "-l", "batch.kubernetes.io/job-name=over-quota",
