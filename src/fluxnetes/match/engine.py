@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import Any
 
 from fluxnetes.graph.model import UP, Vertex, gc_paused
@@ -227,10 +228,6 @@ def _reroom(c: VState) -> None:
     else:
         _unlist(p.room, p.rkeys, c, key)
     c.inroom = want
-
-
-def _child_pos(c: VState) -> int:
-    return c.pos
 
 
 def _order_key(c: VState) -> tuple[int, int]:
@@ -1118,7 +1115,7 @@ class Engine:
                 lst.append(c)
         for lst in kids.values():
             if len(lst) > 1:
-                lst.sort(key=_child_pos)
+                lst.sort(key=attrgetter("pos"))
         self._kids = kids
         self._upd(self.root, self.root_needs, self.root_excl, False, acc, out, reserved, record)
         return out
@@ -1189,7 +1186,7 @@ class Engine:
                 if f is not None and dfu:
                     fcounts = tuple([dfu.get(t, 0) for t in u.ftypes])
                     f.put(jid, at, end, fcounts)
-                    if u.inroom or (u.parent is not None and u.parent.order):
+                    if u.parent is not None and u.parent.order:  # (inroom implies this)
                         _reroom(u)
             # is_pruning_type, inline (hot: once per emitted inner vertex and counted type)
             vt = v.type
