@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from fluxnetes.cli.main import app
 from fluxnetes.sim.engine import JobOutcome, SimJob
 from fluxnetes.sim.machine import MachineError, machine_from_size, rack_sizes
-from fluxnetes.sim.topology import rack_spread, racks_of
+from fluxnetes.sim.topology import fragmentation, rack_spread, racks_of
 
 
 def test_racks_split_the_nodes_evenly_and_keep_node_names() -> None:
@@ -91,3 +91,58 @@ def test_cli_from_cluster_builds_the_operators_graph(tmp_path: Path,
     result = cli.invoke(app, ["simulate", str(path), "--from-cluster", str(kubeconfig),
                               "--nodes", "2", "--cores", "1"])
     assert result.exit_code == 2 and "one way" in result.stderr
+
+
+def test_pack_racks_keeps_a_job_in_one_rack_where_first_spreads_it(tmp_path: Path) -> None:
+    """4 one-core nodes in 2 racks, whole nodes: jobs 1 and 2 take a node in each rack
+    (`first` balances availability), so job 3 (2 nodes) spans both racks at once under
+    `first`; rack-packed, it waits for a whole rack."""
+    path = tmp_path / "t.swf"
+    path.write_text("; MaxNodes: 4\n; MaxProcs: 4\n"
+                    "1 0 -1 100 1 -1 -1 1 100 -1 1 1 1 -1 1 -1 -1 -1\n"
+                    "2 1 -1 100 1 -1 -1 1 100 -1 1 1 1 -1 1 -1 -1 -1\n"
+                    "3 2 -1 10 2 -1 -1 2 10 -1 1 1 1 -1 1 -1 -1 -1\n")
+    cli = CliRunner()
+    rack_of = {"node0": "rack0", "node1": "rack0", "node2": "rack1", "node3": "rack1"}
+    placed: dict[str, tuple[int, set[str]]] = {}
+    for pack in ("none", "racks"):
+        csv_file = tmp_path / f"{pack}.csv"
+        result = cli.invoke(app, ["simulate", str(path), "--racks", "2", "--whole-nodes",
+                                  "--pack", pack, "--csv", str(csv_file), "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["jobs"] == 3 and "fragmentation" in data
+        for line in csv_file.read_text().splitlines()[1:]:
+            fields = line.split(",")
+            if fields[1] == "3":
+                placed[pack] = (int(fields[3]), {rack_of[n] for n in fields[9].split()})
+    assert placed["none"] == (2, {"rack0", "rack1"})
+    assert placed["racks"][0] == 100 and len(placed["racks"][1]) == 1
+
+
+def test_pack_racks_bad_combinations_name_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "t.swf"
+    path.write_text("; MaxNodes: 4\n; MaxProcs: 4\n1 0 -1 10 2 -1 -1 2 10 -1 1 1 1 -1 1 -1 -1 -1\n")
+    cli = CliRunner()
+    for args, words in ((["--racks", "2"], "needs --whole-nodes"),
+                        (["--whole-nodes"], "no racks"),
+                        (["--racks", "2", "--whole-nodes", "--engine", "count"], "queue engine"),
+                        (["--racks", "2", "--whole-nodes", "--pack", "rack"], "must be racks or none")):
+        result = cli.invoke(app, ["simulate", str(path), *args,
+                                  *([] if "--pack" in args else ["--pack", "racks"])])
+        assert result.exit_code == 2 and "--pack" in result.stderr and words in result.stderr, result.output
+
+
+def test_fragmentation_is_a_time_average_of_the_free_machine() -> None:
+    node_cores = {"a": 2, "b": 2, "c": 2, "d": 2}
+    rack_of = {"a": "r0", "b": "r0", "c": "r1", "d": "r1"}
+    # [0, 10): a 1-core job on a (1 free core stranded on a, free: r0 3, r1 4);
+    # [10, 20): also a whole-node 1-processor job holding c (1 core held, not asked for)
+    jobs = [JobOutcome(SimJob("1", 0, 20, 20, 1), start=0, end=20, cores=1, shares=(("a", 1),)),
+            JobOutcome(SimJob("2", 0, 10, 10, 1), start=10, end=20, cores=2, shares=(("c", 2),))]
+    frag = fragmentation(jobs, node_cores, rack_of)
+    assert frag["stranded_core_share"] == pytest.approx(1 / 8)
+    assert frag["held_unused_share"] == pytest.approx(0.5 * 1 / 8)
+    # free outside the freest rack: [0, 10) 3 of 7, [10, 20) 2 of 5
+    assert frag["rack_fragmentation"] == pytest.approx(0.5 * 3 / 7 + 0.5 * 2 / 5)
+    assert fragmentation([], node_cores, rack_of) == {}

@@ -85,6 +85,12 @@ def simulate_command(
     whole_nodes: Annotated[
         bool, typer.Option("--whole-nodes", help="Jobs ask for whole (exclusive) nodes, not cores")
     ] = False,
+    pack: Annotated[
+        str, typer.Option("--pack", help="racks (with --whole-nodes): a job whose nodes one "
+                          "rack can hold asks for rack[1] -> node[N] (exclusive), all its "
+                          "nodes in one rack; a larger one stays as it is. none (default): "
+                          "anywhere. Needs racks in the machine (--racks N)")
+    ] = "none",
     estimate: Annotated[
         str, typer.Option("--estimate", help="Durations the scheduler sees: requested | actual")
     ] = "requested",
@@ -182,6 +188,10 @@ def simulate_command(
         raise _err(f"--reservations must be pinned or counted (got {reservations!r})")
     if engine not in ("queue", "count"):
         raise _err(f"--engine must be queue or count (got {engine!r})")
+    if pack not in ("none", "racks"):
+        raise _err(f"--pack must be racks or none (got {pack!r})")
+    if pack != "none" and engine == "count":
+        raise _err("--pack racks needs the queue engine (--engine count places no job)")
     names = [p.strip() for p in (compare or policy).split(",") if p.strip()]
     if not names:
         raise _err("--compare needs at least one policy")
@@ -245,6 +255,8 @@ def simulate_command(
             machine = machine_from_size(nodes, cores, whole_nodes=whole_nodes, racks=racks)
         else:
             machine = machine_from_header(swf.header, whole_nodes=whole_nodes, racks=racks)
+        if pack == "racks":
+            machine.set_pack("rack")
     except MachineError as exc:
         raise _err(str(exc)) from None
     workload = prepare(swf, machine, filter_published=use_filter, estimate=estimate,  # type: ignore[arg-type]
@@ -329,16 +341,21 @@ def simulate_command(
         if plots is not None:
             plot_paths.append(write_share_plot(runs, setup.accounts, plots / "fairshare_usage.png",
                                                title=f"({path.name})"))
-    from fluxnetes.sim.topology import rack_spread, racks_of
+    from fluxnetes.sim.topology import fragmentation, rack_spread, racks_of
 
     rack_of = racks_of(workload.machine.graph) if any(
         s.engine == "queue" for s in summaries.values()) else {}
     spreads = {name: rack_spread(run.outcomes, rack_of) for name, run in runs.items()}
+    node_cores = workload.machine.node_cores() if rack_of else {}
+    frags = {name: fragmentation(run.outcomes, node_cores, rack_of) if rack_of else {}
+             for name, run in runs.items()}
     if as_json:
         payload: dict[str, Any] = {name: _json_summary(s, workload) for name, s in summaries.items()}
         for name, spread in spreads.items():
             if spread:
                 payload[name]["racks"] = spread
+            if frags[name]:
+                payload[name]["fragmentation"] = frags[name]
         for name, report in reports.items():
             payload[name]["fairness"] = {**report.as_dict(), **fits[name]}
         if setup is not None:
@@ -353,7 +370,7 @@ def simulate_command(
         single = len(payload) == 1 and not compare
         sys.stdout.write(json.dumps(next(iter(payload.values())) if single else payload, indent=2) + "\n")
         return
-    _print_table(out, summaries, reports, spreads, fits if setup is not None else None)
+    _print_table(out, summaries, reports, spreads, fits if setup is not None else None, frags)
     if setup is not None:
         _print_accounts(out, reports, accounts_shown)
     impossible = [o for r in runs.values() for o in r.outcomes if o.rejected]
@@ -374,6 +391,9 @@ def _notes(path: Path, bundled: bool, swf: Any, workload: Any, use_filter: bool,
     lines = [f"trace    {name}: {len(swf.records):,} records"
              + (f", {header.computer}" if header.computer else "")]
     lines.append(f"machine  {workload.machine.describe()}")
+    if workload.machine.pack is not None:
+        lines.append(f"pack     a job of up to {workload.machine.rack_capacity} nodes (the largest "
+                     "rack) in one rack; larger jobs anywhere")
     report = workload.report
     what = "published-studies filter" if use_filter else "no filter"
     detail = "; ".join(report.lines()) or "nothing dropped"
@@ -484,7 +504,8 @@ def _cluster_machine(kubeconfig: Path, rack_label: str, whole_nodes: bool) -> An
 
 def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None,
                  spreads: dict[str, dict[str, float]] | None = None,
-                 fits: dict[str, dict[str, float]] | None = None) -> None:
+                 fits: dict[str, dict[str, float]] | None = None,
+                 frags: dict[str, dict[str, float]] | None = None) -> None:
     from rich.table import Table
 
     table = Table(title="simulation summary", title_justify="left")
@@ -521,6 +542,12 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
             "-" if not spreads[n].get("multi_node_jobs") else
             f"{spreads[n]['mean_racks']:.2f} (+{spreads[n]['mean_excess_racks']:.2f})"
             for n in summaries))
+    if frags and any(frags.values()):
+        for key, label in (("stranded_core_share", "free cores on part-used nodes"),
+                           ("held_unused_share", "cores held, not asked for"),
+                           ("rack_fragmentation", "free cores outside the freest rack")):
+            table.add_row(label, *("-" if key not in frags[n] else f"{frags[n][key] * 100:.1f} %"
+                                   for n in summaries))
     if fits:
         table.add_row("share error (contended days)",
                       *(f"{fits[name]['share_error']:.4f}" for name in summaries))

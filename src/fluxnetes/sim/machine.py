@@ -32,6 +32,10 @@ class Machine:
     _build: Callable[[], Any] | None = field(default=None, repr=False)
     _specs: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _node_cores: dict[str, int] | None = field(default=None, repr=False)
+    # rack packing (``set_pack``, whole-node jobs): the level, and the nodes of the largest
+    # rack; a job needing more nodes than that is not packed
+    pack: str | None = None
+    rack_capacity: int = 0
 
     @property
     def graph(self) -> Any:
@@ -61,32 +65,43 @@ class Machine:
         return job.procs
 
     def jobspec(self, job: SimJob) -> Any:
-        """Jobspec V1 for the job: ``procs`` one-core slots, or whole (exclusive) nodes."""
+        """The job's jobspec (``fluxnetes.jobspec.batch``): ``procs`` one-core slots, or whole
+        (exclusive) nodes; with ``pack`` set (``set_pack``), the nodes under ``rack[1]`` when
+        one rack holds that many."""
         key = (job.procs, job.estimate)
         spec = self._specs.get(key)
         if spec is None:
-            spec = self._specs[key] = _build_jobspec(job.procs, job.estimate, self.whole_nodes,
-                                                     self.nodes_for(job.procs))
+            from fluxnetes.jobspec.batch import batch_jobspec
+
+            nodes = self.nodes_for(job.procs)
+            packed = self.pack is not None and nodes <= self.rack_capacity
+            spec = self._specs[key] = batch_jobspec(job.procs, job.estimate,
+                                                    exclusive_nodes=self.whole_nodes, nodes=nodes,
+                                                    pack=self.pack if packed else None)
         return spec
 
-
-def _build_jobspec(procs: int, duration: int, whole_nodes: bool, nodes: int) -> Any:
-    from fluxnetes.jobspec import parse_jobspec
-
-    slot: dict[str, Any] = {"type": "slot", "count": procs, "label": "task",
-                            "with": [{"type": "core", "count": 1}]}
-    if whole_nodes:
-        top: dict[str, Any] = {"type": "node", "count": nodes, "exclusive": True,
-                               "with": [{"type": "slot", "count": 1, "label": "task",
-                                         "with": [{"type": "core", "count": 1}]}]}
-    else:
-        top = slot
-    return parse_jobspec({
-        "version": 1,
-        "resources": [top],
-        "tasks": [{"command": ["swf-job"], "slot": "task", "count": {"per_slot": 1}}],
-        "attributes": {"system": {"duration": duration}},
-    })
+    def set_pack(self, level: str | None, flag: str = "--pack") -> None:
+        """Pack jobs into one ``level`` (``rack``) when one can hold them; None: never.
+        MachineError naming ``flag`` when the graph has no such level."""
+        if level is None:
+            self.pack, self.rack_capacity = None, 0
+            self._specs.clear()
+            return
+        if level != "rack":
+            raise MachineError(f"{flag}: must be racks or none (got {level!r})")
+        if not self.whole_nodes:
+            # rack[1] -> slot -> core matches nothing under Fluxion's slot rule (a selection
+            # below a shared rack is never reached by the update pass): jobspec/batch.py
+            raise MachineError(f"{flag} racks needs --whole-nodes: a rack-packed job asks for "
+                               "rack[1] -> node[N] (exclusive); cores anywhere within one rack "
+                               "(rack[1] -> slot -> core) is no shape Fluxion matches")
+        capacity = max((sum(1 for v in self.graph.walk(rack) if v.type == "node")
+                        for rack in self.graph.by_type.get("rack", [])), default=0)
+        if capacity == 0:
+            raise MachineError(f"{flag} racks: the machine has no racks with nodes; give "
+                               "--racks N (or a --graph / --from-cluster with a rack level)")
+        self.pack, self.rack_capacity = level, capacity
+        self._specs.clear()
 
 
 def _from_graph(graph: Any, origin: str, whole_nodes: bool) -> Machine:
