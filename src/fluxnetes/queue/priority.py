@@ -26,11 +26,12 @@ Jobs are anything with ``id``, ``submit_time``, ``priority``, ``jobspec`` (the c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from fluxnetes.queue.accounts import AccountError, AccountTree
+from fluxnetes.queue.fairrank import FlatRanker, is_flat
 from fluxnetes.queue.fairshare import ALGORITHMS, Algorithm, ShareRow, factors, leaf_factors
 from fluxnetes.queue.limits import held_jobs
 from fluxnetes.queue.usage import Resources, Usage, UsageError, UsageWeights, job_resources
@@ -206,6 +207,7 @@ class FairShare:
         self._rows: tuple[int, int, dict[str, ShareRow]] | None = None
         self._factors: tuple[int, int, dict[str, float]] | None = None
         self._qos_max = 0  # highest job priority seen by the last order()
+        self._ranker: FlatRanker | None = None  # factors of a few leaves (flat trees)
 
     # --- accounts ---------------------------------------------------------------------
 
@@ -278,6 +280,26 @@ class FairShare:
         self._factors = (now, self.usage.version, values)
         return values
 
+    def factors_for(self, leaves: Collection[str], now: int) -> Mapping[str, float]:
+        """The factors of ``leaves`` at ``now`` (at least those; the same numbers as
+        ``leaf_factors``): on a flat tree without a running horizon from ``FlatRanker``
+        (no pass over every account), else every leaf's."""
+        cached = self._factors
+        if cached is not None and cached[0] == now and cached[1] == self.usage.version:
+            return cached[2]
+        if self.config.running_horizon == 0 and len(leaves) < len(self.tree.leaves):
+            ranker = self._ranker
+            if ranker is None or ranker.usage is not self.usage:
+                ranker = None
+                if is_flat(self.tree):
+                    ranker = self._ranker = FlatRanker(self.tree, self.usage, self.config.algorithm,
+                                                       self.config.dampening)
+            if ranker is not None:
+                found = ranker.factors(leaves, now)
+                if found is not None:
+                    return found
+        return self.leaf_factors(now)
+
     def priority(self, job: Job, now: int) -> PriorityBreakdown:
         rows = self.leaf_factors(now)
         try:
@@ -299,24 +321,30 @@ class FairShare:
         jobs = list(jobs)
         self._qos_max = max((job.priority for job in jobs), default=0)
         config, w = self.config, self.config.weights
-        rows = self.leaf_factors(now)
+        account_of = self.account_of
+        # each account named once: its leaf (None: unknown, fair-share term 0), then only
+        # those leaves' factors
+        leaf_of: dict[str, str | None] = {}
+        names: list[str] = []
+        for job in jobs:
+            name = account_of(job) if account_of is not None else (getattr(job, "account", "") or "")
+            names.append(name)
+            if name not in leaf_of:
+                try:
+                    leaf_of[name] = self.leaf(job)
+                except AccountError:
+                    leaf_of[name] = None
+        rows = self.factors_for({leaf for leaf in leaf_of.values() if leaf is not None}, now)
+        fair = {name: (0.0 if leaf is None else w.fairshare * rows[leaf])
+                for name, leaf in leaf_of.items()}  # account name -> weighted fair-share term
         top = config.qos_max or self._qos_max
         max_age, total, small = config.max_age, config.total_cores, config.favor_small
         w_age, w_qos = w.age, (w.qos if top > 0 else 0.0)
         w_size = w.job_size if total > 0 else 0.0
-        account_of = self.account_of
-        fair: dict[str, float] = {}  # account name -> weighted fair-share term
         keys: list[tuple[float, int, tuple[int, int, str], int]] = []
         # one plain loop (no per-job helper calls): this runs over the whole queue every cycle
         for i, job in enumerate(jobs):
-            name = account_of(job) if account_of is not None else (getattr(job, "account", "") or "")
-            fs_term = fair.get(name)
-            if fs_term is None:
-                try:
-                    fs_term = w.fairshare * rows[self.leaf(job)]
-                except AccountError:
-                    fs_term = 0.0
-                fair[name] = fs_term
+            fs_term = fair[names[i]]
             # the same terms, summed in the same order, as multifactor() (explain must agree)
             age_term = w_age * (min(max(now - job.submit_time, 0), max_age) / max_age) if w_age else 0.0
             size_term = 0.0
@@ -388,3 +416,4 @@ class FairShare:
                 usage.start(job_id, leaf, res, now)
         self.tree, self.config, self.usage, self._rows = tree, config, usage, None
         self._factors = None
+        self._ranker = None

@@ -99,6 +99,9 @@ class Usage:
         self._running: dict[str, tuple[str, float, Resources]] = {}  # id -> (leaf, rate, res)
         self._cache: tuple[int, int, dict[str, float]] | None = None
         self.version = 0  # bumped by every event (lets readers cache per (now, version))
+        # leaves touched by events since a reader last cleared it (fairrank.py keeps its
+        # ranking up to date from it instead of reading every leaf)
+        self.changed: set[str] = set()
         # counters of work done, so tests can show the cost per cycle is O(nodes)
         self.node_updates = 0
         self.node_reads = 0
@@ -137,6 +140,7 @@ class Usage:
                 acc.rate = 0.0  # no float residue once every job has ended
             self.node_updates += 1
         self.version += 1
+        self.changed.add(leaf)
 
     # --- events -----------------------------------------------------------------------
 
@@ -180,6 +184,7 @@ class Usage:
             acc.u += amount * self._decay(acc.t - at)
             self.node_updates += 1
         self.version += 1
+        self.changed.add(leaf)
 
     def running(self) -> dict[str, str]:
         """Job id -> leaf of every job counted as running."""
@@ -222,6 +227,26 @@ class Usage:
         self.node_reads += len(values)
         self._cache = (now, self.version, values)
         return values
+
+    def value_at(self, name: str, now: int) -> float:
+        """One node's decayed usage at ``now``: the very float ``totals(now)[name]`` holds
+        (the same expressions), for readers that need a few nodes, not all."""
+        acc = self._acc[name]
+        dt = now - acc.t
+        if dt <= 0:
+            return acc.u
+        half_life = self.half_life
+        if half_life == 0:
+            return acc.u + (acc.rate * dt if acc.rate != 0.0 else 0.0)
+        decay: float = 2.0 ** (-dt / half_life)
+        return acc.u * decay + (acc.rate * half_life / math.log(2) * (1.0 - decay)
+                                if acc.rate != 0.0 else 0.0)
+
+    def state(self, name: str) -> tuple[float, float, int]:
+        """A node's ``(usage as of t, rate, t)``: its usage at any later time follows in
+        closed form (module docstring)."""
+        acc = self._acc[name]
+        return acc.u, acc.rate, acc.t
 
     def rates(self) -> dict[str, float]:
         """Resource units per second charged now under every node (its running jobs)."""
