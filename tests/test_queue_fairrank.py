@@ -101,3 +101,20 @@ def test_order_on_a_flat_tree_is_the_full_computations(algorithm: str) -> None:
                                               j.submit_time, int(j.id)))
         assert [j.id for j in got] == [j.id for j in want]
     assert fs._ranker is not None and fs._ranker.answered > 0
+
+
+def test_order_reads_only_the_queued_accounts_usage() -> None:
+    """The cost of a cycle's order follows the queued accounts, not the tree: with 2,000
+    flat accounts and usage moving every cycle, no cycle reads every account's usage."""
+    tree = AccountTree.flat([f"u{i}" for i in range(2000)])
+    fs = FairShare(tree, FairShareConfig(half_life=3600, total_cores=100))
+    for i in range(50):
+        fs.usage.start(f"h{i}", f"u{i * 37 % 2000}", Resources(cores=1 + i % 4), i * 10)
+        if i % 2:
+            fs.usage.end(f"h{i}", i * 10 + 5)
+    queue = [_Job(i, f"u{i * 11 % 2000}", 1) for i in range(5)]
+    for cycle in range(20):
+        fs.usage.start(f"c{cycle}", "u3", Resources(cores=1), 1000 + cycle)  # usage moves
+        fs.order(queue, 1000 + cycle)
+    assert fs.usage.node_reads == 0  # totals() (every account) was never needed
+    assert fs._ranker is not None and fs._ranker.answered == 20

@@ -39,3 +39,20 @@ def test_an_account_wanting_less_than_its_share_leaves_the_rest_to_the_others() 
     # equally by weight: 135 each; they got 180 and 90
     result = share_error(run, owners, shares, width=100)
     assert result["share_error"] == pytest.approx(0.5 * (50 + 40) / 370)
+
+
+def test_share_fit_has_the_windows_and_each_accounts_got_and_due() -> None:
+    from fluxnetes.sim.sharefit import share_fit
+
+    owners = {"a1": "a", "b1": "b"}
+    shares = {"a": 0.75, "b": 0.25}
+    # bin 0: a gets all 400 core-seconds while b waits (due 300 / 100); bin 1: b runs alone
+    unfair = SimRun([_ran("a1", 0, 0, 100, 4), _ran("b1", 0, 100, 150, 4)], [], 4)
+    fit = share_fit(unfair, owners, shares, width=100)
+    assert fit.windows == [(0, pytest.approx(0.25), 400.0), (100, 0.0, 200.0)]
+    assert fit.delivered == {"a": 400.0, "b": 200.0}
+    assert fit.due == {"a": pytest.approx(300.0), "b": pytest.approx(300.0)}
+    data = fit.as_dict()
+    assert data["share_error"] == pytest.approx(0.25 * 400 / 600)
+    assert data["share_accounts"]["b"] == {"delivered_core_seconds": 200.0,
+                                           "due_core_seconds": pytest.approx(300.0)}

@@ -329,14 +329,14 @@ def simulate_command(
 
         plot_paths = write_plots(runs, plots, title=f"({path.name})")
     reports: dict[str, Any] = {}
-    fits: dict[str, dict[str, float]] = {}
+    fits: dict[str, Any] = {}  # run -> sharefit.ShareFit
     if setup is not None:
         from fluxnetes.sim.fairshare import fairness, normalized_shares, write_share_plot
-        from fluxnetes.sim.sharefit import share_error
+        from fluxnetes.sim.sharefit import share_fit
 
         reports = {name: fairness(run, setup.accounts) for name, run in runs.items()}
         shares = normalized_shares(setup.accounts.tree)
-        fits = {name: share_error(run, setup.accounts.account_of, shares)
+        fits = {name: share_fit(run, setup.accounts.account_of, shares)
                 for name, run in runs.items()}
         if plots is not None:
             plot_paths.append(write_share_plot(runs, setup.accounts, plots / "fairshare_usage.png",
@@ -357,7 +357,7 @@ def simulate_command(
             if frags[name]:
                 payload[name]["fragmentation"] = frags[name]
         for name, report in reports.items():
-            payload[name]["fairness"] = {**report.as_dict(), **fits[name]}
+            payload[name]["fairness"] = {**report.as_dict(), **fits[name].as_dict()}
         if setup is not None:
             config = setup.config
             for name, _, fs in plan:
@@ -372,7 +372,7 @@ def simulate_command(
         return
     _print_table(out, summaries, reports, spreads, fits if setup is not None else None, frags)
     if setup is not None:
-        _print_accounts(out, reports, accounts_shown)
+        _print_accounts(out, reports, accounts_shown, fits)
     impossible = [o for r in runs.values() for o in r.outcomes if o.rejected]
     if impossible:
         shown = {o.job.id: o.rejected for o in impossible}
@@ -504,7 +504,7 @@ def _cluster_machine(kubeconfig: Path, rack_label: str, whole_nodes: bool) -> An
 
 def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | None = None,
                  spreads: dict[str, dict[str, float]] | None = None,
-                 fits: dict[str, dict[str, float]] | None = None,
+                 fits: dict[str, Any] | None = None,
                  frags: dict[str, dict[str, float]] | None = None) -> None:
     from rich.table import Table
 
@@ -550,7 +550,7 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
                                    for n in summaries))
     if fits:
         table.add_row("share error (contended days)",
-                      *(f"{fits[name]['share_error']:.4f}" for name in summaries))
+                      *(f"{fits[name].error:.4f}" for name in summaries))
     if reports:
         table.add_row("Jain index (users' mean bsld)",
                       *(f"{reports[name].jain:.4f}" for name in summaries))
@@ -558,7 +558,8 @@ def _print_table(out: Any, summaries: dict[str, Any], reports: dict[str, Any] | 
     out.print("bounded slowdown uses tau = 10 s; makespan = last end - first submit")
 
 
-def _print_accounts(out: Any, reports: dict[str, Any], shown: int) -> None:
+def _print_accounts(out: Any, reports: dict[str, Any], shown: int,
+                    fits: dict[str, Any] | None = None) -> None:
     from rich.table import Table
 
     first = next(iter(reports.values()))
@@ -574,7 +575,8 @@ def _print_accounts(out: Any, reports: dict[str, Any], shown: int) -> None:
     table.add_column("account", no_wrap=True)
     table.add_column("share", justify="right", no_wrap=True)
     table.add_column("jobs", justify="right", no_wrap=True)
-    for head in ("usage", "mean wait", "mean bsld"):
+    heads = ["usage", "mean wait", "mean bsld"] + (["got / due"] if fits else [])
+    for head in heads:
         table.add_column(head, justify="right", no_wrap=True)
     for acct in rows:
         row0 = next(r.accounts[acct] for r in reports.values() if acct in r.accounts)
@@ -583,12 +585,25 @@ def _print_accounts(out: Any, reports: dict[str, Any], shown: int) -> None:
         cells.append(" / ".join("-" if r is None else f"{r.usage_fraction * 100:.1f}%" for r in got))
         cells.append(" / ".join("-" if r is None else _short(r.mean_wait) for r in got))
         cells.append(" / ".join("-" if r is None else f"{r.mean_bsld:.1f}" for r in got))
+        if fits:
+            cells.append(" / ".join(_got_due(fits[name], acct) for name in reports))
         table.add_row(*cells)
     out.print(table)
     if len(reports) > 1:
         out.print("cells: " + " / ".join(reports), markup=False)
     out.print(f"usage = share of the core-seconds delivered in the run; Jain's index over "
               f"{len(first.user_bsld)} users' mean bounded slowdown (1 = all equal)", markup=False)
+    if fits:
+        out.print("got / due = core-seconds the account got / its fair division of them, summed "
+                  "over the days some job waited (1 = its share exactly; see docs/fairshare.md)",
+                  markup=False)
+
+
+def _got_due(fit: Any, account: str) -> str:
+    due = fit.due.get(account, 0.0)
+    if account not in fit.delivered or due <= 0:
+        return "-"
+    return f"{fit.delivered[account] / due:.2f}"
 
 
 def _write_csv(path: Path, runs: dict[str, Any]) -> None:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from fluxnetes.sim.engine import SimRun
 
@@ -39,9 +41,41 @@ def share_error(run: SimRun, account_of: Mapping[str, str], shares: Mapping[str,
     """``{"share_error": mean TV distance over contended bins, "contended_bins": n,
     "bins": m}``; ``account_of``: job id -> account; ``shares``: account -> its normalized
     share (accounts without one count as share 0)."""
+    fit = share_fit(run, account_of, shares, width=width)
+    return {"share_error": fit.error, "contended_bins": len(fit.windows), "bins": fit.bins}
+
+
+@dataclass
+class ShareFit:
+    """Delivered core-seconds against the fair division, per contended bin and per account.
+
+    ``windows``: one ``(bin start, share error, core-seconds delivered)`` per contended bin,
+    in time order; ``delivered`` / ``due``: per account, the core-seconds it got and the
+    core-seconds the fair division gave it, summed over the contended bins (``delivered /
+    due`` above 1: it got more than its entitlement while others waited)."""
+
+    error: float
+    bins: int
+    windows: list[tuple[int, float, float]] = field(default_factory=list)
+    delivered: dict[str, float] = field(default_factory=dict)
+    due: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"share_error": self.error, "contended_bins": len(self.windows), "bins": self.bins,
+                "share_windows": [{"start": t, "share_error": e, "core_seconds": c}
+                                  for t, e, c in self.windows],
+                "share_accounts": {a: {"delivered_core_seconds": self.delivered[a],
+                                       "due_core_seconds": self.due.get(a, 0.0)}
+                                   for a in sorted(self.delivered.keys() | self.due.keys())
+                                   if a in self.delivered}}
+
+
+def share_fit(run: SimRun, account_of: Mapping[str, str], shares: Mapping[str, float], *,
+              width: int = DAY) -> ShareFit:
+    """The share error (module docstring) with its windows and per-account sums."""
     ran = [o for o in run.outcomes if o.start is not None and o.end is not None]
     if not ran:
-        return {"share_error": 0.0, "contended_bins": 0, "bins": 0}
+        return ShareFit(0.0, 0)
     t0 = min(o.job.submit for o in ran)
     delivered: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     wanting: dict[int, set[str]] = defaultdict(set)
@@ -69,7 +103,8 @@ def share_error(run: SimRun, account_of: Mapping[str, str], shares: Mapping[str,
             t = edge
     total_weight = 0.0
     weighted = 0.0
-    for b in waited:
+    fit = ShareFit(0.0, last + 1)
+    for b in sorted(waited):
         got = delivered.get(b)
         used = sum(got.values()) if got else 0.0
         if not used:
@@ -80,11 +115,16 @@ def share_error(run: SimRun, account_of: Mapping[str, str], shares: Mapping[str,
                              {a: got.get(a, 0.0) for a in accounts if a not in hungry[b]})
         error = 0.0
         for account in accounts:
-            error += abs(got.get(account, 0.0) - target.get(account, 0.0)) / used
+            mine = got.get(account, 0.0)
+            due = target.get(account, 0.0)
+            error += abs(mine - due) / used
+            fit.delivered[account] = fit.delivered.get(account, 0.0) + mine
+            fit.due[account] = fit.due.get(account, 0.0) + due
         weighted += 0.5 * error * used
         total_weight += used
-    return {"share_error": weighted / total_weight if total_weight else 0.0,
-            "contended_bins": len([b for b in waited if delivered.get(b)]), "bins": last + 1}
+        fit.windows.append((t0 + b * width, 0.5 * error, used))
+    fit.error = weighted / total_weight if total_weight else 0.0
+    return fit
 
 
 def _water_fill(total: float, weight: Mapping[str, float],
