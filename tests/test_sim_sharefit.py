@@ -56,3 +56,35 @@ def test_share_fit_has_the_windows_and_each_accounts_got_and_due() -> None:
     assert data["share_error"] == pytest.approx(0.25 * 400 / 600)
     assert data["share_accounts"]["b"] == {"delivered_core_seconds": 200.0,
                                            "due_core_seconds": pytest.approx(300.0)}
+
+
+def test_simulate_shows_the_share_error_beside_jains_index(tmp_path: object) -> None:
+    """`simulate --fairshare` prints and writes both measures, per run."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from fluxnetes.cli.main import app
+
+    path = Path(str(tmp_path)) / "t.swf"
+    lines = ["; MaxNodes: 2", "; MaxProcs: 2"]
+    for i in range(12):  # user 1 floods the 2 processors, user 2 submits a little later
+        user = 1 if i < 8 else 2
+        lines.append(f"{i + 1} {i * 5} -1 100 1 -1 -1 1 100 -1 1 {user} 1 -1 1 -1 -1 -1")
+    path.write_text("\n".join(lines) + "\n")
+    cli = CliRunner()
+    result = cli.invoke(app, ["simulate", str(path), "--fairshare", "users", "--compare", "easy",
+                              "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for run in ("easy", "easy+fairshare"):
+        fairness = data[run]["fairness"]
+        assert 0 < fairness["jain_users_mean_bsld"] <= 1
+        assert 0 <= fairness["share_error"] <= 1 and fairness["share_windows"]
+        assert set(fairness["share_accounts"]) == {"user-1", "user-2"}
+    result = cli.invoke(app, ["simulate", str(path), "--fairshare", "users", "--compare", "easy"],
+                        env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "share error (contended days)" in result.stdout and "Jain index" in result.stdout
+    assert "got / due" in result.stdout
