@@ -208,6 +208,7 @@ class FairShare:
         self._factors: tuple[int, int, dict[str, float]] | None = None
         self._qos_max = 0  # highest job priority seen by the last order()
         self._ranker: FlatRanker | None = None  # factors of a few leaves (flat trees)
+        self._leaf_of: dict[str, str | None] = {}  # order(): account name -> leaf (None: unknown)
 
     # --- accounts ---------------------------------------------------------------------
 
@@ -317,8 +318,13 @@ class FairShare:
 
     def order(self, jobs: Iterable[J], now: int) -> list[J]:
         """The queue order under the multifactor priority (stable; ties by submit time,
-        then id). O(accounts) for the factors (cached per ``now``) + O(jobs log jobs)."""
+        then id). The factors of the queued accounts (``factors_for``) + O(jobs log jobs)."""
         jobs = list(jobs)
+        return [jobs[i] for i in self.order_positions(jobs, now)]
+
+    def order_positions(self, jobs: Sequence[Job], now: int) -> list[int]:
+        """``order``'s answer as positions in ``jobs`` (for callers that keep their own
+        job objects: the simulator's reorder hook)."""
         self._qos_max = max((job.priority for job in jobs), default=0)
         config, w = self.config, self.config.weights
         account_of = self.account_of
@@ -326,14 +332,18 @@ class FairShare:
         # those leaves' factors
         leaf_of: dict[str, str | None] = {}
         names: list[str] = []
+        known = self._leaf_of  # account name -> leaf, kept until the tree changes
         for job in jobs:
             name = account_of(job) if account_of is not None else (getattr(job, "account", "") or "")
             names.append(name)
             if name not in leaf_of:
+                if name in known:
+                    leaf_of[name] = known[name]
+                    continue
                 try:
-                    leaf_of[name] = self.leaf(job)
+                    leaf_of[name] = known[name] = self.leaf(job)
                 except AccountError:
-                    leaf_of[name] = None
+                    leaf_of[name] = known[name] = None
         rows = self.factors_for({leaf for leaf in leaf_of.values() if leaf is not None}, now)
         fair = {name: (0.0 if leaf is None else w.fairshare * rows[leaf])
                 for name, leaf in leaf_of.items()}  # account name -> weighted fair-share term
@@ -358,7 +368,7 @@ class FairShare:
             keys.append((-value, job.submit_time,
                          (0, int(job_id), "") if job_id.isdigit() else (1, 0, job_id), i))
         keys.sort()
-        return [jobs[k[3]] for k in keys]
+        return [k[3] for k in keys]
 
     # --- limits -----------------------------------------------------------------------
 
@@ -417,3 +427,4 @@ class FairShare:
         self.tree, self.config, self.usage, self._rows = tree, config, usage, None
         self._factors = None
         self._ranker = None
+        self._leaf_of = {}

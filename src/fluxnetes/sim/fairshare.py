@@ -259,9 +259,7 @@ class FairShareOrder:
     def reorder(self, now: int, waiting: list[SimJob]) -> list[int]:
         """Positions of ``waiting`` in the fair-share order at ``now``."""
         self.passes += 1
-        adapters = [self._adapter(job) for job in waiting]
-        position = {id(a): i for i, a in enumerate(adapters)}
-        return [position[id(a)] for a in self.fs.order(adapters, now)]
+        return self.fs.order_positions([self._adapter(job) for job in waiting], now)
 
     # the observer: usage is charged from a job's start to its end
     def on_submit(self, job: SimJob, now: int) -> None:
