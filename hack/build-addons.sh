@@ -23,7 +23,7 @@
 # <group>_<plural>.yaml is installed under that name (`file=name`: devcluster/addons.py reads
 # the CRD's name from it).
 #
-# Two releases are built from a patched copy of their module in a temporary directory (the
+# Three releases are built from a patched copy of their module in a temporary directory (the
 # module cache itself is untouched; each patch is one line renamed plus one added file, and the
 # build fails if the line is not found) so that several dev clusters can run on one machine,
 # each as plain processes:
@@ -38,8 +38,9 @@
 # and one is built with one dependency moved, because the module proxy refuses the release's:
 #   coscheduling: go.mod replaces k8s.io/csi-translation-lib with v0.34.7, which the proxy
 #            refuses (403 "This module version is not available", 2026-11-29); v0.34.1 (same
-#            minor release, served) instead, with its go.sum lines. The scheduler uses it only
-#            in the in-tree volume-limits plugin.
+#            minor release, served) instead, with its go.sum lines. The scheduler uses it in
+#            the in-tree volume plugins (volume limits, volume binding: CSI migration of in-tree
+#            volumes), which kwok pods without volumes never reach.
 set -euo pipefail
 HOME_DIR=${FLUXNETES_K8S_HOME:-$HOME/.cache/fluxnetes/k8s}
 export GOFLAGS=-mod=readonly CGO_ENABLED=0 GOTOOLCHAIN=local
