@@ -3,9 +3,13 @@
 Each system runs alone in turn (issue #31): kube-scheduler alone (a namespace fluxnetes does
 not manage, no operator), fluxnetes (the operator as a subprocess, an opted-in namespace),
 Kueue v0.17.0 in front of kube-scheduler (`--addons kueue`, its release's configuration as
-devcluster/addons.py sets it up). Kueue runs on a cluster of its own so that its webhooks and
-watches are not there when the others run. Volcano and scheduler-plugins' coscheduling are not
-here: see docs/comparison.md for why (the module proxy refused Volcano).
+devcluster/addons.py sets it up), scheduler-plugins v0.34.7's coscheduling (`--addons
+coscheduling`: a second scheduler, `scheduler-plugins-scheduler`, that the workload pods name;
+a Job of several pods is a gang, a PodGroup of minMember = its pods, named after it). Kueue and
+coscheduling each run on a cluster of their own so that their processes, webhooks and watches
+are not there when the others run. Volcano is not here: see docs/comparison.md for why (the
+module proxy refused it). Coscheduling has no accounts or queues: row e shows the split it
+gives unasked, as for kube-scheduler.
 
 Rows (each system, same sizes):
 
@@ -38,7 +42,13 @@ fluxnetes and kube-scheduler).
         --share-jobs 80 --grace 90               # what peers.json holds (a loaded machine)
 
 Writes bench/results/peers.json (peers_quick.json with --quick). Kueue needs
-`hack/build-addons.sh kueue` (a cold build of close to an hour on 2 busy cores).
+`hack/build-addons.sh kueue` (a cold build of close to an hour on 2 busy cores), coscheduling
+`hack/build-addons.sh coscheduling`. Coscheduling alone, with kube-scheduler as its pair
+(bench/results/peers_coscheduling.json):
+
+    .venv/bin/python bench/peers.py --systems kube-scheduler,coscheduling --nodes 300 --jobs 300 \
+        --gangs 30 --stream-seconds 90 --share-jobs 80 --grace 90 \
+        --output bench/results/peers_coscheduling.json
 """
 
 from __future__ import annotations
@@ -71,7 +81,7 @@ from fluxnetes.k8s.kube import NAMESPACES, PODS, Kube, Resource
 
 JOBS = Resource("batch/v1", "jobs")
 RESULTS = Path(__file__).resolve().parent / "results"
-SYSTEMS = ("kube-scheduler", "fluxnetes", "kueue")
+SYSTEMS = ("kube-scheduler", "fluxnetes", "kueue", "coscheduling")
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 DURATION_ANNOTATION = "fluxnetes.io/duration"
@@ -79,7 +89,10 @@ GANG_POD_CPU = "20"  # of a node's 32: one such pod per node
 GANG_POD_SECONDS = 3600  # row b's pods hold their nodes for the whole run (row a's end at once)
 SHARES = {"acct-a": 50, "acct-b": 30, "acct-c": 20}
 KUEUE_PLAIN = {"waitForPodsReady": None}  # row a: the release's default (no all-or-nothing)
-CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok", "addon-kueue")
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok", "addon-kueue",
+                 *addon_defs.ADDONS["coscheduling"].components)
+PODGROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups")
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 
 def job_body(name: str, pods: int, cpu: str, *, queue: bool, seconds: float | None = None) -> dict[str, Any]:
@@ -130,6 +143,22 @@ class System:
         else:
             os.environ.pop(addon_defs.KUEUE_CONFIG_ENV, None)
         self.cluster.restart_component("addon-kueue")
+
+    async def create_job(self, kube: Kube, body: dict[str, Any], ns: str) -> None:
+        """Create one Job. Under coscheduling its pods name scheduler-plugins' scheduler, and a
+        Job of several pods is a gang: a PodGroup of minMember = its pods, named after the Job,
+        and that name in the pod template's scheduling.x-k8s.io/pod-group label (the plugin's
+        documented use)."""
+        if self.name == "coscheduling":
+            spec = body["spec"]
+            spec["template"]["spec"]["schedulerName"] = addon_defs.SCHEDULER_NAME
+            if spec["parallelism"] > 1:
+                name = body["metadata"]["name"]
+                await kube.create(PODGROUPS, {"apiVersion": PODGROUPS.api_version, "kind": "PodGroup",
+                                              "metadata": {"name": name},
+                                              "spec": {"minMember": spec["parallelism"]}}, ns)
+                spec["template"].setdefault("metadata", {}).setdefault("labels", {})[POD_GROUP_LABEL] = name
+        await kube.create(JOBS, body, ns)
 
     async def namespace(self, kube: Kube, ns: str, labels: dict[str, str] | None = None) -> None:
         lab = dict(labels or {})
@@ -247,7 +276,7 @@ async def throughput(system: System, kube: Kube, jobs: int, size: int, cpu: str,
 
     async def create(i: int) -> None:
         async with sem:
-            await kube.create(JOBS, job_body(f"j{i}", size, cpu, queue=system.name == "kueue", seconds=seconds), ns)
+            await system.create_job(kube, job_body(f"j{i}", size, cpu, queue=system.name == "kueue", seconds=seconds), ns)
 
     await asyncio.gather(*(create(i) for i in range(jobs)))
     created = time.monotonic() - t0
@@ -330,12 +359,12 @@ async def large_behind_stream(system: System, kube: Kube, args: argparse.Namespa
         if now < end_stream and now >= next_small:
             name = f"s{i}"
             i += 1
-            await kube.create(JOBS, job_body(name, 1, cpu, queue=q,
+            await system.create_job(kube, job_body(name, 1, cpu, queue=q,
                                              seconds=rng.uniform(*args.small_seconds)), ns)
             created[name], want[name] = time.time(), 1
             next_small += interval
         if large_at is None and now - t0 >= args.large_after:
-            await kube.create(JOBS, job_body("large", large_pods, cpu, queue=q, seconds=args.large_seconds), ns)
+            await system.create_job(kube, job_body("large", large_pods, cpu, queue=q, seconds=args.large_seconds), ns)
             large_at = created["large"] = time.time()
             want["large"] = large_pods
         pods, _ = await kube.list(PODS, ns)
@@ -402,7 +431,7 @@ async def shares(system: System, kube: Kube, args: argparse.Namespace) -> dict[s
 
     async def create(ns: str, body: dict[str, Any]) -> None:
         async with sem:
-            await kube.create(JOBS, body, ns)
+            await system.create_job(kube, body, ns)
 
     await asyncio.gather(*(create(ns, b) for ns, b in jobs))
     samples: list[dict[str, Any]] = []
@@ -443,7 +472,7 @@ def up(args: argparse.Namespace, system: str, count: int, cpu: str, mem: str, ti
     cluster = Cluster.up(ClusterOptions(
         nodes=NodeShape(count=count, cpu=cpu, memory=mem),
         dir=Path(tempfile.mkdtemp(prefix=f"{system}-", dir=args.workdir)) / "cluster",
-        die_with_parent=True, timed_pods=timed, addons=("kueue",) if system == "kueue" else (),
+        die_with_parent=True, timed_pods=timed, addons=(system,) if system in ("kueue", "coscheduling") else (),
         timeout=args.up_timeout))
     return cluster, round(time.monotonic() - t, 1)
 
@@ -497,6 +526,9 @@ async def run_pool(args: argparse.Namespace, system: System) -> dict[str, Any]:
         out["d_large_behind_stream"] = await large_behind_stream(system, kube, args)
         print(system.name, "d/f", out["d_large_behind_stream"], flush=True)
         out["e_shares_50_30_20"] = await shares(system, kube, args)
+        if system.name == "coscheduling":  # (as kube-scheduler: the split it gives with nothing to set)
+            out["e_shares_50_30_20"]["note"] = ("scheduler-plugins' coscheduling has no accounts, queues or shares: "
+                                                "nothing was configured; the split is what it does unasked")
         print(system.name, "e", {k: v for k, v in out["e_shares_50_30_20"].items() if k != "samples"}, flush=True)
     finally:
         system.stop()
@@ -546,7 +578,13 @@ def main() -> None:
                      "nominal quotas and fair-sharing weights 50/30/20)",
             "volcano": "not run: the Go module proxy refused volcano.sh/volcano@v1.13.0 (403 Forbidden: "
                        "'This module version is not available.')",
-            "coscheduling": "not run: sigs.k8s.io/scheduler-plugins@v0.34.7 is served, not built into an addon yet",
+            "coscheduling": "sigs.k8s.io/scheduler-plugins v0.34.7 (k8s.io/* v0.34.7; csi-translation-lib "
+                            "v0.34.1, the proxy refuses v0.34.7) built by hack/build-addons.sh coscheduling: "
+                            "its kube-scheduler as a second scheduler, profile scheduler-plugins-scheduler with "
+                            "Coscheduling (multiPoint; PrioritySort off; permitWaitingTimeSeconds 10; client qps "
+                            "500 / burst 1000 like the dev cluster's kube-scheduler) and its PodGroup controller; "
+                            "the workload pods name that scheduler, each Job of several pods has a PodGroup "
+                            "(minMember = its pods); row e: no accounts or queues to set (the split it gives unasked)",
         },
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "load_average_at_start": os.getloadavg()},
