@@ -73,7 +73,9 @@ def prepare(
 def default_matcher(graph: Any, match_policy: str) -> Any:
     from fluxnetes.match import Matcher
 
-    return Matcher(graph, policy=match_policy)
+    # `first` on identical nodes: the simulator's requests are answered from per-node
+    # counters (match/firstfit.py), the walk's answers without the walk
+    return Matcher(graph, policy=match_policy, counters=True)
 
 
 def policy_for(
