@@ -103,6 +103,9 @@ class _Room:
         del self.items[j]
 
 
+_CORE0 = [0]  # the one core of a one-core node (shared: position lists are never changed)
+
+
 def _key(weight: int, uniq: int) -> int:
     return (MAXW - weight) * _U + (_U - 1 - uniq)
 
@@ -135,6 +138,11 @@ class FirstFit:
             self.core_score.append([3 + factor + c.v.id for c in cs])
             self.node_score.append(2 + v.id)
         self.excl = [False] * n  # held whole (NODES)
+        # each node's current order key (_key of its weight), kept to avoid recomputing it
+        self.nkey = [_key(MAXW, nv.v.uniq_id) for nv in nodes]
+        self.names = [nv.v.name for nv in nodes]
+        # node indexes follow uniq ids (tree order): shares come out in pick order
+        self.by_index = all(nodes[i].v.uniq_id < nodes[i + 1].v.uniq_id for i in range(n - 1))
         # racks (flat: one pseudo-rack, the root)
         self.rweight = [MAXW] * max(1, len(racks))
         self.rfree = [0] * max(1, len(racks))
@@ -223,6 +231,13 @@ class FirstFit:
         return [0] if self.flat else self.root_room.items
 
     def _slots(self, p: int) -> list[tuple[int, list[int]]] | None:
+        if self.cores_per == 1 and self.flat:
+            # one core per node: every node in the room gives its core, the first p are taken
+            # (no surplus: each gives exactly one)
+            items = self.rooms[0].items
+            if len(items) < p:
+                return None
+            return [(i, _CORE0) for i in sorted(items[:p])]
         cands: list[tuple[int, int, int]] = []  # (node, core position, score)
         core_free = self.core_free
         free = self.free
@@ -294,31 +309,40 @@ class FirstFit:
         """Hold ``picks`` for ``jobid`` and reorder as the update pass does."""
         free = self.free
         weight = self.weight
-        nodes = self.nodes
         rooms = self.rooms
         rack_of = self.rack_of
         before: dict[int, int] = {}  # touched rack -> its free cores before
         rfree = self.rfree
+        nkey = self.nkey
+        core_free = self.core_free
         for i, positions in picks:
-            flags = self.core_free[i]
+            flags = core_free[i]
             for j in positions:
                 flags[j] = False
             k = rack_of[i]
             if k not in before:
                 before[k] = rfree[k]
             had = free[i]
-            left = had - len(positions)
+            took = len(positions)
+            left = had - took
             free[i] = left
-            rfree[k] -= len(positions)
+            rfree[k] -= took
             if kind == NODES:
                 self.excl[i] = True
                 self.rxnodes[k] += 1
-            u = nodes[i].v.uniq_id
-            if had > 0:
-                rooms[k].drop(_key(weight[i], u))
+            room = rooms[k]
+            keys = room.keys
+            old = nkey[i]
+            if had > 0:  # (in the room list: drop it, _Room.drop inline)
+                j = bisect_left(keys, old)
+                del keys[j]
+                del room.items[j]
             weight[i] = left
+            key = nkey[i] = (MAXW - left) * _U + old % _U  # (old % _U: the uniq id part)
             if left > 0:
-                rooms[k].add(_key(left, u), i)
+                j = bisect_left(keys, key)
+                keys.insert(j, key)
+                room.items.insert(j, i)
         if not self.flat:
             for k, had in before.items():
                 u = self.racks[k].v.uniq_id
@@ -333,23 +357,30 @@ class FirstFit:
         """Give back what ``jobid`` holds (weights stay, as in the engine)."""
         kind, picks, _at, _end = self.jobs.pop(jobid)
         free = self.free
-        weight = self.weight
-        nodes = self.nodes
+        nkey = self.nkey
         rack_of = self.rack_of
+        rooms = self.rooms
+        core_free = self.core_free
+        rfree = self.rfree
+        flat = self.flat
         for i, positions in picks:
-            flags = self.core_free[i]
+            flags = core_free[i]
             for j in positions:
                 flags[j] = True
             k = rack_of[i]
-            if free[i] == 0:
-                self.rooms[k].add(_key(weight[i], nodes[i].v.uniq_id), i)
+            if free[i] == 0:  # back in the room list, where its (unchanged) weight puts it
+                room = rooms[k]
+                key = nkey[i]
+                j = bisect_left(room.keys, key)
+                room.keys.insert(j, key)
+                room.items.insert(j, i)
             free[i] += len(positions)
             if kind == NODES:
                 self.excl[i] = False
                 self.rxnodes[k] -= 1
-            if not self.flat and self.rfree[k] == 0:
+            if not flat and rfree[k] == 0:
                 self.root_room.add(_key(self.rweight[k], self.racks[k].v.uniq_id), k)
-            self.rfree[k] += len(positions)
+            rfree[k] += len(positions)
 
     # ---------------------------------------------------------------- output
     def entries(self, kind: int, picks: list[tuple[int, list[int]]]) -> list[Entry]:
@@ -380,6 +411,9 @@ class FirstFit:
 
     def shares(self, picks: list[tuple[int, list[int]]]) -> tuple[tuple[str, int], ...]:
         """(node name, cores) per node, by node uniq id (``MatchResult.core_shares``)."""
+        if self.by_index:
+            names = self.names
+            return tuple([(names[i], len(p)) for i, p in picks])
         nodes = self.nodes
         rows = sorted((nodes[i].v.uniq_id, nodes[i].v.name, len(p)) for i, p in picks)
         return tuple((name, n) for _u, name, n in rows)

@@ -86,13 +86,26 @@ def _satisfiable(matcher: Any, job: QueuedJob) -> tuple[bool, str]:
     return True, ""
 
 
+_SHAPE_KEYS: dict[int, tuple[Any, str]] = {}  # id(jobspec) -> (jobspec, key): see _shape_key
+
+
 def _shape_key(job: QueuedJob) -> str:
-    """What satisfiability depends on: the requested resources (not the duration)."""
-    resources = getattr(job.jobspec, "resources", None)
-    constraint = getattr(job.jobspec, "constraint", None)
+    """What satisfiability depends on: the requested resources (not the duration).
+    Remembered per jobspec object (jobs often share one; the cache holds the object, so its
+    id is not reused while cached): the repr of the resources is dear."""
+    js = job.jobspec
+    known = _SHAPE_KEYS.get(id(js))
+    if known is not None and known[0] is js:
+        return known[1]
+    resources = getattr(js, "resources", None)
+    constraint = getattr(js, "constraint", None)
     if resources is None:
         return f"job:{job.id}"
-    return f"{resources!r}|{constraint!r}"
+    key = f"{resources!r}|{constraint!r}"
+    if len(_SHAPE_KEYS) >= 4096:
+        _SHAPE_KEYS.clear()
+    _SHAPE_KEYS[id(js)] = (js, key)
+    return key
 
 
 def _reserved_key(job_id: str) -> tuple[str, str]:
