@@ -143,6 +143,15 @@ class FirstFit:
         self.names = [nv.v.name for nv in nodes]
         # node indexes follow uniq ids (tree order): shares come out in pick order
         self.by_index = all(nodes[i].v.uniq_id < nodes[i + 1].v.uniq_id for i in range(n - 1))
+        # one-core nodes under the root, indexes in uniq id order (KTH-SP2's machine, any
+        # SWF machine of one-processor nodes): one sorted list of keys whose low part is
+        # the node index (same order as the uniq ids), so a job takes a prefix of it and
+        # a release merges its keys back in one sort (no insert per node)
+        self.unit = self.cores_per == 1 and flat and self.by_index
+        self.ukeys: list[int] = []
+        if self.unit:
+            self.nkey = [(MAXW - MAXW) * _U + (_U - 1 - i) for i in range(n)]
+            self.ukeys = sorted(self.nkey)
         # racks (flat: one pseudo-rack, the root)
         self.rweight = [MAXW] * max(1, len(racks))
         self.rfree = [0] * max(1, len(racks))
@@ -219,6 +228,14 @@ class FirstFit:
 
     def select(self, kind: int, count: int) -> list[tuple[int, list[int]]] | None:
         """The walk's choice: [(node, core positions)] in tree order, or None (BUSY)."""
+        if self.unit:
+            # every node in the room is free whole; slots and whole nodes alike take the
+            # first `count` of it (each gives one candidate: no surplus to rank)
+            ukeys = self.ukeys
+            if count > len(ukeys):
+                return None
+            top = _U - 1
+            return [(i, _CORE0) for i in sorted([top - k % _U for k in ukeys[:count]])]
         if kind == SLOTS:
             if count > self.free_cores():
                 return None
@@ -306,7 +323,11 @@ class FirstFit:
     # ---------------------------------------------------------------- changes
     def commit(self, jobid: int, kind: int, picks: list[tuple[int, list[int]]], at: int,
                end: int) -> None:
-        """Hold ``picks`` for ``jobid`` and reorder as the update pass does."""
+        """Hold ``picks`` (the answer of the last :meth:`select`) for ``jobid`` and reorder
+        as the update pass does."""
+        if self.unit:
+            self._commit_unit(jobid, kind, picks, at, end)
+            return
         free = self.free
         weight = self.weight
         rooms = self.rooms
@@ -353,9 +374,45 @@ class FirstFit:
                     self.root_room.add(_key(self.rweight[k], u), k)
         self.jobs[jobid] = (kind, picks, at, end)
 
+    def _commit_unit(self, jobid: int, kind: int, picks: list[tuple[int, list[int]]], at: int,
+                     end: int) -> None:
+        p = len(picks)
+        del self.ukeys[:p]  # (select took the first p)
+        free = self.free
+        weight = self.weight
+        nkey = self.nkey
+        core_free = self.core_free
+        low = MAXW * _U + _U - 1  # weight 0 after the commit (the node's core is held)
+        for i, _positions in picks:
+            free[i] = 0
+            core_free[i][0] = False
+            weight[i] = 0
+            nkey[i] = low - i
+        self.rfree[0] -= p
+        if kind == NODES:
+            for i, _positions in picks:
+                self.excl[i] = True
+            self.rxnodes[0] += p
+        self.jobs[jobid] = (kind, picks, at, end)
+
     def release(self, jobid: int) -> None:
         """Give back what ``jobid`` holds (weights stay, as in the engine)."""
         kind, picks, _at, _end = self.jobs.pop(jobid)
+        if self.unit:
+            nkey = self.nkey
+            free = self.free
+            core_free = self.core_free
+            for i, _positions in picks:
+                free[i] = 1
+                core_free[i][0] = True
+            self.ukeys.extend([nkey[i] for i, _positions in picks])
+            self.ukeys.sort()  # (two sorted runs: merged in one pass)
+            self.rfree[0] += len(picks)
+            if kind == NODES:
+                for i, _positions in picks:
+                    self.excl[i] = False
+                self.rxnodes[0] -= len(picks)
+            return
         free = self.free
         nkey = self.nkey
         rack_of = self.rack_of
