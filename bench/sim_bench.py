@@ -336,7 +336,7 @@ def _run_worker(src: str, task: dict[str, Any]) -> dict[str, Any]:
 def engine_speed(args: argparse.Namespace) -> int:
     """Before (``--before-src``: main's code) and after (this tree), alternating, each run in
     a fresh process; CPU seconds of the run itself (time.process_time)."""
-    after_src = str(ROOT / "src")
+    after_src = args.after_src or str(ROOT / "src")
     before_src = args.before_src
     load_start = os.getloadavg()
     sides = {"before": before_src, "after": after_src}
@@ -505,6 +505,9 @@ def main() -> int:
                         "profiles and growth in jobs and nodes (sim_engine_speed.json)")
     parser.add_argument("--before-src", default="/tmp/wt32a-before/src")
     parser.add_argument("--before-rev", default="8c60de4")
+    parser.add_argument("--after-src", default=None,
+                        help="the after side's sources (default: this tree's src; a copy "
+                             "lets the tree change while the benchmark runs)")
     parser.add_argument("--profile-jobs", type=int, default=20_000)
     parser.add_argument("--growth-jobs", type=lambda t: [int(x) for x in t.split(",")],
                         default=[10_000, 50_000, 200_000, 500_000])
