@@ -214,7 +214,8 @@ def _walk(
             if profile is not None:
                 profile.remove(_reserved_key(job.id))
                 free_now = None
-        if profile is not None and free_now is None:
+        if backfill and free_now is None:  # (fcfs asks fits_now of its head only)
+            assert profile is not None
             free_now = profile.avail_during(now, 1)
         if (
             not reserve
