@@ -303,7 +303,8 @@ def _worker(task: dict[str, Any]) -> dict[str, Any]:
     else:
         procs = int(task["procs"])
         jobs = synthetic(int(task["jobs"]), procs, int(task.get("seed", 7)))
-        workload = Workload(trace, machine_from_size(procs, 1), jobs, base.report)
+        cores = int(task.get("cores", 1))
+        workload = Workload(trace, machine_from_size(procs // cores, cores), jobs, base.report)
     policy = task["policy"]
     out: dict[str, Any] = {"jobs": len(workload.jobs)}
     if task.get("profile"):
@@ -318,6 +319,7 @@ def _worker(task: dict[str, Any]) -> dict[str, Any]:
                        "matcher_calls": run.matcher_calls,
                        "mean_bsld": round(summary.mean_bsld, 4)}
         out[engine]["starts"] = [o.start for o in run.outcomes]
+        out[engine]["load_average"] = os.getloadavg()
         if engine == "queue":
             out["placements_digest"] = __import__("hashlib").sha256(
                 repr([o.shares for o in run.outcomes]).encode()).hexdigest()[:16]
@@ -334,7 +336,7 @@ def _run_worker(src: str, task: dict[str, Any]) -> dict[str, Any]:
 def engine_speed(args: argparse.Namespace) -> int:
     """Before (``--before-src``: main's code) and after (this tree), alternating, each run in
     a fresh process; CPU seconds of the run itself (time.process_time)."""
-    after_src = str(ROOT / "src")
+    after_src = args.after_src or str(ROOT / "src")
     before_src = args.before_src
     load_start = os.getloadavg()
     sides = {"before": before_src, "after": after_src}
@@ -350,10 +352,13 @@ def engine_speed(args: argparse.Namespace) -> int:
             "benchmark": "sim_bench --engine-speed",
             "sections_done": done,
             "parameters": {
-                "before": f"{before_src} (main's code, c53c2dc)", "after": "this tree",
-                "kth": f"KTH-SP2, the first {args.kth_limit or 'all'} records (published "
+                "before": f"{before_src} (main's code, {args.before_rev})", "after": "this tree",
+                "kth": f"KTH-SP2, the first {args.kth_limits} records (0 = all; published "
                        "filter), 100 one-core nodes (SWF header), requested times as "
                        "estimates, counted reservations, match policy first (the default)",
+                "big": f"synthetic trace of {args.big_jobs} jobs on {args.big_procs} one-core "
+                       "nodes, EASY, in place of SDSC-BLUE (232k jobs, 1,152 processors), "
+                       "which is not on this machine",
                 "rounds": args.rounds,
                 "measure": "CPU seconds of run_policy (time.process_time) in a fresh process "
                            "per run, before and after alternating; the count oracle runs in "
@@ -366,7 +371,7 @@ def engine_speed(args: argparse.Namespace) -> int:
                 "synthetic": "bench/sim_bench.py synthetic(jobs, procs, seed 7): one-core "
                              "nodes, EASY; each growth row is a fresh seeded trace",
             },
-            "kth": kth,
+            "runs": kth,
             "profile_after_top": profiles,
             "growth_jobs": growth_jobs,
             "growth_nodes": growth_nodes,
@@ -378,14 +383,19 @@ def engine_speed(args: argparse.Namespace) -> int:
         }
         out.write_text(json.dumps(payload, indent=2) + "\n")
 
-    for policy in POLICIES:
+    cases = [(f"kth_{limit or 'full'}", policy, {"trace": "kth", "limit": limit or None})
+             for limit in args.kth_limits for policy in POLICIES]
+    cases += [(f"synthetic_{args.big_jobs}_on_{args.big_procs}", "easy",
+               {"trace": "synthetic", "jobs": args.big_jobs, "procs": args.big_procs})]
+    for name, policy, spec in cases:
         cpu: dict[str, list[float]] = {"before": [], "after": [], "count": []}
+        loads: list[float] = []
         got: dict[str, dict[str, Any]] = {}
         for r in range(args.rounds):
             for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                res = _run_worker(sides[side], {"trace": "kth", "policy": policy,
-                                                "count": side == "after",
-                                                "limit": args.kth_limit})
+                res = _run_worker(sides[side], {**spec, "policy": policy,
+                                                "count": side == "after"})
+                loads.append(round(res["queue"]["load_average"][0], 1))
                 got[side] = res
                 cpu[side].append(res["queue"]["cpu_seconds"])
                 if "count" in res:
@@ -393,7 +403,10 @@ def engine_speed(args: argparse.Namespace) -> int:
         after, before = got["after"], got["before"]
         count_med = statistics.median(cpu["count"])
         entry = {
+            "trace": name,
+            "policy": policy,
             "cpu_seconds": cpu,
+            "load_average_1min_per_run": loads,
             "jobs": after["jobs"],
             "jobs_per_second_cpu": {k: round(after["jobs"] / statistics.median(v))
                                     for k, v in cpu.items()},
@@ -401,6 +414,9 @@ def engine_speed(args: argparse.Namespace) -> int:
                                        / statistics.median(cpu["before"]), 3),
             "after_over_count": round(statistics.median(cpu["after"]) / count_med, 2),
             "count_over_pyss_recorded": ISSUE_COUNT_OVER_PYSS[policy],
+            "after_over_pyss_derived_is": "after / count * count_over_pyss_recorded (the "
+                                          "ratio recorded on KTH-SP2 for this policy; for the "
+                                          "synthetic trace an indication only)",
             "after_over_pyss_derived": round(statistics.median(cpu["after"]) / count_med
                                              * ISSUE_COUNT_OVER_PYSS[policy], 2),
             "before_over_pyss_derived": round(statistics.median(cpu["before"]) / count_med
@@ -417,17 +433,26 @@ def engine_speed(args: argparse.Namespace) -> int:
             "same_placements_after_vs_before":
                 after["placements_digest"] == before["placements_digest"],
         }
-        kth[policy] = entry
-        print(policy, {k: v for k, v in entry.items() if k != "cpu_seconds"}, cpu, flush=True)
-        save(f"kth {policy}")
+        kth[f"{name} {policy}"] = entry
+        print(name, policy, {k: v for k, v in entry.items()
+                             if k not in ("cpu_seconds", "load_average_1min_per_run")},
+              cpu, flush=True)
+        save(f"{name} {policy}")
     for procs in args.growth_nodes:
         row = {"jobs": args.nodes_jobs, "processors": procs, "policy": "easy"}
         for side in ("before", "after"):
             res = _run_worker(sides[side], {"trace": "synthetic", "jobs": args.nodes_jobs,
-                                            "procs": procs, "policy": "easy"})
+                                            "procs": procs, "policy": "easy",
+                                            "count": side == "after"})
             row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
                          "microseconds_per_job_cpu": round(
-                             res["queue"]["cpu_seconds"] / args.nodes_jobs * 1e6, 1)}
+                             res["queue"]["cpu_seconds"] / args.nodes_jobs * 1e6, 1),
+                         "load_average_1min": round(res["queue"]["load_average"][0], 1)}
+            if "count" in res:
+                row["count_oracle_cpu_seconds"] = res["count"]["cpu_seconds"]
+                row["differing_starts_after_vs_count"] = sum(
+                    1 for a, b in zip(res["queue"]["starts"], res["count"]["starts"],
+                                      strict=True) if a != b)
         growth_nodes.append(row)
         save(f"growth nodes {procs}")
         print(row, flush=True)
@@ -444,9 +469,15 @@ def engine_speed(args: argparse.Namespace) -> int:
         row: dict[str, Any] = {"jobs": n, "processors": 1152, "policy": "easy"}
         for side in (("before", "after") if n <= args.before_max_jobs else ("after",)):
             res = _run_worker(sides[side], {"trace": "synthetic", "jobs": n, "procs": 1152,
-                                            "policy": "easy"})
+                                            "policy": "easy", "count": side == "after"})
             row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
-                         "microseconds_per_job_cpu": round(res["queue"]["cpu_seconds"] / n * 1e6, 1)}
+                         "microseconds_per_job_cpu": round(res["queue"]["cpu_seconds"] / n * 1e6, 1),
+                         "load_average_1min": round(res["queue"]["load_average"][0], 1)}
+            if "count" in res:
+                row["count_oracle_cpu_seconds"] = res["count"]["cpu_seconds"]
+                row["differing_starts_after_vs_count"] = sum(
+                    1 for a, b in zip(res["queue"]["starts"], res["count"]["starts"],
+                                      strict=True) if a != b)
         growth_jobs.append(row)
         save(f"growth jobs {n}")
         print(row, flush=True)
@@ -472,7 +503,11 @@ def main() -> int:
     parser.add_argument("--engine-speed", action="store_true",
                         help="queue engine before (--before-src) vs after, alternating, plus "
                         "profiles and growth in jobs and nodes (sim_engine_speed.json)")
-    parser.add_argument("--before-src", default="/tmp/wt32-before/src")
+    parser.add_argument("--before-src", default="/tmp/wt32a-before/src")
+    parser.add_argument("--before-rev", default="8c60de4")
+    parser.add_argument("--after-src", default=None,
+                        help="the after side's sources (default: this tree's src; a copy "
+                             "lets the tree change while the benchmark runs)")
     parser.add_argument("--profile-jobs", type=int, default=20_000)
     parser.add_argument("--growth-jobs", type=lambda t: [int(x) for x in t.split(",")],
                         default=[10_000, 50_000, 200_000, 500_000])
@@ -481,8 +516,13 @@ def main() -> int:
     parser.add_argument("--growth-nodes", type=lambda t: [int(x) for x in t.split(",")],
                         default=[100, 1152, 4096])
     parser.add_argument("--nodes-jobs", type=int, default=20_000)
-    parser.add_argument("--kth-limit", type=int, default=None,
-                        help="only the first N KTH-SP2 records (default: all)")
+    parser.add_argument("--kth-limits", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[10_000, 0],
+                        help="KTH-SP2 runs on the first N records each (0: all)")
+    parser.add_argument("--big-jobs", type=int, default=20_000,
+                        help="the 1,152-processor synthetic EASY row (SDSC-BLUE's machine "
+                             "size; the trace itself is not on this machine)")
+    parser.add_argument("--big-procs", type=int, default=1152)
     parser.add_argument("--profile-policies", type=lambda t: t.split(","),
                         default=list(POLICIES))
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)

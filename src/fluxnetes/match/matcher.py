@@ -31,6 +31,7 @@ from fluxnetes.match.engine import (
     calc_count,
 )
 from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
+from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
 from fluxnetes.match.pristine import PristineSlots
 from fluxnetes.match.reserve import ReserveBound, ReserveHosts
 from fluxnetes.match.results import (
@@ -81,11 +82,13 @@ class Matcher:
     """Match jobspecs against one graph under one policy; records every allocation."""
 
     def __init__(self, graph: ResourceGraph, policy: str = "first", *, split_pools: bool | None = None,
-                 tie_break: str = "stable") -> None:
+                 tie_break: str = "stable", counters: bool = False) -> None:
         """``tie_break``: "stable" (default) orders equal-score candidates by discovery
         (depth-first) order; "fluxion" reproduces the order libstdc++'s std::sort gives them
         in Fluxion (used by the conformance replay). ``split_pools``: share pool vertices
         (memory...) by amount; default from ``graph.meta["split_pools"]`` (Kubernetes graphs).
+        ``counters``: answer ``first``'s simulator requests from per-node counters while the
+        graph and the requests allow it (``match/firstfit.py``: the simulator asks for it).
         """
         if tie_break not in ("stable", "fluxion"):
             raise MatchError(f"unknown tie_break '{tie_break}' (stable or fluxion)")
@@ -136,10 +139,21 @@ class Matcher:
         self._reserved: set[int] = set()  # jobs recorded as reservations
         # slot hosts per set of slot element types, for the reservation search's bound
         self._resv_hosts: dict[frozenset[str], ReserveHosts] = {}
+        # `first` on per-node counters (match/firstfit.py) until an operation they do not
+        # cover: then every live job is written into the engine and the walk takes over
+        self._ff: FirstFit | None = FirstFit.build(self.engine) if counters else None
+        self._ff_res: dict[int, MatchResult] = {}
+        self._ff_shapes: dict[int, tuple[Jobspec, tuple[int, int] | None]] = {}
 
     # ------------------------------------------------------------------ properties
     @property
+    def counting(self) -> bool:
+        """Are requests answered from per-node counters (``match/firstfit.py``) now?"""
+        return self._ff is not None
+
+    @property
     def jobs(self) -> Mapping[int, JobRecord]:
+        self._leave_counters()
         return types.MappingProxyType(self._jobs)
 
     def reservation_count(self) -> int:
@@ -200,6 +214,7 @@ class Matcher:
                 jid += 1
             self._next_jobid = jid + 1
         else:
+            self._leave_counters()  # (an id chosen by the caller: the engine's records)
             if jobid in self._jobs:
                 raise MatchError(f"job {jobid} already exists")
             if jobid < 0:
@@ -210,6 +225,10 @@ class Matcher:
         duration = js.duration if js.duration > 0 else GRAPH_END
         if now >= GRAPH_END:
             return self._fail(MatchStatus.BUSY, jid, js, "now is at or past the graph horizon")
+        if self._ff is not None:
+            counted = self._counted(js, op, now, jid, duration)
+            if counted is not None:
+                return counted
         if js.sets:  # several pod sets: one transaction of ordinary walks (match/gang.py)
             from fluxnetes.match.gang import match_gang
 
@@ -292,6 +311,82 @@ class Matcher:
         if sat:
             return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
         return self._fail(MatchStatus.UNSATISFIABLE, jid, js, self._unsat_reason(js))
+
+    # ------------------------------------------------------------------ counters (firstfit.py)
+    def _counted(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult | None:
+        """The answer from the counters, or None after leaving them (the walk answers)."""
+        ff = self._ff
+        assert ff is not None
+        known = self._ff_shapes.get(id(js))
+        if known is None or known[0] is not js:
+            if len(self._ff_shapes) >= _SAT_CACHE_MAX:
+                self._ff_shapes.clear()
+            known = self._ff_shapes[id(js)] = (js, request_shape(js))
+        shape = known[1]
+        if shape is None:
+            self._leave_counters()
+            return None
+        kind, count = shape
+        if op == "satisfiability":
+            # the far-future walk sees every node up and free: it finds the slots (or whole
+            # nodes) if the machine has that many
+            ok = count <= (len(ff.nodes) * ff.cores_per if kind == SLOTS else len(ff.nodes))
+            if ok:
+                return MatchResult(MatchStatus.ALLOCATED, -1, now, duration, "")
+            return MatchResult(MatchStatus.UNSATISFIABLE, -1, now, 0, self._unsat_reason(js))
+        d = duration if now + duration <= GRAPH_END else GRAPH_END - now
+        if not self._all_active(now, d):
+            self._leave_counters()
+            return None
+        picks = ff.select(kind, count)
+        if picks is None:
+            if op == "allocate":
+                return self._fail(MatchStatus.BUSY, jid, js, self._counted_busy_reason(js))
+            self._leave_counters()  # a reservation search: the walk's
+            return None
+        ff.commit(jid, kind, picks, now, now + d)
+        res = CountedResult(jid, now, d, js.queue, ff.shares(picks), ff, kind, picks)
+        self._ff_res[jid] = res
+        self._note_span(now, now + d)
+        self._track(jid, now, now + d, False)
+        self.stats["succeeded"] += 1
+        self.stats["fast"] += 1
+        return res
+
+    def _counted_busy_reason(self, js: Jobspec) -> str:
+        """``_busy_reason`` from the counters (the root filter's core and node counts)."""
+        ff = self._ff
+        assert ff is not None
+        for t, n in js.totals.items():
+            if t == "slot":
+                continue
+            free = ff.free_cores() if t == "core" else ff.free_nodes()
+            if n > free:
+                return f"needs {n} {t}, {free} free now"
+        return "resources are free in total but not in the requested shape/place now"
+
+    def _leave_counters(self) -> None:
+        """Write the counters' live jobs into the engine; the walk answers from now on."""
+        ff = self._ff
+        if ff is None:
+            return
+        self._ff = None
+        self._ff_shapes.clear()
+        eng = self.engine
+        results = self._ff_res
+
+        def commit(jobid: int, kind: int, at: int, end: int,
+                   marks: list[tuple[VState, int, bool]]) -> None:
+            eng.mark_selection(marks)
+            meta = Meta(jobid, at, at, end - at, AT_ALLOC, None)
+            emitted = eng.update(meta, {"node"} if kind == NODES else set(), False, [])
+            res = results.get(jobid)
+            self._jobs[jobid] = JobRecord(jobid, at, end - at, False, None, None, emitted,
+                                          res.queue if res is not None else "", res)
+
+        ff.flush(commit)
+        self._ff_res = {}
+        self._sat_cache.clear()
 
     # ------------------------------------------------------------------ satisfiability
     def _sat_walk(self, js: Jobspec, duration: int, x_types: set[str], walk: Callable[[], bool]) -> bool:
@@ -586,6 +681,12 @@ class Matcher:
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, jobid: int) -> None:
+        ff = self._ff
+        if ff is not None and jobid in ff.jobs:
+            ff.release(jobid)
+            self._ff_res.pop(jobid, None)
+            self._untrack(jobid)
+            return
         rec = self._jobs.pop(jobid, None)
         if rec is None:
             raise MatchError(f"job {jobid} not found")
@@ -596,6 +697,7 @@ class Matcher:
 
     def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
         """Release part of a job; returns True when nothing is left (the job is gone)."""
+        self._leave_counters()
         rec = self._jobs.get(jobid)
         if rec is None:
             raise MatchError(f"job {jobid} not found")
@@ -727,6 +829,7 @@ class Matcher:
     def update_allocate(self, jobid: int, placement: Mapping[str, Any] | list[NodeShare], *, at: int = 0,
                         duration: int = 0) -> MatchResult:
         """Record an existing placement (R/JGF or per-node amounts) as job ``jobid``."""
+        self._leave_counters()
         if jobid in self._jobs:
             raise MatchError(f"job {jobid} already exists")
         if isinstance(placement, Mapping):
@@ -834,6 +937,7 @@ class Matcher:
 
     # ------------------------------------------------------------------ status / grow / shrink
     def set_status(self, path_or_name: str, up: bool) -> None:
+        self._leave_counters()
         try:
             v = self.graph.get(path_or_name)
         except GraphError as exc:
@@ -848,6 +952,7 @@ class Matcher:
     def set_property(self, path_or_name: str, key: str, value: str) -> None:
         """Set a vertex property (resource-query's ``set-property PATH KEY=VALUE``): later
         matches see it (``perf_class`` orders `variation`; constraints test properties)."""
+        self._leave_counters()
         if not key or "=" in key:
             raise MatchError(f"set-property: property name {key!r} must be non-empty and without '='")
         try:
@@ -863,6 +968,7 @@ class Matcher:
 
     def add_subgraph(self, jgf_or_graph: Mapping[str, Any] | str | ResourceGraph) -> list[str]:
         """Attach vertices (JGF with the path from the root, or a graph); returns new paths."""
+        self._leave_counters()
         from fluxnetes.graph.jgf import write_jgf
 
         before = set(self.graph.by_path)
@@ -912,6 +1018,7 @@ class Matcher:
         """Remove a subtree; jobs holding resources in it lose them (partial cancel).
 
         Returns the ids of affected jobs (those fully removed are no longer in ``jobs``)."""
+        self._leave_counters()
         try:
             v = self.graph.get(path)
         except GraphError as exc:
@@ -949,6 +1056,7 @@ class Matcher:
 
     # ------------------------------------------------------------------ info / stat
     def info(self, jobid: int) -> dict[str, Any]:
+        self._leave_counters()
         rec = self._jobs.get(jobid)
         if rec is None:
             raise MatchError(f"job {jobid} not found")
@@ -956,6 +1064,7 @@ class Matcher:
                 "expiration": rec.end, "nodes": [n.__dict__ for n in rec.nodes]}
 
     def stat(self) -> dict[str, Any]:
+        self._leave_counters()
         g = self.graph
         nv = len(g)
         running = sum(1 for r in self._jobs.values() if not r.reserved)
@@ -975,12 +1084,14 @@ class Matcher:
         }
 
     def free_now(self, now: int = 0) -> dict[str, int]:
+        self._leave_counters()
         r = self.engine.root
         return {t: r.f_avail(i, now, now + 1) for i, t in enumerate(r.ftypes)}
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:
         """free + allocated == capacity everywhere, and every job's state is exactly recorded."""
+        self._leave_counters()
         eng = self.engine
         problems: list[str] = []
         expect_plan: dict[VState, dict[int, int]] = {}

@@ -66,8 +66,8 @@ class AllocVertex(NamedTuple):
 class MatchResult:
     """Answer of one match. ``vertices`` (emit order) and ``nodes`` are built on first use."""
 
-    __slots__ = ("_core_shares", "_emitted", "_nodes", "_vertices", "at", "duration", "jobid", "podsets",
-                 "queue", "reason", "status")
+    __slots__ = ("_core_shares", "_cores", "_emitted", "_nodes", "_vertices", "at", "duration", "jobid",
+                 "podsets", "queue", "reason", "status")
 
     def __init__(self, status: MatchStatus, jobid: int, at: int = 0, duration: int = 0, reason: str = "",
                  nodes: list[NodeShare] | None = None, vertices: list[AllocVertex] | None = None,
@@ -83,6 +83,7 @@ class MatchResult:
         self._vertices = vertices
         self._emitted = emitted  # engine Emitted records (vs, needs, excl), post-order
         self._core_shares: tuple[tuple[str, int], ...] | None = None
+        self._cores: int | None = None
         # several pod sets (fluxnetes.match.gang): set label -> node of each of its slots
         self.podsets = podsets
 
@@ -115,6 +116,13 @@ class MatchResult:
         if self._core_shares is None:
             self._core_shares = tuple((str(s.name), int(s.cores)) for s in self.nodes)
         return self._core_shares
+
+    @property
+    def cores_held(self) -> int:
+        """Cores over all of ``core_shares`` (summed once: asked several times per job)."""
+        if self._cores is None:
+            self._cores = sum(cores for _name, cores in self.core_shares)
+        return self._cores
 
     @property
     def ok(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from fluxnetes.queue.hints import (
@@ -177,6 +178,9 @@ class Scheduler:
         self._finite: set[str] = set()  # running jobs with a planned end
         self._sat_shapes: set[Hashable] = set()  # request shapes the matcher found satisfiable
         self._used: dict[str, int] = {}  # cores held per node by running jobs we know
+        # `_counted` and `_used` are kept for pinned reservations only (parking reads them;
+        # a counted cycle never does, and would pay a loop over every job's nodes twice)
+        self._per_node = policy.reservation_style == "pinned"
         self._freed: set[str] | None = set()  # nodes freed since the last cycle; None = anywhere
         self._parked: dict[str, Hashable] = {}  # jobs the last cycle found unable to start now
         self._last: _Last | None = None
@@ -194,6 +198,11 @@ class Scheduler:
     def policy(self, value: QueuePolicy) -> None:
         self._policy = value
         self._reset = True
+        if value.reservation_style == "pinned" and not self._per_node:
+            # parking needs the running jobs' cores per node: count them now
+            self._per_node = True
+            for job_id, running in self.running.items():
+                self._count(job_id, running.result)
 
     def invalidate(self) -> None:
         """Force the next cycle to start from scratch (and forget satisfiability answers:
@@ -253,11 +262,13 @@ class Scheduler:
 
     def _count(self, job_id: str, result: Any) -> None:
         self._uncount(job_id)
-        placed = shares_of(result)
-        self._counted[job_id] = placed
         if not _until_released(result):
             self._finite.add(job_id)
             heapq.heappush(self._ends, int(result.at) + int(result.duration))
+        if not self._per_node:
+            return
+        placed = shares_of(result)
+        self._counted[job_id] = placed
         for name, cores in placed:
             self._used[name] = self._used.get(name, 0) + cores
 
@@ -302,7 +313,10 @@ class Scheduler:
         """Run one cycle over ``pending`` (the jobs waiting now) at time ``now``.
         ``ordered=True``: ``pending`` is already in queue order (saves a sort);
         ``waiting=True``: it holds no running job (saves a pass over the queue)."""
-        jobs = list(pending) if ordered else queue_order(list(pending))
+        if ordered and waiting and isinstance(pending, list):
+            jobs = pending  # (read only here: no copy of the whole queue per cycle)
+        else:
+            jobs = list(pending) if ordered else queue_order(list(pending))
         order = jobs if waiting else [job for job in jobs if job.id not in self.running]
         self.cycles += 1
         if self.parking and self._policy.reservation_style == "pinned":
@@ -328,7 +342,9 @@ class Scheduler:
             # end frees room for jobs walked before: both need the whole walk
             and (self._policy.reservations is None or not (due or passed))
         ):
-            if walk.stopped and walk.order and walk.order[-1] not in {j.id for j in order[:prefix]}:
+            # (order[:prefix] is walk.order without the jobs that left, in the same order,
+            # so the last job walked is still there iff it ends that prefix)
+            if walk.stopped and walk.order and (not prefix or order[prefix - 1].id != walk.order[-1]):
                 prefix = None  # the fcfs head that stopped the last walk left: walk again
             else:
                 result = CycleResult(now=now, mode="incremental")
@@ -336,19 +352,26 @@ class Scheduler:
                     came = {job_id: self.reservations.pop(job_id) for job_id in due}
                     _walk([job for job in order[:prefix] if job.id in came], self.matcher, now,
                           self._policy, _Walk(), result, self.profile, came, self._satisfiable)
-                still = order[:prefix]
-                walk.order = [job.id for job in still]
+                if prefix != len(walk.order):  # (else order[:prefix] is walk.order already)
+                    walk.order = [job.id for job in order[:prefix]]
                 walk.considered = prefix
-                walk.reservations = sum(1 for job in still if job.id in self.reservations)
-                _walk(order[prefix:], self.matcher, now, self._policy, walk, result, self.profile,
-                      None, self._satisfiable)
+                held = self.reservations
+                if not held:
+                    walk.reservations = 0
+                elif len(held) <= 4:
+                    walk.reservations = sum(1 for job_id in held if job_id in walk.order)
+                else:
+                    walk.reservations = len(held.keys() & set(walk.order))
+                _walk(islice(order, prefix, None), self.matcher, now, self._policy, walk, result,
+                      self.profile, None, self._satisfiable)
                 self._record(result)
                 self._released = False
                 return result
         self.full_cycles += 1
-        pending_ids = {job.id for job in order}
-        for job_id in [j for j in self.reservations if j not in pending_ids]:
-            self._cancel_reservation(job_id)
+        if self.reservations:  # (a set of the whole queue only when there is one)
+            pending_ids = {job.id for job in order}
+            for job_id in [j for j in self.reservations if j not in pending_ids]:
+                self._cancel_reservation(job_id)
         # Compression (and the incremental walk above) only for counted reservations (a
         # number of cores from a time, held in the profile). A pinned reservation also fixes
         # *which* nodes are held, and the matcher's choice depends on `now` (e.g. `first`

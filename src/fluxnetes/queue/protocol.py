@@ -63,6 +63,9 @@ def shares_of(result: Any) -> list[tuple[str, int]]:
 
 def cores_of(result: Any) -> int:
     """Cores a match result holds, summed over its nodes."""
+    held = getattr(result, "cores_held", None)  # (fluxnetes.match results keep the sum)
+    if held is not None:
+        return int(held)
     known = getattr(result, "core_shares", None)
     if known is not None:
         return sum(cores for _, cores in known)

@@ -86,13 +86,26 @@ def _satisfiable(matcher: Any, job: QueuedJob) -> tuple[bool, str]:
     return True, ""
 
 
+_SHAPE_KEYS: dict[int, tuple[Any, str]] = {}  # id(jobspec) -> (jobspec, key): see _shape_key
+
+
 def _shape_key(job: QueuedJob) -> str:
-    """What satisfiability depends on: the requested resources (not the duration)."""
-    resources = getattr(job.jobspec, "resources", None)
-    constraint = getattr(job.jobspec, "constraint", None)
+    """What satisfiability depends on: the requested resources (not the duration).
+    Remembered per jobspec object (jobs often share one; the cache holds the object, so its
+    id is not reused while cached): the repr of the resources is dear."""
+    js = job.jobspec
+    known = _SHAPE_KEYS.get(id(js))
+    if known is not None and known[0] is js:
+        return known[1]
+    resources = getattr(js, "resources", None)
+    constraint = getattr(js, "constraint", None)
     if resources is None:
         return f"job:{job.id}"
-    return f"{resources!r}|{constraint!r}"
+    key = f"{resources!r}|{constraint!r}"
+    if len(_SHAPE_KEYS) >= 4096:
+        _SHAPE_KEYS.clear()
+    _SHAPE_KEYS[id(js)] = (js, key)
+    return key
 
 
 def _reserved_key(job_id: str) -> tuple[str, str]:
@@ -157,6 +170,11 @@ def _walk(
     ``hints``: answers known without the matcher (parked jobs, shapes already BUSY)."""
     limit = policy.reservations
     counted = policy.reservation_style == "counted"
+    # cores free at `now` in the profile, asked once per change of the profile in this walk
+    # instead of once or twice per job: a job needing more cannot fit now (the profile's
+    # fits_now is never more generous than this root count)
+    free_now: int | None = None
+    backfill = profile is not None and policy.name != "fcfs"  # (fcfs stops at a BUSY job)
     jobs_iter: Iterator[QueuedJob] = iter(jobs)
     for job in jobs_iter:
         if walk.stopped:
@@ -171,8 +189,15 @@ def _walk(
                 (job, f"needs {cores} cores; the whole graph has {profile.capacity}")
             )
             continue
-        duration = job_duration(job)
         reserve = limit is None or walk.reservations < limit
+        if not reserve and not keep and hints is None and backfill and free_now is not None \
+                and 0 < free_now < cores:
+            # a backfill candidate that needs more cores than are free now: BUSY without
+            # a matcher call (what the rest of this loop decides for it, in short)
+            result.blocked.append(job)
+            walk.order.append(job.id)
+            continue
+        duration = job_duration(job)
         old = keep.pop(job.id, None) if keep else None
         if old is not None:
             if reserve and profile is not None and int(old.at) > now:
@@ -188,12 +213,17 @@ def _walk(
                 result.matcher_calls += 1
             if profile is not None:
                 profile.remove(_reserved_key(job.id))
+                free_now = None
+        if backfill and free_now is None:  # (fcfs asks fits_now of its head only)
+            assert profile is not None
+            free_now = profile.avail_during(now, 1)
         if (
             not reserve
             and not keep
             and profile is not None
             and policy.name != "fcfs"
-            and profile.avail_during(now, 1) <= 0
+            and free_now is not None
+            and free_now <= 0
         ):
             # nothing is free now and no reservation is left to make: every remaining job
             # (up to the depth) would get BUSY from plain allocate; skip the calls
@@ -207,7 +237,6 @@ def _walk(
             result.blocked.extend(rest)
             walk.order.extend(j.id for j in rest)
             return
-        fits_now = profile is None or profile.fits_now(now, duration, cores)
         answer: Any = None
         status = "BUSY"
         if reserve and counted and profile is not None:
@@ -239,7 +268,13 @@ def _walk(
                 answer = matcher.allocate_orelse_reserve(job.jobspec, now=now)
                 result.matcher_calls += 1
                 status = status_name(answer)
-        elif fits_now and not (hints is not None and hints.known_busy(job, result)):
+        elif (
+            profile is None
+            or (
+                (cores <= 0 or free_now is None or cores <= free_now)
+                and profile.fits_now(now, duration, cores)
+            )
+        ) and not (hints is not None and hints.known_busy(job, result)):
             answer = matcher.allocate(job.jobspec, now=now)
             result.matcher_calls += 1
             status = status_name(answer)
@@ -250,6 +285,7 @@ def _walk(
             result.started.append((job, answer))
             if profile is not None:
                 profile.add(job.id, now, duration, cores_of(answer), shares_of(answer), running=True)
+                free_now = None
             continue
         if status == "RESERVED":
             result.reserved.append((job, answer))
@@ -259,6 +295,7 @@ def _walk(
                 held = answer.cores if isinstance(answer, CountedReservation) else cores_of(answer)
                 profile.add(_reserved_key(job.id), int(answer.at), duration, held,
                             shares_of(answer))
+                free_now = None
             continue
         if status == "UNSATISFIABLE":
             result.unsatisfiable.append((job, str(getattr(answer, "reason", "") or "unsatisfiable")))

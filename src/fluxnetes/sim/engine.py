@@ -213,8 +213,17 @@ def simulate(
 
     i = 0
     while i < n or ends or (pending and next_due() is not None):
-        now = min(t for t in (ordered[i].submit if i < n else None,
-                              ends[0][0] if ends else None, next_due()) if t is not None)
+        # the next instant: the next submission, end or reservation due (explicit, not a
+        # generator: this runs once per instant)
+        nxt = ordered[i].submit if i < n else None
+        if ends and (nxt is None or ends[0][0] < nxt):
+            nxt = ends[0][0]
+        if due and pending:
+            at = next_due()
+            if at is not None and (nxt is None or at < nxt):
+                nxt = at
+        assert nxt is not None  # (the loop runs while one of the three exists)
+        now = nxt
         while windows and windows[0][0] <= now:
             # jobs at their planned end end at this instant (never past their estimate):
             # free in the plan from its first event on, so free in the matcher too

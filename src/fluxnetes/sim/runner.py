@@ -73,7 +73,9 @@ def prepare(
 def default_matcher(graph: Any, match_policy: str) -> Any:
     from fluxnetes.match import Matcher
 
-    return Matcher(graph, policy=match_policy)
+    # `first` on identical nodes: the simulator's requests are answered from per-node
+    # counters (match/firstfit.py), the walk's answers without the walk
+    return Matcher(graph, policy=match_policy, counters=True)
 
 
 def policy_for(
@@ -144,8 +146,11 @@ def run_policy(
         raise EngineError(f"the count oracle cannot run this: {reason}")
     graph = copy.deepcopy(machine.graph)  # every run starts from an untouched graph
     matcher = matcher_factory(graph, match_policy)
+    # per-node calendars matter for pinned reservations only (a counted reservation holds no
+    # node, so with counted ones the root count already answers every `fits_now`)
+    node_cores = machine.node_cores() if policy.reservation_style == "pinned" else None
     scheduler = Scheduler(matcher, policy, capacity_cores=machine.total_cores,
-                          node_cores=machine.node_cores(), incremental=True)
+                          node_cores=node_cores, incremental=True)
     started = time.perf_counter()
     run = simulate(workload.jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
                    min_cores_for=machine.min_cores, observer=observer, progress=progress,

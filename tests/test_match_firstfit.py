@@ -1,0 +1,178 @@
+"""`first` on per-node counters (match/firstfit.py) against the walk it stands for.
+
+Random sessions of the simulator's two request shapes (``slot[P] -> core[1]`` and
+``node[N] exclusive -> slot[1] -> core[1]``) on flat and rack graphs of identical nodes:
+one matcher answers from the counters, the other walks; every answer (status, job id, the
+emitted vertices, the per-node shares, the BUSY reason) and every release must agree, and
+after the counters hand over to the engine (an operation they do not cover) both must go
+on agreeing and pass the invariant checker.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fluxnetes.graph import from_description
+from fluxnetes.match import Matcher
+from fluxnetes.match.firstfit import FirstFit, request_shape
+from fluxnetes.sim.machine import _build_jobspec
+
+LONG = 10**6
+
+
+def _graph(nodes: int, cores: int, racks: int):  # type: ignore[no-untyped-def]
+    desc: dict[str, object] = {"cluster": "t", "node": {"sockets": 0, "cores": cores}}
+    if racks:
+        base, extra = divmod(nodes, racks)
+        desc["racks"] = [{"name": f"rack{r}", "nodes": base + (1 if r < extra else 0)}
+                         for r in range(racks)]
+    else:
+        desc["nodes"] = nodes
+    return from_description(desc)
+
+
+def _spec(procs: int, whole: bool, cores: int, duration: int = LONG):  # type: ignore[no-untyped-def]
+    return _build_jobspec(procs, duration, whole, -(-procs // cores))
+
+
+def _same(a, b) -> None:  # type: ignore[no-untyped-def]
+    assert a.status == b.status
+    assert a.jobid == b.jobid
+    if a.ok:
+        assert (a.at, a.duration) == (b.at, b.duration)
+        assert a.core_shares == b.core_shares
+        assert a.vertices == b.vertices
+    else:
+        assert a.reason == b.reason
+
+
+def _session(seed: int, steps: int = 120) -> tuple[int, int]:
+    rng = random.Random(seed)
+    cores = rng.choice([1, 1, 2, 3, 4])
+    racks = rng.choice([0, 0, 2, 3])
+    nodes = rng.randint(max(1, racks), 12)
+    whole = rng.random() < 0.3
+    fast = Matcher(_graph(nodes, cores, racks), "first", counters=True)
+    walk = Matcher(_graph(nodes, cores, racks), "first")
+    assert fast.counting
+    total = nodes * cores
+    live: list[int] = []
+    now = 0
+    allocated = 0
+    for _ in range(steps):
+        now += rng.randint(0, 3)
+        if live and rng.random() < 0.4:
+            jid = live.pop(rng.randrange(len(live)))
+            fast.cancel(jid)
+            walk.cancel(jid)
+            continue
+        procs = rng.randint(1, total + (1 if rng.random() < 0.1 else 0))
+        js = _spec(procs, whole, cores)
+        if rng.random() < 0.1:
+            _same(fast.satisfiability(js, now=now), walk.satisfiability(js, now=now))
+            continue
+        a = fast.allocate(js, now=now)
+        b = walk.allocate(js, now=now)
+        _same(a, b)
+        if a.ok:
+            live.append(a.jobid)
+            allocated += 1
+    assert fast.counting, "the session left the counters"
+    return allocated, len(live)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_counters_answer_as_the_walk(seed: int) -> None:
+    allocated, _live = _session(seed)
+    assert allocated > 0
+
+
+def test_sessions_reach_busy_and_reorder() -> None:
+    """(The sessions are not vacuous: many allocations, a busy machine, and jobs released
+    while others hold nodes, so `first`'s child order has moved.)"""
+    allocated = sum(_session(seed)[0] for seed in range(10))
+    assert allocated > 300
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_handover_to_the_walk(seed: int) -> None:
+    """An operation the counters do not cover (a reservation search, a constraint, a job
+    that has ended) writes the live jobs into the engine: the engine state must then be
+    the walk's own, answer for answer, and pass the invariant checker."""
+    rng = random.Random(1000 + seed)
+    cores = rng.choice([1, 2, 3])
+    racks = rng.choice([0, 2])
+    nodes = rng.randint(max(2, racks), 10)
+    whole = rng.random() < 0.3
+    fast = Matcher(_graph(nodes, cores, racks), "first", counters=True)
+    walk = Matcher(_graph(nodes, cores, racks), "first")
+    total = nodes * cores
+    live: list[int] = []
+    now = 0
+    for _ in range(rng.randint(5, 40)):
+        now += 1
+        if live and rng.random() < 0.35:
+            jid = live.pop(rng.randrange(len(live)))
+            fast.cancel(jid)
+            walk.cancel(jid)
+            continue
+        js = _spec(rng.randint(1, total), whole, cores)
+        a, b = fast.allocate(js, now=now), walk.allocate(js, now=now)
+        _same(a, b)
+        if a.ok:
+            live.append(a.jobid)
+    assert fast.counting
+    # a reservation: not the counters' (a request that cannot start now)
+    js = _spec(total, whole, cores, duration=50)
+    a = fast.allocate_orelse_reserve(js, now=now)
+    b = walk.allocate_orelse_reserve(js, now=now)
+    _same(a, b)
+    if live:
+        assert not fast.counting
+    fast.check_invariants()
+    for _ in range(30):
+        now += 1
+        if live and rng.random() < 0.4:
+            jid = live.pop(rng.randrange(len(live)))
+            fast.cancel(jid)
+            walk.cancel(jid)
+            continue
+        js = _spec(rng.randint(1, total), whole, cores, duration=rng.choice([5, LONG]))
+        a, b = fast.allocate(js, now=now), walk.allocate(js, now=now)
+        _same(a, b)
+        if a.ok:
+            live.append(a.jobid)
+    fast.check_invariants()
+    assert {j: (r.at, r.duration) for j, r in fast.jobs.items()} == \
+        {j: (r.at, r.duration) for j, r in walk.jobs.items()}
+
+
+def test_other_shapes_and_graphs_walk() -> None:
+    g = _graph(4, 2, 0)
+    m = Matcher(g, "first", counters=True)
+    assert m.counting
+    # a constraint or another shape: the walk answers, and the counters are left for good
+    js = {"version": 1, "resources": [{"type": "slot", "count": 1, "label": "default",
+                                        "with": [{"type": "core", "count": 2}]}],
+          "tasks": [{"command": ["x"], "slot": "default", "count": {"per_slot": 1}}],
+          "attributes": {"system": {"duration": 10}}}
+    assert request_shape(_spec(3, False, 2)) is not None
+    res = m.allocate(js, now=0)
+    assert not m.counting
+    assert res.ok
+    # not `first`, or a graph with sockets: no counters
+    assert not Matcher(_graph(4, 2, 0), "lonode", counters=True).counting
+    sock = from_description({"cluster": "t", "nodes": 2, "node": {"sockets": 2, "cores": 2}})
+    assert FirstFit.build(Matcher(sock, "first").engine) is None
+
+
+def test_ended_job_leaves_counters() -> None:
+    """A job whose window ended by ``now`` is not 'every span holds now': the walk answers."""
+    fast = Matcher(_graph(3, 1, 0), "first", counters=True)
+    walk = Matcher(_graph(3, 1, 0), "first")
+    for m in (fast, walk):
+        assert m.allocate(_spec(2, False, 1, duration=5), now=0).ok
+    _same(fast.allocate(_spec(3, False, 1), now=5), walk.allocate(_spec(3, False, 1), now=5))
+    assert not fast.counting
