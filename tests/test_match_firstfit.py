@@ -17,7 +17,7 @@ import pytest
 from fluxnetes.graph import from_description
 from fluxnetes.match import Matcher
 from fluxnetes.match.firstfit import FirstFit, request_shape
-from fluxnetes.sim.machine import _build_jobspec
+from fluxnetes.jobspec.batch import batch_jobspec
 
 LONG = 10**6
 
@@ -34,7 +34,7 @@ def _graph(nodes: int, cores: int, racks: int):  # type: ignore[no-untyped-def]
 
 
 def _spec(procs: int, whole: bool, cores: int, duration: int = LONG):  # type: ignore[no-untyped-def]
-    return _build_jobspec(procs, duration, whole, -(-procs // cores))
+    return batch_jobspec(procs, duration, exclusive_nodes=whole, nodes=-(-procs // cores))
 
 
 def _same(a, b) -> None:  # type: ignore[no-untyped-def]
