@@ -15,9 +15,9 @@ import random
 import pytest
 
 from fluxnetes.graph import from_description
+from fluxnetes.jobspec.batch import batch_jobspec
 from fluxnetes.match import Matcher
 from fluxnetes.match.firstfit import FirstFit, request_shape
-from fluxnetes.jobspec.batch import batch_jobspec
 
 LONG = 10**6
 
