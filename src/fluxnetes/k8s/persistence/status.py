@@ -380,10 +380,25 @@ class StatusWriter:
             due = due[:FLUSH_BATCH]
         for g in due:
             g.fj_dirty, g.fj_since = False, None
-        if due:
-            await asyncio.gather(*(self.write_fluxjob(g) for g in due))
-            for g in due:
-                self._book.recheck_prune(g)  # (an ended group whose last status is written can go)
+        wanted = [g for g in due if self.needs_fluxjob(g)]
+        if wanted:
+            await asyncio.gather(*(self.write_fluxjob(g) for g in wanted))
+        for g in due:
+            self._book.recheck_prune(g)  # (an ended group whose last status is written can go)
+
+    def needs_fluxjob(self, g: Group) -> bool:
+        """Does ``g`` get a FluxJob (its write is due: it changed ``status_interval`` ago)?
+        With ``--fluxjobs all``, yes. With ``waiting``, only once it waited: it is still
+        queued (or Provisional, Reserved, Preempted, Unsatisfiable) when its first write is due,
+        or it ended otherwise than Completed (Failed, Cancelled): a group placed within
+        ``status_interval`` of its arrival that runs and completes is shown by its workload and
+        its pods' Events, and its recovery after a restart reads its placed pods (their
+        ``fluxnetes.io/fluxjob`` and slot annotations), as for a crash before its FluxJob was
+        written. Once wanted, a group keeps its FluxJob up to date (``fj_wanted``)."""
+        if not g.fj_wanted and (self._ctx.config.fluxjobs == "all" or g.fj_exists
+                                or g.phase not in (Phase.RUNNING, Phase.COMPLETED)):
+            g.fj_wanted = True
+        return g.fj_wanted
 
     def update_queue_gauge(self) -> None:
         counts: dict[str, int] = dict(self._book.pruned)  # groups over and forgotten still count
