@@ -339,3 +339,20 @@ def test_fluxjobs_waiting_a_running_group_that_fails_gets_one() -> None:
         assert str(Phase.RUNNING) in {c["type"] for c in st["conditions"]}
 
     asyncio.run(main())
+
+
+def test_run_refuses_an_unknown_fluxjobs_value_naming_the_flag() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from fluxnetes.cli import run_cmd
+
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    run_cmd.register(app)
+    res = CliRunner().invoke(app, ["run", "--fluxjobs", "some"])
+    assert res.exit_code == 2 and "--fluxjobs" in res.output and "all or waiting" in res.output, res.output
