@@ -170,6 +170,20 @@ def _stages(sent: dict[str, float], done: dict[str, float], first: dict[str, flo
     return {k: _percentiles(v) for k, v in steps.items()}
 
 
+def _round_digest(r: dict[str, Any]) -> dict[str, Any]:
+    """What each round says about where the time went (the median round keeps the rest): its
+    rate, load, stage medians, the API server's latency means, CPU seconds per component."""
+    return {
+        "pods_per_second": r["pods_per_second"],
+        "load_average_1m_before": r["load_average_1m_before"],
+        "stages_p50_s": {k: (v or {}).get("p50") for k, v in r.get("stages", {}).items()},
+        "apiserver_latency_mean_ms": {k: v["mean_ms"] for k, v in r.get("apiserver_latency", {}).items()},
+        "cpu_seconds": {**r.get("component_cpu_seconds", {}),
+                        **({"operator": r["operator_cpu_seconds"]} if "operator_cpu_seconds" in r else {})},
+        "api_writes_per_pod": r.get("api_writes_per_pod"),
+    }
+
+
 def _percentiles(xs: list[float]) -> dict[str, float] | None:
     """p50/p99/max (and how many) of ``xs``, in seconds."""
     if not xs:
@@ -550,6 +564,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 if len(rs) > 1:
                     median["pods_per_second_rounds"] = [x["pods_per_second"] for x in rs]
                     median["load_average_1m_rounds"] = [x["load_average_1m_before"] for x in rs]
+                    median["rounds"] = [_round_digest(x) for x in rs]
                 results.setdefault(name, {})[label] = median
         results["apiserver_webhook_latency"] = await apiserver_webhook_view(kube)
     finally:
