@@ -16,6 +16,7 @@ from fluxnetes.k8s.kube import ApiError
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.persistence.status import EVENT_BURST, StatusWriter
 from fluxnetes.k8s.resources import PodResources
+from fluxnetes.k8s.workloads import kind_of
 from test_k8s_prune import RecordingKube
 
 
@@ -62,10 +63,10 @@ def book(kube: Events | None = None, **config: Any) -> tuple[StatusWriter, FakeB
     return StatusWriter(ctx, fake), fake, kube
 
 
-def group(name: str = "g") -> Group:
+def group(name: str = "g", kind: str | None = None) -> Group:
     spec = GroupSpec(namespace="ns", name=name, size=1, request=PodResources(1000, 0, 0, {}), duration=0,
                      priority=0, owner=None)
-    return Group(spec=spec)
+    return Group(spec=spec, kind=kind_of(kind) if kind else None)
 
 
 async def drain(w: StatusWriter) -> None:
@@ -284,7 +285,7 @@ def test_fluxjobs_waiting_a_group_started_at_once_gets_none() -> None:
     and completed gets no FluxJob (no write at all), and the book may still forget it."""
     async def main() -> None:
         b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
-        g = fake.groups[("ns", "g")] = group()
+        g = fake.groups[("ns", "g")] = group(kind="Job")
         b.set_phase(g, Phase.PENDING, "queued")
         b.fluxjobs_due(100.0)
         b.set_phase(g, Phase.RUNNING, "allocated")
@@ -304,7 +305,7 @@ def test_fluxjobs_waiting_a_group_that_waits_gets_one_with_its_whole_history() -
     up to date afterwards (Running, Completed), every earlier phase kept as a condition."""
     async def main() -> None:
         b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
-        g = fake.groups[("ns", "g")] = group()
+        g = fake.groups[("ns", "g")] = group(kind="Job")
         b.set_phase(g, Phase.PENDING, "queued")
         b.fluxjobs_due(100.0)
         await b.flush_fluxjobs(now=101.0)
@@ -325,7 +326,7 @@ def test_fluxjobs_waiting_a_running_group_that_fails_gets_one() -> None:
     the FluxJob is written then, with its Running condition, so the failure is shown."""
     async def main() -> None:
         b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
-        g = fake.groups[("ns", "g")] = group()
+        g = fake.groups[("ns", "g")] = group(kind="Job")
         b.set_phase(g, Phase.PENDING, "queued")
         b.set_phase(g, Phase.RUNNING, "allocated on n0")
         b.fluxjobs_due(100.0)
@@ -337,6 +338,23 @@ def test_fluxjobs_waiting_a_running_group_that_fails_gets_one() -> None:
         st = kube.fluxjob_status[("ns", "g")]
         assert kube.fluxjob_writes == 1 and st["phase"] == str(Phase.FAILED)
         assert str(Phase.RUNNING) in {c["type"] for c in st["conditions"]}
+
+    asyncio.run(main())
+
+
+def test_fluxjobs_waiting_only_a_jobs_group_goes_without() -> None:
+    """A ReplicaSet's group, a label group or a lone pod started at once still gets its FluxJob
+    (their recovery after a leader change needs it: the chaos soak found them not exact)."""
+    async def main() -> None:
+        b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
+        for name, kind in (("rs", "ReplicaSet"), ("pods", None)):
+            g = fake.groups[("ns", name)] = group(name, kind=kind)
+            b.set_phase(g, Phase.PENDING, "queued")
+            b.set_phase(g, Phase.RUNNING, "allocated")
+        b.fluxjobs_due(100.0)
+        await b.flush_fluxjobs(now=101.0)
+        assert kube.fluxjob_writes == 2
+        assert {k[1] for k in kube.fluxjob_status} == {"rs", "pods"}
 
     asyncio.run(main())
 
