@@ -82,6 +82,12 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     last_seen: dict[str, float] = {}
     bound_of: dict[str, int] = {}
     group_latency: list[float] = []
+    # the stages of each Job (local clock): its create call sent and answered, its first pod
+    # seen, its last pod bound (``stages`` in the result: where the time goes on each path)
+    create_sent: dict[str, float] = {}
+    create_done: dict[str, float] = {}
+    first_seen: dict[str, float] = {}
+    all_bound: dict[str, float] = {}
 
     async def watch() -> None:
         nonlocal rv
@@ -100,6 +106,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
                     if uid not in seen.setdefault(job, set()):
                         seen[job].add(uid)
                         last_seen[job] = time.monotonic()
+                        first_seen.setdefault(job, last_seen[job])
                     if obj.get("spec", {}).get("nodeName") and uid not in bound:
                         bound.add(uid)
                         now = time.monotonic()
@@ -107,6 +114,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
                         bound_of[job] = bound_of.get(job, 0) + 1
                         if bound_of[job] == size:
                             group_latency.append(now - last_seen[job])
+                            all_bound[job] = now
                         if len(bound) >= total:
                             done.set()
                             return
@@ -120,7 +128,9 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
 
     async def create(i: int) -> None:
         async with sem:
+            create_sent[f"j{i}"] = time.monotonic()
             await kube.create(JOBS, job_body(f"j{i}", size), ns)
+            create_done[f"j{i}"] = time.monotonic()
 
     await asyncio.gather(*(create(i) for i in range(jobs)))
     t_created = time.monotonic() - t0
@@ -137,11 +147,45 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         "seconds_to_all_bound": None if elapsed is None else round(elapsed, 3),
         "pods_per_second": None if elapsed is None else round(total / elapsed, 1),
         "group_latency_s": _percentiles(group_latency),
+        "stages": _stages(create_sent, create_done, first_seen, last_seen, all_bound),
+    }
+
+
+def _stages(sent: dict[str, float], done: dict[str, float], first: dict[str, float], last: dict[str, float],
+            bound: dict[str, float]) -> dict[str, Any]:
+    """Per Job, the time of each step of its path (p50/p99/max over the Jobs, seconds):
+    ``create_call`` (the Job POST: admission, the webhook's round trip included),
+    ``created_to_first_pod`` (the Job controller, through the informers, creating its first pod:
+    the watch shows it), ``first_to_last_pod`` (a gang's other pods), ``last_pod_to_bound`` (the
+    scheduler: its informer, its cycle, the binding, until the watch shows the last pod bound)."""
+    steps: dict[str, list[float]] = {"create_call": [], "created_to_first_pod": [], "first_to_last_pod": [],
+                                     "last_pod_to_bound": []}
+    for job, t_done in done.items():
+        steps["create_call"].append(t_done - sent[job])
+        if job in first:
+            steps["created_to_first_pod"].append(max(0.0, first[job] - t_done))
+            steps["first_to_last_pod"].append(last[job] - first[job])
+        if job in bound:
+            steps["last_pod_to_bound"].append(bound[job] - last[job])
+    return {k: _percentiles(v) for k, v in steps.items()}
+
+
+def _round_digest(r: dict[str, Any]) -> dict[str, Any]:
+    """What each round says about where the time went (the median round keeps the rest): its
+    rate, load, stage medians, the API server's latency means, CPU seconds per component."""
+    return {
+        "pods_per_second": r["pods_per_second"],
+        "load_average_1m_before": r["load_average_1m_before"],
+        "stages_p50_s": {k: (v or {}).get("p50") for k, v in r.get("stages", {}).items()},
+        "apiserver_latency_mean_ms": {k: v["mean_ms"] for k, v in r.get("apiserver_latency", {}).items()},
+        "cpu_seconds": {**r.get("component_cpu_seconds", {}),
+                        **({"operator": r["operator_cpu_seconds"]} if "operator_cpu_seconds" in r else {})},
+        "api_writes_per_pod": r.get("api_writes_per_pod"),
     }
 
 
 def _percentiles(xs: list[float]) -> dict[str, float] | None:
-    """p50/p99/max of a group's last pod seen (watch) -> all its pods bound, in seconds."""
+    """p50/p99/max (and how many) of ``xs``, in seconds."""
     if not xs:
         return None
     xs = sorted(xs)
@@ -173,6 +217,48 @@ async def api_requests(kube: Kube) -> dict[str, float]:
             continue
         key = f"{res}{'/' + sub if sub else ''} {verb}"
         out[key] = out.get(key, 0) + float(value)
+    return out
+
+
+# the API server's own latency histograms (sum and count) the stages read: fluxnetes' webhook
+# calls, and the requests on each path's way from Job to bound pod
+LATENCY_SUMS = {"apiserver_admission_webhook_admission_duration_seconds_": "name",
+                "apiserver_request_duration_seconds_": "request"}
+LATENCY_REQUESTS = {("POST", "jobs", ""), ("POST", "pods", ""), ("POST", "pods", "binding"),
+                    ("PATCH", "pods", ""), ("POST", "fluxjobs", ""), ("PATCH", "fluxjobs", "")}
+
+
+async def latency_sums(kube: Kube) -> dict[str, list[float]]:
+    """{"webhook NAME" / "VERB resource[/sub]": [seconds summed, calls]} from the API server's
+    histograms (calls since it started: a run's figure is the difference)."""
+    out: dict[str, list[float]] = {}
+    for line in (await kube.request_text("/metrics")).splitlines():
+        prefix = next((p for p in LATENCY_SUMS if line.startswith(p + "sum{") or line.startswith(p + "count{")), None)
+        if prefix is None:
+            continue
+        labels, value = line.rsplit(" ", 1)
+        f = {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))}
+        if LATENCY_SUMS[prefix] == "name":
+            if "fluxnetes" not in f.get("name", ""):
+                continue
+            key = f"webhook {f['name']}"
+        else:
+            req = (f.get("verb", ""), f.get("resource", ""), f.get("subresource", ""))
+            if req not in LATENCY_REQUESTS:
+                continue
+            key = f"{req[0]} {req[1]}{'/' + req[2] if req[2] else ''}"
+        entry = out.setdefault(key, [0.0, 0.0])
+        entry[0 if line[len(prefix):].startswith("sum{") else 1] += float(value)
+    return out
+
+
+def latency_means(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Calls and mean milliseconds per kind over a run (the difference of two ``latency_sums``)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, (total, calls) in sorted(after.items()):
+        t0, c0 = before.get(key, [0.0, 0.0])
+        if calls - c0 >= 1:
+            out[key] = {"calls": int(calls - c0), "mean_ms": round(1000 * (total - t0) / (calls - c0), 1)}
     return out
 
 
@@ -388,9 +474,11 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
         for v in args.variant:  # label=operator args
             label, _, extra = v.partition("=")
             runs.append((f"fluxnetes_{label}", "suspend", extra.split(), None))
+        extra_of = dict(v.partition("=")[::2] for v in args.variant_args)
         for v in args.variant_src:  # label=a checkout's src/
             label, _, src = v.partition("=")
-            runs.append((f"fluxnetes_{label}", args.job_modes[0], [], str(Path(src).resolve())))
+            runs.append((f"fluxnetes_{label}", args.job_modes[0], extra_of.get(label, "").split(),
+                         str(Path(src).resolve())))
     else:
         runs += [
             (f"fluxnetes_{mode}" if len(args.job_modes) > 1 else "fluxnetes", mode, [], None)
@@ -423,6 +511,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 cpu0 = _cpu_seconds(op)
                 comp0 = _component_cpu(cluster)
                 req0 = await api_requests(kube)
+                lat0 = await latency_sums(kube)
                 prof = None
                 run_over = asyncio.Event()
                 if args.pprof:  # the API server's CPU profile over the whole run, in windows
@@ -439,6 +528,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                     r["pprof_files"] = await prof
                 comp1 = _component_cpu(cluster)
                 req1 = await api_requests(kube)
+                r["apiserver_latency"] = latency_means(lat0, await latency_sums(kube))
                 pods = jobs * size
                 per_pod = {k: round((v - req0.get(k, 0)) / pods, 2) for k, v in req1.items()}
                 watch = {k: v for k, v in per_pod.items() if " WATCH_" in k}
@@ -474,6 +564,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 if len(rs) > 1:
                     median["pods_per_second_rounds"] = [x["pods_per_second"] for x in rs]
                     median["load_average_1m_rounds"] = [x["load_average_1m_before"] for x in rs]
+                    median["rounds"] = [_round_digest(x) for x in rs]
                 results.setdefault(name, {})[label] = median
         results["apiserver_webhook_latency"] = await apiserver_webhook_view(kube)
     finally:
@@ -536,6 +627,14 @@ def main() -> None:
         help="run the operator from the checkout whose src/ is DIR as fluxnetes_LABEL (repeatable; "
         "with the first --job-modes value), e.g. --variant-src before=/tmp/wt/src --variant-src after=src",
     )
+    ap.add_argument(
+        "--variant-args",
+        action="append",
+        default=[],
+        metavar="LABEL=ARGS",
+        help="extra `fluxnetes run` arguments for the --variant-src of that label, e.g. "
+        "--variant-args 'after=--fluxjobs waiting'",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
@@ -562,6 +661,7 @@ def main() -> None:
             "job_modes": args.job_modes if not args.variant else None,
             "variants": dict(v.partition("=")[::2] for v in args.variant) or None,
             "variant_src": dict(v.partition("=")[::2] for v in args.variant_src) or None,
+            "variant_args": dict(v.partition("=")[::2] for v in args.variant_args) or None,
         },
         "machine": {
             "cpu_count": os.cpu_count(),

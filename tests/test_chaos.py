@@ -115,6 +115,8 @@ def test_fluxjob_shares_must_match_its_bound_pods() -> None:
     # pods bound for a FluxJob that holds nothing: the graph under-counts the node
     under = {"nodes": [node("n1")], "pods": [pod("p", 2, "n1", annotations=placed("f"))], "fluxjobs": []}
     assert [v.kind for v in observe_over(Checker(share_grace=5), 10, **under)] == ["shares"]
+    # ... unless the operator gives a group placed at once no FluxJob (--fluxjobs waiting)
+    assert observe_over(Checker(share_grace=5, fluxjobs_waiting=True), 10, **under) == []
     # survivors of a group failed by node loss: held by the operator, the FluxJob says Failed
     failed = {"metadata": {"name": "f", "namespace": "a"}, "spec": {}, "status": {"phase": "Failed"}}
     assert observe_over(Checker(share_grace=5), 10, nodes=[node("n1")],

@@ -187,6 +187,36 @@ def test_placed_pods_without_any_record_are_the_groups_again(k8s_cluster: Any, n
     exact_at_rest(op)
 
 
+def test_fluxjobs_waiting_placed_at_once_then_restart(k8s_cluster: Any, ns: str, op: Operator) -> None:
+    """Issue 31 (``--fluxjobs waiting``): a Job placed at once runs and completes with no
+    FluxJob, and a restart gives it none (no final one either) with the accounting exact; a
+    label group still gets its FluxJob (only a Job's group goes without), and a group that
+    has to wait gets one (Pending), then runs once the first is gone; nothing double-booked."""
+    restart(op, "--fluxjobs", "waiting")
+    with OverbookingWatch(k8s_cluster) as watch:
+        apply(k8s_cluster, ns, [job("quick", 2, "4")])
+        wait("quick complete", lambda: job_complete(k8s_cluster, ns, "quick"))
+        exact_at_rest(op)
+        assert k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"] == []
+        restart(op, "--fluxjobs", "waiting")
+        exact_at_rest(op)
+        assert k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"] == []
+        labels = {"fluxnetes.io/group": "hold", "fluxnetes.io/group-size": "2"}
+        apply(k8s_cluster, ns, [pod(f"hold-{i}", "16", labels=labels) for i in range(2)])
+        bound_nodes(k8s_cluster, ns, "fluxnetes.io/group=hold", 2)
+        wait("hold has its FluxJob, Running", lambda: phase(k8s_cluster, ns, "hold") == "Running")
+        wide = {"fluxnetes.io/group": "wide", "fluxnetes.io/group-size": "3"}
+        apply(k8s_cluster, ns, [pod(f"wide-{i}", "16", labels=wide) for i in range(3)])
+        wait("wide waits, with its FluxJob", lambda: phase(k8s_cluster, ns, "wide") in ("Pending", "Reserved"))
+        k8s_cluster.kubectl("delete", "pod", "-n", ns, "hold-0", "hold-1")
+        wait("wide runs", lambda: phase(k8s_cluster, ns, "wide") == "Running")
+        bound_nodes(k8s_cluster, ns, "fluxnetes.io/group=wide", 3)
+    assert watch.violations == []
+    k8s_cluster.kubectl("delete", "pod", "-n", ns, "-l", "fluxnetes.io/group=wide")
+    exact_at_rest(op)
+    restart(op)  # (the module's operator, as the other tests expect it)
+
+
 def test_release_not_written_to_the_store(k8s_cluster: Any, ns: str, op: Operator) -> None:
     """Window: a pod ended and its node's share was released, the operator died before the
     store (and the FluxJob status) heard of it (``store-release``). After the restart the

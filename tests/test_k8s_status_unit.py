@@ -16,6 +16,7 @@ from fluxnetes.k8s.kube import ApiError
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.persistence.status import EVENT_BURST, StatusWriter
 from fluxnetes.k8s.resources import PodResources
+from fluxnetes.k8s.workloads import kind_of
 from test_k8s_prune import RecordingKube
 
 
@@ -62,10 +63,10 @@ def book(kube: Events | None = None, **config: Any) -> tuple[StatusWriter, FakeB
     return StatusWriter(ctx, fake), fake, kube
 
 
-def group(name: str = "g") -> Group:
+def group(name: str = "g", kind: str | None = None) -> Group:
     spec = GroupSpec(namespace="ns", name=name, size=1, request=PodResources(1000, 0, 0, {}), duration=0,
                      priority=0, owner=None)
-    return Group(spec=spec)
+    return Group(spec=spec, kind=kind_of(kind) if kind else None)
 
 
 async def drain(w: StatusWriter) -> None:
@@ -277,3 +278,99 @@ def test_the_history_is_written_only_once_a_phase_repeats() -> None:
         assert [h["phase"] for h in hist] == ["Provisional", "Pending", "Running", "Preempted", "Pending"]
 
     asyncio.run(main())
+
+
+def test_fluxjobs_waiting_a_group_started_at_once_gets_none() -> None:
+    """Issue 31 (--fluxjobs waiting): a group placed within the status interval of its arrival
+    and completed gets no FluxJob (no write at all), and the book may still forget it."""
+    async def main() -> None:
+        b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
+        g = fake.groups[("ns", "g")] = group(kind="Job")
+        b.set_phase(g, Phase.PENDING, "queued")
+        b.fluxjobs_due(100.0)
+        b.set_phase(g, Phase.RUNNING, "allocated")
+        await b.flush_fluxjobs(now=101.0)
+        assert kube.fluxjob_writes == 0 and not g.fj_dirty and not g.fj_exists
+        b.set_phase(g, Phase.COMPLETED, "all pods finished")
+        b.fluxjobs_due(102.0)
+        await b.flush_fluxjobs(now=103.0)
+        assert kube.fluxjob_writes == 0 and not g.fj_dirty
+        assert fake.rechecked == ["ns/g", "ns/g"]  # the book may forget it all the same
+
+    asyncio.run(main())
+
+
+def test_fluxjobs_waiting_a_group_that_waits_gets_one_with_its_whole_history() -> None:
+    """Still queued when its write is due: it waited, so it gets its FluxJob then, and keeps it
+    up to date afterwards (Running, Completed), every earlier phase kept as a condition."""
+    async def main() -> None:
+        b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
+        g = fake.groups[("ns", "g")] = group(kind="Job")
+        b.set_phase(g, Phase.PENDING, "queued")
+        b.fluxjobs_due(100.0)
+        await b.flush_fluxjobs(now=101.0)
+        assert kube.fluxjob_writes == 1 and kube.fluxjob_status[("ns", "g")]["phase"] == str(Phase.PENDING)
+        b.set_phase(g, Phase.RUNNING, "allocated")
+        b.set_phase(g, Phase.COMPLETED, "all pods finished")
+        b.fluxjobs_due(102.0)
+        await b.flush_fluxjobs(now=103.0)
+        st = kube.fluxjob_status[("ns", "g")]
+        assert kube.fluxjob_writes == 2 and st["phase"] == str(Phase.COMPLETED)
+        assert {c["type"] for c in st["conditions"]} >= {str(Phase.PENDING), str(Phase.RUNNING)}
+
+    asyncio.run(main())
+
+
+def test_fluxjobs_waiting_a_running_group_that_fails_gets_one() -> None:
+    """Placed at once (no FluxJob), then ended otherwise than Completed (its node was lost):
+    the FluxJob is written then, with its Running condition, so the failure is shown."""
+    async def main() -> None:
+        b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
+        g = fake.groups[("ns", "g")] = group(kind="Job")
+        b.set_phase(g, Phase.PENDING, "queued")
+        b.set_phase(g, Phase.RUNNING, "allocated on n0")
+        b.fluxjobs_due(100.0)
+        await b.flush_fluxjobs(now=101.0)
+        assert kube.fluxjob_writes == 0
+        b.set_phase(g, Phase.FAILED, "node n0 lost")
+        b.fluxjobs_due(102.0)
+        await b.flush_fluxjobs(now=103.0)
+        st = kube.fluxjob_status[("ns", "g")]
+        assert kube.fluxjob_writes == 1 and st["phase"] == str(Phase.FAILED)
+        assert str(Phase.RUNNING) in {c["type"] for c in st["conditions"]}
+
+    asyncio.run(main())
+
+
+def test_fluxjobs_waiting_only_a_jobs_group_goes_without() -> None:
+    """A ReplicaSet's group, a label group or a lone pod started at once still gets its FluxJob
+    (their recovery after a leader change needs it: the chaos soak found them not exact)."""
+    async def main() -> None:
+        b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
+        for name, kind in (("rs", "ReplicaSet"), ("pods", None)):
+            g = fake.groups[("ns", name)] = group(name, kind=kind)
+            b.set_phase(g, Phase.PENDING, "queued")
+            b.set_phase(g, Phase.RUNNING, "allocated")
+        b.fluxjobs_due(100.0)
+        await b.flush_fluxjobs(now=101.0)
+        assert kube.fluxjob_writes == 2
+        assert {k[1] for k in kube.fluxjob_status} == {"rs", "pods"}
+
+    asyncio.run(main())
+
+
+def test_run_refuses_an_unknown_fluxjobs_value_naming_the_flag() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from fluxnetes.cli import run_cmd
+
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        pass
+
+    run_cmd.register(app)
+    res = CliRunner().invoke(app, ["run", "--fluxjobs", "some"])
+    assert res.exit_code == 2 and "--fluxjobs" in res.output and "all or waiting" in res.output, res.output

@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         admit_template_pods: Annotated[bool, typer.Option(help="also send pods born gated (from a template fluxnetes already gated) through the pod webhook: one admission call more per pod, for clusters where a controller may strip template labels")] = False,
         coalesce: Annotated[float, typer.Option(help="seconds a burst of arrivals waits for the rest before its scheduling cycle (0 = a cycle per batch of events)")] = 0.05,
         event_rate: Annotated[float, typer.Option(help="Normal Events per second at most (Warnings are never dropped; every decision is also in the FluxJob's conditions)")] = 20.0,
+        fluxjobs: Annotated[str, typer.Option(help="which groups get a FluxJob: all, or waiting: only a group that waited longer than --status-interval (or ended otherwise than Completed); one that starts at once is shown by its workload and its pods' Events (two API writes fewer per group)")] = "all",
         status_interval: Annotated[float, typer.Option(help="seconds between a FluxJob's first change and its status write; later changes ride along (one write per burst of transitions; 0 = at once)")] = 1.0,
         owner_cluster_role: Annotated[str, typer.Option(help="ClusterRole of the installation (the chart's, `fluxnetes` for dist/fluxnetes.yaml) that owns the webhook configurations and leader Lease the operator creates, so that uninstalling removes them; read at start-up, needs `get` on it. '' or a missing/unreadable ClusterRole: no owner (logged), they stay until deleted by hand")] = "fluxnetes",
         log_level: Annotated[str, typer.Option(help="log level")] = "INFO",
@@ -98,6 +99,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be between 0 and 5 seconds", param_hint="--coalesce")
         if not 0 <= status_interval <= 60:
             raise typer.BadParameter("must be between 0 and 60 seconds", param_hint="--status-interval")
+        if fluxjobs not in ("all", "waiting"):
+            raise typer.BadParameter("must be all or waiting", param_hint="--fluxjobs")
         if event_rate < 0:
             raise typer.BadParameter("must be >= 0", param_hint="--event-rate")
         if "=" not in namespace_label:
@@ -174,6 +177,6 @@ def register(app: typer.Typer) -> None:
             lease_seconds=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period,
             on_node_lost=on_node_lost, job_mode=job_mode, metrics_port=metrics_port or None,
             admit_template_pods=admit_template_pods, coalesce_seconds=coalesce, event_rate=event_rate,
-            status_interval=status_interval, placement=placement,
+            status_interval=status_interval, fluxjobs=fluxjobs, placement=placement,
             owner_cluster_role=owner_cluster_role.strip() or None,
         ))

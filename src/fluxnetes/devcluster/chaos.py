@@ -11,6 +11,7 @@ judgement). Here: the faults and `Soak`, which puts them together, injects the f
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -123,8 +124,11 @@ class Soak:
         self.replicas: Replicas | None = None
         self.stream: Stream | None = None
         self.namespaces = ["chaos-a", "chaos-b"]
+        args = " ".join(opts.operator_args).replace("=", " ").split()
+        waiting = any(a == "--fluxjobs" and b == "waiting" for a, b in itertools.pairwise(args))
         self.checker = Checker(managed_namespaces=lambda: self.namespaces,
-                               group_grace=opts.group_grace, share_grace=opts.share_grace)
+                               group_grace=opts.group_grace, share_grace=opts.share_grace,
+                               fluxjobs_waiting=waiting)
         self.poller: Poller | None = None
         self.faults: list[Fault] = []
         self.shape = NodeShape(count=opts.nodes, cpu=str(opts.node_cpu), memory=f"{4 * opts.node_cpu}Gi",

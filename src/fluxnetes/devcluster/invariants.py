@@ -150,6 +150,9 @@ class Checker:
     managed_namespaces: Callable[[], Iterable[str]] = lambda: ()
     group_grace: float = 10.0
     share_grace: float = 30.0
+    # the operator runs with --fluxjobs waiting: pods of a group without any FluxJob are not
+    # judged by the shares check (no record to compare), only by the checks of every pod
+    fluxjobs_waiting: bool = False
     max_step: float = 2.0  # seconds a poll may add to an episode's age (API outages do not count)
     violations: list[Violation] = field(default_factory=list)
     binds: list[tuple[float, str]] = field(default_factory=list)  # (bind time, pod) of placed pods
@@ -324,8 +327,11 @@ class Checker:
             c, g, m = bound.get(k, (0, 0, 0))
             bound[k] = (c + _cores(cpu), g + gpu, m + -(-mem // MIB))
             pods_of.setdefault(k, []).append(_key(p))
+        # under --fluxjobs waiting a group placed at once has no FluxJob at all, so no shares to
+        # judge here: its pods are judged by overbooked and refused placement, as every pod is
+        existing = {_key(fj) for fj in snap.fluxjobs}
         for k in set(held) | set(bound):
-            if k[1] not in nodes or k[0] in failed:
+            if k[1] not in nodes or k[0] in failed or (self.fluxjobs_waiting and k[0] not in existing):
                 continue
             # pods of a FluxJob that is not Running (or has no status yet) hold what they ask
             # while the graph holds nothing for them: graph use below the truth

@@ -59,6 +59,11 @@ class OperatorConfig:
     # a FluxJob's status is written this long after its first change (later changes ride along):
     # one write per burst of transitions instead of one per transition
     status_interval: float = 1.0
+    # which groups get a FluxJob: "all" of them, or only "waiting" ones: a group that starts
+    # within status_interval of its arrival and runs to completion is shown by its workload
+    # and its pods' Events and gets none (persistence/status.py needs_fluxjob: each FluxJob
+    # costs the API server a create and a status write, about 10 ms of its CPU)
+    fluxjobs: str = "all"
     # /metrics, /healthz, /readyz on this port (None or 0: not served)
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"

@@ -47,6 +47,9 @@ class Group:
     jobspec_yaml: str | None = None  # the jobspec as text, made once (FluxJob spec, store row)
     fj_status: dict[str, Any] = field(default_factory=dict)
     fj_uid: str = ""
+    # it needed a FluxJob once (--fluxjobs waiting: it waited, or ended otherwise than
+    # completed): every later change is written too, even if the first write failed
+    fj_wanted: bool = False
     store_uid: str = ""
     store_id: int | None = None
     alloc: list[shares.Share] = field(default_factory=list)  # what it was given when it started
