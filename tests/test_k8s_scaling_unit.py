@@ -538,3 +538,38 @@ def test_an_unsatisfiable_replicaset_scaled_to_zero_is_cancelled() -> None:
         assert str(c.groups[SCALE1].phase) == "Running" and len(kube.placed) == 3
 
     asyncio.run(main())
+
+
+def test_a_deployment_placed_before_its_fluxjob_and_scaled_up_is_recovered_exactly() -> None:
+    """The default mode's window (``--fluxjobs all``): the leader placed a ReplicaSet's group
+    and died before the group's FluxJob was first written (``status_interval``); the
+    Deployment was then scaled up (the short chaos soak, seed 1). The next leader must take
+    the group back at the size it was placed with, from its placed pods, exactly (the graph
+    holds what the bound pods ask), and give the added replica a scale group of its own."""
+    from test_k8s_recovery_unit import Kube, placed, restart, used
+
+    async def main() -> None:
+        kube = Kube()
+        c = live_controller(kube)
+        c.handle(("ReplicaSet", "ADDED", rs(2)))
+        ps = [rs_pod(i) for i in range(3)]
+        for p in ps[:2]:
+            c.handle(("Pod", "ADDED", p))
+        c.scheduling.run_cycle()  # allocated and placed; the operator dies before any write
+        base = c.groups[BASE]
+        assert str(base.phase) == "Running" and not kube.fluxjobs
+        pods = [placed(ps[slot], base.slots[slot], slot, int(base.jobid or 0), base.spec.name)
+                for slot in range(2)]
+        pods.append(ps[2])  # the scale-up's pod, gated
+        kube.pods = pods  # (what the accounting check lists)
+        c2 = restart(kube, [rs(3)], [], pods)
+        await settle(c2)
+        g = c2.groups[BASE]
+        assert str(g.phase) == "Running" and g.spec.size == 2 and len(g.members) == 2
+        assert sorted(g.held) == sorted(base.slots)
+        assert not c2.cluster.foreign_node  # its pods are the group's, not foreign
+        assert sum(used(c2).values()) == 16 * 3  # the two placed pods and the scale group's one
+        check = await c2.accounting.accounting_check()
+        assert check is not None and check["ok"], check
+
+    asyncio.run(main())
