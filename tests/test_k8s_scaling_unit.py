@@ -573,3 +573,42 @@ def test_a_deployment_placed_before_its_fluxjob_and_scaled_up_is_recovered_exact
         assert check is not None and check["ok"], check
 
     asyncio.run(main())
+
+
+def test_a_deployment_placed_before_its_fluxjob_and_scaled_up_is_recovered_from_the_store(
+        tmp_path: Any) -> None:
+    """As above with a store that heard of the allocation (the soak's case: the group came
+    back Running at the new replica count, the graph below its bound pods): the group takes
+    its row over at the size it was placed with, and holds exactly what its pods ask."""
+    from fluxnetes.k8s.persistence.fluxjob import Phase
+    from fluxnetes.k8s.persistence.journal import GroupRecord, Journal
+    from fluxnetes.k8s.scheduling.shares import Share
+    from test_k8s_recovery_unit import Kube, placed, restart, used
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    j = Journal(url)
+    rec = GroupRecord(namespace="ns", name=BASE[1], uid="rs-web", kind="ReplicaSet", jobspec="", size=2,
+                      duration=0, priority=0, submit=1, phase=Phase.PENDING, reason="queued")
+    j.record(rec, now=1)
+    j.record(GroupRecord(**{**rec.__dict__, "phase": Phase.RUNNING, "reason": "allocated", "start": 2,
+                            "shares": (Share("n1", 16, 0, 0), Share("n2", 16, 0, 0))}), now=2)
+    j.close()
+    ps = [rs_pod(i) for i in range(3)]
+    pods = [placed(ps[0], "n1", 0, 1, BASE[1]), placed(ps[1], "n2", 1, 1, BASE[1]), ps[2]]
+
+    async def main() -> None:
+        kube = Kube()
+        kube.pods = pods
+        c = restart(kube, [rs(3)], [], pods, store=url)
+        await settle(c)
+        g = c.groups[BASE]
+        assert str(g.phase) == "Running" and g.spec.size == 2 and sorted(g.held) == ["n1", "n2"]
+        assert not c.cluster.foreign_node
+        assert used(c).get("n1") == 16 and used(c).get("n2") == 16
+        assert sum(used(c).values()) == 16 * 3  # and the scale group's pod on a third node
+        check = await c.accounting.accounting_check()
+        assert check is not None and check["ok"], check
+        if c.journal is not None:
+            c.journal.close()
+
+    asyncio.run(main())
