@@ -187,6 +187,37 @@ def test_placed_pods_without_any_record_are_the_groups_again(k8s_cluster: Any, n
     exact_at_rest(op)
 
 
+def replicaset(name: str, replicas: int, cpu: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "c", "image": "nginx",
+                                                           "resources": {"requests": {"cpu": cpu}}}]}}}}
+
+
+def test_replicaset_placed_without_fluxjob_then_scaled_up(k8s_cluster: Any, ns: str, op: Operator) -> None:
+    """Window of the default mode (``--fluxjobs all``): a ReplicaSet's group placed, the
+    leader gone before the group's first FluxJob write (``placed``), then the ReplicaSet
+    scaled up (the short chaos soak, seed 1). The next leader takes the group back at the size
+    it was placed with, from its pods: the accounting is exact, the added replica gets a
+    scale group of its own on a free node, nothing is overbooked."""
+    crash_at(op, f"placed@{ns}/replicaset-web", "--status-interval", "10")
+    apply(k8s_cluster, ns, [replicaset("web", 2, "16")])
+    wait_crash(op)
+    placed = bound_nodes(k8s_cluster, ns, "app=web", 2)
+    assert k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"] == []
+    k8s_cluster.kubectl("scale", "replicaset", "-n", ns, "web", "--replicas=3")
+    with OverbookingWatch(k8s_cluster) as watch:
+        restart(op)
+        wait("web Running", lambda: phase(k8s_cluster, ns, "replicaset-web") == "Running")
+        assert sorted(fluxjob(k8s_cluster, ns, "replicaset-web")["status"]["nodes"]) == placed
+        assert len(set(bound_nodes(k8s_cluster, ns, "app=web", 3))) == 3  # one 16-cpu pod a node
+        exact_at_rest(op)
+    assert watch.violations == []
+    k8s_cluster.kubectl("delete", "replicaset", "-n", ns, "web")
+    exact_at_rest(op)
+
+
 def test_fluxjobs_waiting_placed_at_once_then_restart(k8s_cluster: Any, ns: str, op: Operator) -> None:
     """Issue 31 (``--fluxjobs waiting``): a Job placed at once runs and completes with no
     FluxJob, and a restart gives it none (no final one either) with the accounting exact; a
