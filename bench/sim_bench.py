@@ -326,6 +326,21 @@ def _worker(task: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _growth_side(row: dict[str, Any], side: str, src: str, jobs: int, procs: int) -> None:
+    """One side of a growth row: a synthetic EASY trace of ``jobs`` on ``procs`` one-core
+    nodes in a fresh process; the after side also runs the count oracle and compares starts."""
+    res = _run_worker(src, {"trace": "synthetic", "jobs": jobs, "procs": procs,
+                            "policy": "easy", "count": side == "after"})
+    row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
+                 "microseconds_per_job_cpu": round(res["queue"]["cpu_seconds"] / jobs * 1e6, 1),
+                 "load_average_1min": round(res["queue"]["load_average"][0], 1)}
+    if "count" in res:
+        row["count_oracle_cpu_seconds"] = res["count"]["cpu_seconds"]
+        row["differing_starts_after_vs_count"] = sum(
+            1 for a, b in zip(res["queue"]["starts"], res["count"]["starts"], strict=True)
+            if a != b)
+
+
 def _run_worker(src: str, task: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0")
     proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(task)], env=env,
@@ -441,18 +456,7 @@ def engine_speed(args: argparse.Namespace) -> int:
     for procs in args.growth_nodes:
         row = {"jobs": args.nodes_jobs, "processors": procs, "policy": "easy"}
         for side in ("before", "after"):
-            res = _run_worker(sides[side], {"trace": "synthetic", "jobs": args.nodes_jobs,
-                                            "procs": procs, "policy": "easy",
-                                            "count": side == "after"})
-            row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
-                         "microseconds_per_job_cpu": round(
-                             res["queue"]["cpu_seconds"] / args.nodes_jobs * 1e6, 1),
-                         "load_average_1min": round(res["queue"]["load_average"][0], 1)}
-            if "count" in res:
-                row["count_oracle_cpu_seconds"] = res["count"]["cpu_seconds"]
-                row["differing_starts_after_vs_count"] = sum(
-                    1 for a, b in zip(res["queue"]["starts"], res["count"]["starts"],
-                                      strict=True) if a != b)
+            _growth_side(row, side, sides[side], args.nodes_jobs, procs)
         growth_nodes.append(row)
         save(f"growth nodes {procs}")
         print(row, flush=True)
@@ -468,16 +472,7 @@ def engine_speed(args: argparse.Namespace) -> int:
     for n in args.growth_jobs:
         row: dict[str, Any] = {"jobs": n, "processors": 1152, "policy": "easy"}
         for side in (("before", "after") if n <= args.before_max_jobs else ("after",)):
-            res = _run_worker(sides[side], {"trace": "synthetic", "jobs": n, "procs": 1152,
-                                            "policy": "easy", "count": side == "after"})
-            row[side] = {"cpu_seconds": res["queue"]["cpu_seconds"],
-                         "microseconds_per_job_cpu": round(res["queue"]["cpu_seconds"] / n * 1e6, 1),
-                         "load_average_1min": round(res["queue"]["load_average"][0], 1)}
-            if "count" in res:
-                row["count_oracle_cpu_seconds"] = res["count"]["cpu_seconds"]
-                row["differing_starts_after_vs_count"] = sum(
-                    1 for a, b in zip(res["queue"]["starts"], res["count"]["starts"],
-                                      strict=True) if a != b)
+            _growth_side(row, side, sides[side], n, 1152)
         growth_jobs.append(row)
         save(f"growth jobs {n}")
         print(row, flush=True)
