@@ -66,13 +66,16 @@ FILL_NS = "bench-fill"
 PARTIAL_RUN = 3  # samples in a row that make a partial MPIJob "stuck", not just in transit
 
 
-def mpijob_body(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def mpijob_body(name: str, args: argparse.Namespace, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """An MPIJob of 1 launcher + ``args.workers`` workers; ``labels`` on the MPIJob (e.g. the
+    LocalQueue Kueue admits it through, in bench/peers.py row c)."""
+
     def tmpl(cname: str, cpu: str, ann: dict[str, str] | None = None) -> dict[str, Any]:
         return {"metadata": {"annotations": ann or {}},
                 "spec": {"containers": [{"name": cname, "image": "mpioperator/mpi-pi:openmpi",
                                          "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}}
 
-    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": name},
+    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": name, "labels": labels or {}},
             "spec": {"slotsPerWorker": 1, "runPolicy": {"cleanPodPolicy": "Running"},
                      "mpiReplicaSpecs": {
                          # the launcher is a Job's pod: kwok ends it after its annotated delay
@@ -260,7 +263,8 @@ async def watch_pods(kube: Kube, run: Run, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.5)
 
 
-async def run_batch(kube: Kube, args: argparse.Namespace, ns: str) -> dict[str, Any]:
+async def run_batch(kube: Kube, args: argparse.Namespace, ns: str,
+                    labels: dict[str, str] | None = None) -> dict[str, Any]:
     run = Run(ns, args.jobs, args.workers)
     run.states = {f"mpi{i}": JobState() for i in range(args.jobs)}
     stop = asyncio.Event()
@@ -271,7 +275,7 @@ async def run_batch(kube: Kube, args: argparse.Namespace, ns: str) -> dict[str, 
 
     async def create(i: int) -> None:
         async with sem:
-            await kube.create(MPIJOBS, mpijob_body(f"mpi{i}", args), ns)
+            await kube.create(MPIJOBS, mpijob_body(f"mpi{i}", args, labels), ns)
 
     await asyncio.gather(*(create(i) for i in range(args.jobs)))
     created = time.monotonic() - run.t0
@@ -378,7 +382,9 @@ async def settle(kube: Kube, timeout: float = 600) -> float:
 
 
 async def fill(kube: Kube, args: argparse.Namespace) -> float:
-    """Take ``--busy-nodes`` whole nodes (default scheduler, never ganged); seconds it took."""
+    """Take ``--busy-nodes`` whole nodes (default scheduler, never ganged); seconds it took.
+    The free nodes end up scattered among the busy ones (the scheduler spreads the fill pods);
+    bench/peers.py row c uses the same setup."""
     t0 = time.monotonic()
     if args.busy_nodes <= 0:
         return 0.0
