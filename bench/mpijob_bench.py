@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,8 +264,10 @@ async def watch_pods(kube: Kube, run: Run, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.5)
 
 
-async def run_batch(kube: Kube, args: argparse.Namespace, ns: str,
-                    labels: dict[str, str] | None = None) -> dict[str, Any]:
+async def run_batch(kube: Kube, args: argparse.Namespace, ns: str, labels: dict[str, str] | None = None,
+                    submit: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """The batch into ``ns``; ``submit`` creates one MPIJob (default: as it is; bench/peers.py
+    adds the PodGroup and the scheduler name a peer needs)."""
     run = Run(ns, args.jobs, args.workers)
     run.states = {f"mpi{i}": JobState() for i in range(args.jobs)}
     stop = asyncio.Event()
@@ -275,7 +278,8 @@ async def run_batch(kube: Kube, args: argparse.Namespace, ns: str,
 
     async def create(i: int) -> None:
         async with sem:
-            await kube.create(MPIJOBS, mpijob_body(f"mpi{i}", args, labels), ns)
+            body = mpijob_body(f"mpi{i}", args, labels)
+            await (submit(body) if submit else kube.create(MPIJOBS, body, ns))
 
     await asyncio.gather(*(create(i) for i in range(args.jobs)))
     created = time.monotonic() - run.t0

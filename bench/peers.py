@@ -3,9 +3,13 @@
 Each system runs alone in turn (issue #31): kube-scheduler alone (a namespace fluxnetes does
 not manage, no operator), fluxnetes (the operator as a subprocess, an opted-in namespace),
 Kueue v0.17.0 in front of kube-scheduler (`--addons kueue`, its release's configuration as
-devcluster/addons.py sets it up). Kueue runs on a cluster of its own so that its webhooks and
-watches are not there when the others run. Volcano and scheduler-plugins' coscheduling are not
-here: see docs/comparison.md for why (the module proxy refused Volcano).
+devcluster/addons.py sets it up), scheduler-plugins v0.34.7's coscheduling (`--addons
+coscheduling`: a second scheduler, `scheduler-plugins-scheduler`, that the workload pods name;
+a Job of several pods is a gang, a PodGroup of minMember = its pods, named after it). Kueue and
+coscheduling each run on a cluster of their own so that their processes, webhooks and watches
+are not there when the others run. Volcano is not here: see docs/comparison.md for why (the
+module proxy refused it). Coscheduling has no accounts or queues: row e shows the split it
+gives unasked, as for kube-scheduler.
 
 Rows (each system, same sizes):
 
@@ -46,7 +50,14 @@ Rows (each system, same sizes):
     .venv/bin/python bench/peers.py              # 1,000 nodes, 1,000 Jobs, 100 gangs, 100 MPIJobs
 
 Writes bench/results/peers.json (peers_quick.json with --quick). Row c needs
-`hack/build-addons.sh mpi`, Kueue `hack/build-addons.sh kueue` (a cold build of close to an hour on 2 busy cores).
+`hack/build-addons.sh mpi`, Kueue `hack/build-addons.sh kueue` (a cold build of close to an
+hour on 2 busy cores), coscheduling `hack/build-addons.sh coscheduling`. Coscheduling alone,
+with kube-scheduler as its pair, at 300 nodes (bench/results/peers_coscheduling.json, before
+rows c-e were reworked):
+
+    .venv/bin/python bench/peers.py --systems kube-scheduler,coscheduling --nodes 300 --jobs 300 \
+        --gangs 30 --stream-seconds 90 --share-jobs 80 --grace 90 \
+        --output bench/results/peers_coscheduling.json
 """
 
 from __future__ import annotations
@@ -80,7 +91,7 @@ from fluxnetes.k8s.kube import NAMESPACES, PODS, Kube, Resource
 
 JOBS = Resource("batch/v1", "jobs")
 RESULTS = Path(__file__).resolve().parent / "results"
-SYSTEMS = ("kube-scheduler", "fluxnetes", "kueue")
+SYSTEMS = ("kube-scheduler", "fluxnetes", "kueue", "coscheduling")
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 DURATION_ANNOTATION = "fluxnetes.io/duration"
@@ -88,7 +99,10 @@ GANG_POD_CPU = "20"  # of a node's 32: one such pod per node
 GANG_POD_SECONDS = 3600  # row b's pods hold their nodes for the whole run (row a's end at once)
 SHARES = {"acct-a": 50, "acct-b": 30, "acct-c": 20}
 KUEUE_PLAIN = {"waitForPodsReady": None}  # row a: the release's default (no all-or-nothing)
-CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok", "addon-kueue")
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok", "addon-kueue",
+                 *addon_defs.ADDONS["coscheduling"].components)
+PODGROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups")
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 MPI_NODE_CPU, MPI_NODE_MEMORY_GI = "4", 16  # row c: a worker (4 cpu) takes a whole node
 
 
@@ -140,6 +154,37 @@ class System:
         else:
             os.environ.pop(addon_defs.KUEUE_CONFIG_ENV, None)
         self.cluster.restart_component("addon-kueue")
+
+    async def create_job(self, kube: Kube, body: dict[str, Any], ns: str) -> None:
+        """Create one Job. Under coscheduling its pods name scheduler-plugins' scheduler, and a
+        Job of several pods is a gang: a PodGroup of minMember = its pods, named after the Job,
+        and that name in the pod template's scheduling.x-k8s.io/pod-group label (the plugin's
+        documented use)."""
+        if self.name == "coscheduling":
+            spec = body["spec"]
+            spec["template"]["spec"]["schedulerName"] = addon_defs.SCHEDULER_NAME
+            if spec["parallelism"] > 1:
+                name = body["metadata"]["name"]
+                await kube.create(PODGROUPS, {"apiVersion": PODGROUPS.api_version, "kind": "PodGroup",
+                                              "metadata": {"name": name},
+                                              "spec": {"minMember": spec["parallelism"]}}, ns)
+                spec["template"].setdefault("metadata", {}).setdefault("labels", {})[POD_GROUP_LABEL] = name
+        await kube.create(JOBS, body, ns)
+
+    async def create_mpijob(self, kube: Kube, body: dict[str, Any], ns: str) -> None:
+        """Create one MPIJob (row c). Under coscheduling, its launcher and workers are one gang:
+        a PodGroup of minMember = all its pods, named after it, in both pod templates' label,
+        and both name scheduler-plugins' scheduler."""
+        if self.name == "coscheduling":
+            name = body["metadata"]["name"]
+            specs = body["spec"]["mpiReplicaSpecs"].values()
+            await kube.create(PODGROUPS, {"apiVersion": PODGROUPS.api_version, "kind": "PodGroup",
+                                          "metadata": {"name": name},
+                                          "spec": {"minMember": sum(r["replicas"] for r in specs)}}, ns)
+            for r in specs:
+                r["template"]["spec"]["schedulerName"] = addon_defs.SCHEDULER_NAME
+                r["template"].setdefault("metadata", {}).setdefault("labels", {})[POD_GROUP_LABEL] = name
+        await kube.create(mpijob_bench.MPIJOBS, body, ns)
 
     async def namespace(self, kube: Kube, ns: str, labels: dict[str, str] | None = None) -> None:
         lab = dict(labels or {})
@@ -257,7 +302,7 @@ async def throughput(system: System, kube: Kube, jobs: int, size: int, cpu: str,
 
     async def create(i: int) -> None:
         async with sem:
-            await kube.create(JOBS, job_body(f"j{i}", size, cpu, queue=system.name == "kueue", seconds=seconds), ns)
+            await system.create_job(kube, job_body(f"j{i}", size, cpu, queue=system.name == "kueue", seconds=seconds), ns)
 
     await asyncio.gather(*(create(i) for i in range(jobs)))
     created = time.monotonic() - t0
@@ -314,7 +359,8 @@ async def mpijobs(system: System, kube: Kube, args: argparse.Namespace) -> dict[
     await system.namespace(kube, ns)
     await asyncio.sleep(1)
     load = os.getloadavg()[0]
-    r = await mpijob_bench.run_batch(kube, margs, ns, {QUEUE_LABEL: "lq"} if system.name == "kueue" else None)
+    r = await mpijob_bench.run_batch(kube, margs, ns, {QUEUE_LABEL: "lq"} if system.name == "kueue" else None,
+                                     submit=lambda body: system.create_mpijob(kube, body, ns))
     ended = r["stalled"] or r["timed_out"]
     out = {
         "nodes": args.mpi_nodes, "busy_nodes": busy, "free_nodes": free, "mpijobs": args.mpijobs,
@@ -378,7 +424,7 @@ async def large_behind_stream(system: System, kube: Kube, args: argparse.Namespa
     async def create(name: str, body: dict[str, Any]) -> None:
         created[name], want[name] = time.time(), body["spec"]["parallelism"]
         try:
-            await kube.create(JOBS, body, ns)
+            await system.create_job(kube, body, ns)
         except Exception as exc:  # counted: a stream that lost Jobs is reported as such
             failed.append(f"{name}: {exc}")
 
@@ -484,7 +530,7 @@ async def shares(system: System, kube: Kube, args: argparse.Namespace) -> dict[s
 
     async def create(ns: str, body: dict[str, Any]) -> None:
         async with sem:
-            await kube.create(JOBS, body, ns)
+            await system.create_job(kube, body, ns)
 
     await asyncio.gather(*(create(ns, b) for ns, b in jobs))
     samples: list[dict[str, Any]] = []
@@ -526,7 +572,8 @@ def up(args: argparse.Namespace, system: str, count: int, cpu: str, mem: str, ti
     cluster = Cluster.up(ClusterOptions(
         nodes=NodeShape(count=count, cpu=cpu, memory=mem),
         dir=Path(tempfile.mkdtemp(prefix=f"{system}-", dir=args.workdir)) / "cluster",
-        die_with_parent=True, timed_pods=timed, addons=addons + (("kueue",) if system == "kueue" else ()),
+        die_with_parent=True, timed_pods=timed,
+        addons=addons + ((system,) if system in ("kueue", "coscheduling") else ()),
         timeout=args.up_timeout))
     return cluster, round(time.monotonic() - t, 1)
 
@@ -595,6 +642,9 @@ async def run_pool(args: argparse.Namespace, system: System) -> dict[str, Any]:
         # waitForPodsReady (with it, blockAdmission admits one Workload at a time)
         system.kueue_config(KUEUE_PLAIN)
         out["e_shares_50_30_20"] = await shares(system, kube, args)
+        if system.name == "coscheduling":  # (as kube-scheduler: the split it gives with nothing to set)
+            out["e_shares_50_30_20"]["note"] = ("scheduler-plugins' coscheduling has no accounts, queues or shares: "
+                                                "nothing was configured; the split is what it does unasked")
         print(system.name, "e", {k: v for k, v in out["e_shares_50_30_20"].items() if k != "samples"}, flush=True)
     finally:
         system.stop()
@@ -653,7 +703,13 @@ def main() -> None:
             "mpi-operator": "github.com/kubeflow/mpi-operator v0.6.0 (dev cluster --addons mpi), row c only",
             "volcano": "not run: the Go module proxy refused volcano.sh/volcano@v1.13.0 (403 Forbidden: "
                        "'This module version is not available.')",
-            "coscheduling": "not run: sigs.k8s.io/scheduler-plugins@v0.34.7 is served, not built into an addon yet",
+            "coscheduling": "sigs.k8s.io/scheduler-plugins v0.34.7 (k8s.io/* v0.34.7; csi-translation-lib "
+                            "v0.34.1, the proxy refuses v0.34.7) built by hack/build-addons.sh coscheduling: "
+                            "its kube-scheduler as a second scheduler, profile scheduler-plugins-scheduler with "
+                            "Coscheduling (multiPoint; PrioritySort off; permitWaitingTimeSeconds 10; client qps "
+                            "500 / burst 1000 like the dev cluster's kube-scheduler) and its PodGroup controller; "
+                            "the workload pods name that scheduler, each Job of several pods has a PodGroup "
+                            "(minMember = its pods); row e: no accounts or queues to set (the split it gives unasked)",
         },
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "load_average_at_start": os.getloadavg()},

@@ -10,11 +10,20 @@
 #   kueue        sigs.k8s.io/kueue v0.17.0               (Kueue: a peer, for bench/peers.py and
 #                                                         --addons kueue; cold build 55 min on 2
 #                                                         cores shared at load ~25, 2026-11-29)
-# Usage: bash hack/build-addons.sh [jobset mpi trainer lws kueue]   (default: all five)
+#   coscheduling sigs.k8s.io/scheduler-plugins v0.34.7   (a peer: kube-scheduler with the
+#                                                         out-of-tree plugins, bin/scheduler, and
+#                                                         the PodGroup controller, bin/controller;
+#                                                         --addons coscheduling. v0.35.0 is refused
+#                                                         by the module proxy; the module's own
+#                                                         go.mod pins its k8s.io/* at v0.34.7)
+# Usage: bash hack/build-addons.sh [jobset mpi trainer lws kueue coscheduling]   (default: all six)
 # Cache: $FLUXNETES_K8S_HOME/addons/<name>/{bin/manager,crds/,webhooks/,runtimes/,VERSION}
-# (default ~/.cache/fluxnetes/k8s); whatever is already built is skipped (seconds).
+# (default ~/.cache/fluxnetes/k8s); whatever is already built is skipped (seconds). An addon of
+# several binaries names each (`package=binary`); a CRD file the release does not name
+# <group>_<plural>.yaml is installed under that name (`file=name`: devcluster/addons.py reads
+# the CRD's name from it).
 #
-# Two releases are built from a patched copy of their module in a temporary directory (the
+# Three releases are built from a patched copy of their module in a temporary directory (the
 # module cache itself is untouched; each patch is one line renamed plus one added file, and the
 # build fails if the line is not found) so that several dev clusters can run on one machine,
 # each as plain processes:
@@ -26,17 +35,24 @@
 #   kueue:   with its internal certificates off, the metrics server's certificate is read from
 #            the hard-coded /etc/kueue/metrics/certs; $KUEUE_METRICS_CERT_DIR overrides it, so
 #            that each dev cluster gives its own (default unchanged).
+# and one is built with one dependency moved, because the module proxy refuses the release's:
+#   coscheduling: go.mod replaces k8s.io/csi-translation-lib with v0.34.7, which the proxy
+#            refuses (403 "This module version is not available", 2026-11-29); v0.34.1 (same
+#            minor release, served) instead, with its go.sum lines. The scheduler uses it in
+#            the in-tree volume plugins (volume limits, volume binding: CSI migration of in-tree
+#            volumes), which kwok pods without volumes never reach.
 set -euo pipefail
 HOME_DIR=${FLUXNETES_K8S_HOME:-$HOME/.cache/fluxnetes/k8s}
 export GOFLAGS=-mod=readonly CGO_ENABLED=0 GOTOOLCHAIN=local
 
-# name | module@version | main package | CRD files | webhook manifests | patch tag | runtimes
+# name | module@version | main package(s) | CRD files | webhook manifests | patch tag | runtimes
 ADDONS=(
   "jobset|sigs.k8s.io/jobset@v0.10.1|.|config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml|config/components/webhook/manifests.yaml||"
   "mpi|github.com/kubeflow/mpi-operator@v0.6.0|./cmd/mpi-operator|manifests/base/kubeflow.org_mpijobs.yaml||health-addr-1|"
   "trainer|github.com/kubeflow/trainer/v2@v2.0.0|./cmd/trainer-controller-manager|manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml|manifests/base/webhook/manifests.yaml|external-certs-1|manifests/base/runtimes/torch_distributed.yaml"
   "lws|sigs.k8s.io/lws@v0.7.0|./cmd|config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml|config/webhook/manifests.yaml||"
   "kueue|sigs.k8s.io/kueue@v0.17.0|./cmd/kueue|config/components/crd/bases/kueue.x-k8s.io_admissionchecks.yaml config/components/crd/bases/kueue.x-k8s.io_clusterqueues.yaml config/components/crd/bases/kueue.x-k8s.io_cohorts.yaml config/components/crd/bases/kueue.x-k8s.io_localqueues.yaml config/components/crd/bases/kueue.x-k8s.io_resourceflavors.yaml config/components/crd/bases/kueue.x-k8s.io_topologies.yaml config/components/crd/bases/kueue.x-k8s.io_workloadpriorityclasses.yaml config/components/crd/bases/kueue.x-k8s.io_workloads.yaml|config/components/webhook/manifests.yaml|metrics-certs-1|"
+  "coscheduling|sigs.k8s.io/scheduler-plugins@v0.34.7|./cmd/scheduler=scheduler ./cmd/controller=controller|manifests/coscheduling/crd.yaml=scheduling.x-k8s.io_podgroups.yaml manifests/capacityscheduling/crd.yaml=scheduling.x-k8s.io_elasticquotas.yaml||csi-translation-lib-v0.34.1|"
 )
 
 fail() { echo "build-addons: FAILED: $*" >&2; echo "build-addons: retry with: bash hack/build-addons.sh (cache in $HOME_DIR/addons)" >&2; exit 1; }
@@ -54,6 +70,8 @@ def patched(rel, old, new):
     (mod / rel).write_text(text.replace(old, new))
 def added(rel, text):
     (mod / rel).write_text(text)
+def appended(rel, text):
+    (mod / rel).write_text((mod / rel).read_text() + text)
 if name == "mpi":
     patched("cmd/mpi-operator/app/server.go", 'Addr:    fmt.Sprintf(":%d", healthCheckPort),', "Addr:    healthAddr(),")
     added("cmd/mpi-operator/app/zz_fluxnetes_health.go", '''package app
@@ -108,14 +126,25 @@ func metricsCertDir() string {
 	return "/etc/kueue/metrics/certs"
 }
 ''')
+elif name == "coscheduling":
+    patched("go.mod", "k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.34.7",
+            "k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.34.1")
+    # (the sums the checksum database gives for v0.34.1)
+    appended("go.sum", "k8s.io/csi-translation-lib v0.34.1 h1:8+QMIWBwPGFsqWw9eAvimA2GaHXGgLLYT61I1NzDnXw=\n"
+                       "k8s.io/csi-translation-lib v0.34.1/go.mod h1:QXytPJ1KzYQaiMgVm82ANG+RGAUf276m8l9gFT+R6Xg=\n")
 else:
     sys.exit(f"build-addons: no patch for {name}")
 EOF
 }
 
+# `package[=binary]` -> the binary's name (manager when not named)
+bin_name() { case $1 in *=*) echo "${1#*=}" ;; *) echo manager ;; esac; }
+# `file[=name]` -> the name the CRD file is installed under (its own when not named)
+crd_dest() { case $1 in *=*) echo "${1#*=}" ;; *) basename "$1" ;; esac; }
+
 command -v go >/dev/null || fail "the Go toolchain (>= 1.26) is not on PATH"
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(jobset mpi trainer lws kueue)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(jobset mpi trainer lws kueue coscheduling)
 start=$(date +%s)
 for entry in "${ADDONS[@]}"; do
   IFS='|' read -r name modver pkg crds webhooks patch runtimes <<<"$entry"
@@ -123,11 +152,13 @@ for entry in "${ADDONS[@]}"; do
   out=$HOME_DIR/addons/$name
   version=$modver${patch:++$patch}
   files_ok=1
-  for f in $crds; do [ -f "$out/crds/$(basename "$f")" ] || files_ok=0; done
+  for f in $crds; do [ -f "$out/crds/$(crd_dest "$f")" ] || files_ok=0; done
   [ -z "$webhooks" ] || [ -f "$out/webhooks/manifests.yaml" ] || files_ok=0
   [ -z "$runtimes" ] || [ -f "$out/runtimes/$(basename "$runtimes")" ] || files_ok=0
   built=0
-  if [ -x "$out/bin/manager" ] && [ -f "$out/VERSION" ] && [ "$(cat "$out/VERSION")" = "$version" ]; then
+  bins_ok=1
+  for p in $pkg; do [ -x "$out/bin/$(bin_name "$p")" ] || bins_ok=0; done
+  if [ "$bins_ok" = 1 ] && [ -f "$out/VERSION" ] && [ "$(cat "$out/VERSION")" = "$version" ]; then
     built=1
     if [ "$files_ok" = 1 ]; then echo "build-addons: $name ($version) present"; continue; fi
   fi
@@ -145,14 +176,17 @@ for entry in "${ADDONS[@]}"; do
     fi
     # Built inside the module directory (or its patched copy) with its own go.mod and go.sum,
     # exactly as released; only the build cache is written.
-    (cd "$src" && go build -p 2 -trimpath -ldflags "-s -w" -o "$out/bin/manager.new" "$pkg") \
-      || fail "go build $modver $pkg"
+    for p in $pkg; do
+      bin=$(bin_name "$p")
+      (cd "$src" && go build -p 2 -trimpath -ldflags "-s -w" -o "$out/bin/$bin.new" "${p%%=*}") \
+        || fail "go build $modver ${p%%=*}"
+    done
     if [ -n "$patch" ]; then rm -rf "$tmp"; trap - EXIT; fi
-    mv -f "$out/bin/manager.new" "$out/bin/manager"
+    for p in $pkg; do bin=$(bin_name "$p"); mv -f "$out/bin/$bin.new" "$out/bin/$bin"; done
   fi
   for crd in $crds; do
-    [ -f "$dir/$crd" ] || fail "$modver has no $crd"
-    install -m 0644 "$dir/$crd" "$out/crds/"
+    [ -f "$dir/${crd%%=*}" ] || fail "$modver has no ${crd%%=*}"
+    install -m 0644 "$dir/${crd%%=*}" "$out/crds/$(crd_dest "$crd")"
   done
   if [ -n "$webhooks" ]; then
     [ -f "$dir/$webhooks" ] || fail "$modver has no $webhooks"

@@ -30,8 +30,9 @@ await_build() {  # await_build PID LOG WHAT REQUIRE_VAR
 }
 
 # -- the controllers of the multi-role workload kinds (JobSet, MPI Operator, LeaderWorkerSet,
-# Kubeflow Trainer) and Kueue, from Go modules (hack/build-addons.sh; tests/test_addons.py,
-# tests/test_addons_kueue.py)
+# Kubeflow Trainer) and the peers Kueue and scheduler-plugins' coscheduling, from Go modules
+# (hack/build-addons.sh; tests/test_addons.py, tests/test_addons_kueue.py,
+# tests/test_addons_coscheduling.py)
 addons_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ] && [ "${FLUXNETES_SKIP_ADDONS_BUILD:-0}" != "1" ]; then
   start_build build-addons.sh; addons_pid=$build_pid; addons_log=$build_log

@@ -52,8 +52,9 @@ def test_parse_orders_and_adds_requirements() -> None:
     assert addon_defs.parse("all") == addon_defs.WORKLOAD_ADDONS
     assert addon_defs.parse("kueue,all") == (*addon_defs.WORKLOAD_ADDONS, "kueue")
     assert addon_defs.parse("kueue,mpi") == ("mpi", "kueue")
+    assert addon_defs.parse("coscheduling,kueue") == ("kueue", "coscheduling")
     with pytest.raises(addon_defs.AddonError,
-                       match=r"--addons: unknown addon\(s\) volcano .*known: jobset, kueue, lws, mpi, trainer"):
+                       match=r"--addons: unknown addon\(s\) volcano .*known: coscheduling, jobset, kueue, lws, mpi, trainer"):
         addon_defs.parse("volcano,mpi")
 
 
@@ -68,6 +69,14 @@ def test_missing_names_the_build_script(tmp_path: Path) -> None:
     assert str(tmp_path / "addons" / "trainer" / "runtimes") in absent
     msg = addon_defs.missing_message(("mpi", "trainer"), absent)
     assert "bash hack/build-addons.sh mpi trainer" in msg
+    # an addon of two processes needs both binaries and its CRDs (no webhooks)
+    bin_dir = tmp_path / "addons" / "coscheduling" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "controller").write_text("#!/bin/sh\n")
+    (bin_dir / "controller").chmod(0o755)
+    assert addon_defs.missing(("coscheduling",), tmp_path) == [
+        str(bin_dir / "scheduler"), str(tmp_path / "addons" / "coscheduling" / "crds")]
+    assert "bash hack/build-addons.sh coscheduling" in addon_defs.missing_message(("coscheduling",), ["x"])
 
 
 def _fake_k8s_home(tmp_path: Path) -> Path:
@@ -101,8 +110,10 @@ def test_cli_rejects_unknown_addon() -> None:
 
 def test_command_lines(tmp_path: Path) -> None:
     ports = {addon_defs.port_key(n, k): 10000 + i * 3 + j
-             for i, n in enumerate(addon_defs.ADDON_NAMES) for j, k in enumerate(addon_defs.PORT_KINDS)}
+             for i, n in enumerate(addon_defs.ADDON_NAMES) for j, k in enumerate(addon_defs.ADDONS[n].port_kinds)}
     for name in addon_defs.ADDON_NAMES:
+        if name == "coscheduling":
+            continue  # test_coscheduling_command_lines
         run = tmp_path / name
         run.mkdir()
         cmd = addon_defs.command(name, ports=ports, kubeconfig="/kc", run=run, home=tmp_path)
@@ -130,6 +141,47 @@ def test_command_lines(tmp_path: Path) -> None:
                 "leaderworkerset.x-k8s.io/leaderworkerset", "trainer.kubeflow.org/trainjob"]
         else:
             assert cmd.env["MPI_OPERATOR_HEALTH_ADDR"] == f"127.0.0.1:{health}" and cmd.webhook_port is None
+
+
+def test_coscheduling_command_lines(tmp_path: Path) -> None:
+    """Two processes, each on its own ports of 127.0.0.1: the PodGroup controller and the second
+    scheduler, whose configuration is scheduler-plugins' documented coscheduling profile."""
+    addon = addon_defs.ADDONS["coscheduling"]
+    assert addon.components == ("addon-coscheduling-controller", "addon-coscheduling-scheduler")
+    assert all(c in addon_defs.COMPONENTS for c in addon.components)
+    assert addon_defs.COMPONENT_OF["addon-coscheduling-scheduler"] == ("coscheduling", "scheduler")
+    assert addon_defs.COMPONENT_OF["addon-kueue"] == ("kueue", "manager")
+    ports = {addon_defs.port_key("coscheduling", k): 30000 + j for j, k in enumerate(addon.port_kinds)}
+    ctl = addon_defs.command("coscheduling", ports=ports, kubeconfig="/kc", run=tmp_path, home=tmp_path,
+                             binary="controller")
+    assert ctl.argv == [str(tmp_path / "addons" / "coscheduling" / "bin" / "controller"),
+                        "--metricsAddr=127.0.0.1:30000", "--probeAddr=127.0.0.1:30001"]
+    assert ctl.health_url == "http://127.0.0.1:30001/readyz" and ctl.env["KUBECONFIG"] == "/kc"
+    sched = addon_defs.command("coscheduling", ports=ports, kubeconfig="/kc", run=tmp_path, home=tmp_path,
+                               binary="scheduler")
+    assert sched.argv[0] == str(tmp_path / "addons" / "coscheduling" / "bin" / "scheduler")
+    assert "--secure-port=30002" in sched.argv and "--bind-address=127.0.0.1" in sched.argv
+    assert sched.health_url == "https://127.0.0.1:30002/healthz"
+    cfg = yaml.safe_load((tmp_path / "scheduler-config.yaml").read_text())
+    assert f"--config={tmp_path / 'scheduler-config.yaml'}" in sched.argv
+    assert cfg["leaderElection"] == {"leaderElect": False} and cfg["clientConnection"]["kubeconfig"] == "/kc"
+    (profile,) = cfg["profiles"]
+    assert profile["schedulerName"] == "scheduler-plugins-scheduler"
+    # Coscheduling at every point it implements, the default queue sort off (one per profile)
+    assert profile["plugins"] == {"multiPoint": {"enabled": [{"name": "Coscheduling"}],
+                                                 "disabled": [{"name": "PrioritySort"}]}}
+    assert profile["pluginConfig"] == [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 10}}]
+    with pytest.raises(ValueError, match="no binary manager"):
+        addon_defs.command("coscheduling", ports=ports, kubeconfig="/kc", run=tmp_path, home=tmp_path)
+
+
+def test_kueue_frameworks_ignore_the_other_peer(tmp_path: Path) -> None:
+    """A cluster running kueue and coscheduling: Kueue's integrations are the workload kinds'
+    only (coscheduling serves none)."""
+    ports = {addon_defs.port_key(n, k): 20000 + 10 * i + j for i, n in enumerate(("kueue", "coscheduling"))
+             for j, k in enumerate(addon_defs.ADDONS[n].port_kinds)}
+    cfg = addon_defs.kueue_configuration(ports=ports, certs="/c", run=tmp_path)
+    assert cfg["integrations"]["frameworks"] == ["batch/job", "pod"]
 
 
 def test_webhook_configurations_point_at_the_local_process(tmp_path: Path) -> None:
@@ -184,3 +236,15 @@ def test_built_manifests_are_the_releases() -> None:
     assert [p.name for p in addon_defs.runtime_files("trainer")] == ["torch_distributed.yaml"]
     assert os.access(addon_defs.manager("mpi"), os.X_OK)
     assert (k8s_home() / "addons" / "mpi" / "VERSION").read_text().strip().endswith("+health-addr-1")
+
+
+@pytest.mark.skipif(addon_defs.missing(("coscheduling",)) != [], reason="hack/build-addons.sh coscheduling not run")
+def test_built_coscheduling_crds_are_named_for_what_they_hold() -> None:
+    """The release ships its CRDs as crd.yaml; the build names them <group>_<plural>.yaml, which
+    is how the dev cluster knows which CRD to wait for."""
+    files = addon_defs.crd_files("coscheduling")
+    assert [addon_defs.crd_name(f) for f in files] == ["elasticquotas.scheduling.x-k8s.io",
+                                                       "podgroups.scheduling.x-k8s.io"]
+    assert all(yaml.safe_load(f.read_text())["metadata"]["name"] == addon_defs.crd_name(f) for f in files)
+    version = (k8s_home() / "addons" / "coscheduling" / "VERSION").read_text().strip()
+    assert version == "sigs.k8s.io/scheduler-plugins@v0.34.7+csi-translation-lib-v0.34.1"

@@ -26,7 +26,7 @@ def build(
     addons: Annotated[
         bool,
         typer.Option("--addons", help="Also build the JobSet, MPI Operator, LeaderWorkerSet and Trainer "
-                     "controllers and Kueue (hack/build-addons.sh) for `dev cluster up --addons`."),
+                     "controllers, Kueue and coscheduling (hack/build-addons.sh) for `dev cluster up --addons`."),
     ] = False,
 ) -> None:
     """Build kube-apiserver, controller-manager, scheduler, kubectl, etcd and kwok from Go modules.
@@ -90,8 +90,9 @@ def up(
     addons: Annotated[
         str,
         typer.Option(help="Controllers of multi-role workloads to run too, comma-separated: "
-                     "jobset, mpi, lws, trainer (brings jobset), or all (these four); and kueue (Kueue "
-                     "v0.17.0, a peer for bench/peers.py). Built by hack/build-addons.sh."),
+                     "jobset, mpi, lws, trainer (brings jobset), or all (these four); and the peers for "
+                     "bench/peers.py: kueue (Kueue v0.17.0), coscheduling (scheduler-plugins v0.34.7, "
+                     "scheduler `scheduler-plugins-scheduler`). Built by hack/build-addons.sh."),
     ] = "",
     pod_duration: Annotated[
         str | None,

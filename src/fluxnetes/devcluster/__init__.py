@@ -2,7 +2,8 @@
 
 Binaries come from hack/build-k8s.sh (cached in $FLUXNETES_K8S_HOME, default
 ~/.cache/fluxnetes/k8s), the optional addon controllers (JobSet, MPI Operator, LeaderWorkerSet,
-Kubeflow Trainer) from hack/build-addons.sh; every process listens on 127.0.0.1 only.
+Kubeflow Trainer; the peers Kueue and scheduler-plugins' coscheduling) from
+hack/build-addons.sh; every process listens on 127.0.0.1 only.
 """
 
 from fluxnetes.devcluster.cluster import (

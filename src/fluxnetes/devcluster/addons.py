@@ -21,6 +21,12 @@ on 127.0.0.1 like the other components, and its admission webhooks are served:
 Trainer runs TrainJobs as JobSets, so ``trainer`` brings ``jobset`` with it; it also gets the
 release's ``torch-distributed`` ClusterTrainingRuntime (kwok runs no containers: the image is
 never pulled).
+
+The peer ``coscheduling`` (scheduler-plugins, only when named) is two processes: a second
+kube-scheduler built with the out-of-tree plugins, whose profile ``scheduler-plugins-scheduler``
+places the pods naming it (coscheduling_configuration()), and the PodGroup controller that
+keeps the PodGroups' status; its CRDs are PodGroup and ElasticQuota (scheduling.x-k8s.io).
+Neither serves webhooks.
 """
 
 from __future__ import annotations
@@ -36,14 +42,15 @@ import yaml
 from fluxnetes.devcluster.paths import k8s_home
 
 # start order (Trainer needs the JobSet CRD and controller)
-# (Kueue last: its integrations are set up for the workload kinds whose CRDs are installed)
-ADDON_NAMES: tuple[str, ...] = ("jobset", "mpi", "lws", "trainer", "kueue")
-# ``--addons all``: the workload controllers (the peers, kueue, only when named)
+# (Kueue after them: its integrations are set up for the workload kinds whose CRDs are installed)
+ADDON_NAMES: tuple[str, ...] = ("jobset", "mpi", "lws", "trainer", "kueue", "coscheduling")
+# ``--addons all``: the workload controllers (the peers, kueue and coscheduling, only when named)
 WORKLOAD_ADDONS: tuple[str, ...] = ("jobset", "mpi", "lws", "trainer")
 REQUIRES: dict[str, tuple[str, ...]] = {"trainer": ("jobset",)}
 COMPONENT_PREFIX = "addon-"
 HOST = "127.0.0.1"
 PORT_KINDS = ("webhook", "metrics", "health")
+SCHEDULER_NAME = "scheduler-plugins-scheduler"  # the coscheduling addon's profile (its chart's name)
 
 
 class AddonError(ValueError):
@@ -56,10 +63,18 @@ class Addon:
     module: str  # what hack/build-addons.sh builds (for messages)
     kinds: tuple[str, ...]  # the workload kinds it serves
     has_webhooks: bool = True
+    # its processes: one per binary of bin/ (the component of ``manager`` is addon-<name>, of
+    # another binary addon-<name>-<binary>)
+    binaries: tuple[str, ...] = ("manager",)
+    port_kinds: tuple[str, ...] = PORT_KINDS  # the free ports it is given
 
     @property
-    def component(self) -> str:
-        return COMPONENT_PREFIX + self.name
+    def components(self) -> tuple[str, ...]:
+        return tuple(component_name(self.name, b) for b in self.binaries)
+
+
+def component_name(name: str, binary: str) -> str:
+    return COMPONENT_PREFIX + name + ("" if binary == "manager" else f"-{binary}")
 
 
 ADDONS: dict[str, Addon] = {
@@ -74,9 +89,18 @@ ADDONS: dict[str, Addon] = {
         # (bench/peers.py); its settings are kueue_configuration()'s
         Addon("kueue", "sigs.k8s.io/kueue@v0.17.0",
               ("ClusterQueue", "LocalQueue", "ResourceFlavor", "Workload", "Cohort")),
+        # a peer: a second scheduler (gangs by PodGroup) beside kube-scheduler; the controller
+        # first (the PodGroups' status), then the scheduler
+        Addon("coscheduling", "sigs.k8s.io/scheduler-plugins@v0.34.7", ("PodGroup", "ElasticQuota"),
+              has_webhooks=False, binaries=("controller", "scheduler"),
+              port_kinds=("metrics", "health", "scheduler")),
     )
 }
-COMPONENTS: tuple[str, ...] = tuple(ADDONS[n].component for n in ADDON_NAMES)
+COMPONENTS: tuple[str, ...] = tuple(c for n in ADDON_NAMES for c in ADDONS[n].components)
+# component -> (addon, binary)
+COMPONENT_OF: dict[str, tuple[str, str]] = {
+    component_name(a.name, b): (a.name, b) for a in ADDONS.values() for b in a.binaries
+}
 
 
 def parse(spec: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -102,8 +126,8 @@ def addon_home(name: str, home: Path | None = None) -> Path:
     return (home if home is not None else k8s_home()) / "addons" / name
 
 
-def manager(name: str, home: Path | None = None) -> Path:
-    return addon_home(name, home) / "bin" / "manager"
+def manager(name: str, home: Path | None = None, binary: str = "manager") -> Path:
+    return addon_home(name, home) / "bin" / binary
 
 
 def crd_files(name: str, home: Path | None = None) -> list[Path]:
@@ -124,8 +148,7 @@ def missing(names: tuple[str, ...], home: Path | None = None) -> list[str]:
     """What hack/build-addons.sh has not built yet for ``names`` (empty when all is there)."""
     out: list[str] = []
     for n in names:
-        if not os.access(manager(n, home), os.X_OK):
-            out.append(str(manager(n, home)))
+        out.extend(str(manager(n, home, b)) for b in ADDONS[n].binaries if not os.access(manager(n, home, b), os.X_OK))
         if not crd_files(n, home):
             out.append(str(addon_home(n, home) / "crds"))
         if ADDONS[n].has_webhooks and not (addon_home(n, home) / "webhooks" / "manifests.yaml").is_file():
@@ -162,8 +185,11 @@ def cert_dirs(run: Path) -> list[Path]:
     return [run / "k8s-webhook-server" / "serving-certs", run / "k8s-metrics-server" / "serving-certs"]
 
 
-def health_url(name: str, ports: dict[str, int]) -> str:
-    """200 once the manager serves (controller-runtime's readyz waits for its webhook server)."""
+def health_url(name: str, ports: dict[str, int], binary: str = "manager") -> str:
+    """200 once the manager serves (controller-runtime's readyz waits for its webhook server);
+    a scheduler's /healthz on its secure port (https, its self-signed certificate)."""
+    if binary == "scheduler":
+        return f"https://{HOST}:{ports[port_key(name, 'scheduler')]}/healthz"
     health = ports[port_key(name, "health")]
     return f"http://{HOST}:{health}/healthz" if name == "mpi" else f"http://{HOST}:{health}/readyz"
 
@@ -184,13 +210,16 @@ def manager_configuration(api_version: str, *, webhook: int, metrics: int, healt
 
 
 def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
-            home: Path | None = None) -> Command:
-    """How addon ``name`` is started; writes its configuration file into ``run``."""
-    webhook, metrics, health = (ports[port_key(name, k)] for k in PORT_KINDS)
-    exe = str(manager(name, home))
+            home: Path | None = None, binary: str = "manager") -> Command:
+    """How addon ``name`` (its process ``binary``) is started; writes its configuration file
+    into ``run``."""
+    exe = str(manager(name, home, binary))
     env = {"KUBECONFIG": kubeconfig, "TMPDIR": str(run)}
+    url = health_url(name, ports, binary)
+    if name == "coscheduling":
+        return coscheduling_command(binary, exe, env, url, ports=ports, kubeconfig=kubeconfig, run=run)
+    webhook, metrics, health = (ports[port_key(name, k)] for k in PORT_KINDS)
     certs = str(cert_dirs(run)[0])
-    url = health_url(name, ports)
     if name in ("jobset", "lws"):
         group = "config.jobset.x-k8s.io" if name == "jobset" else "config.lws.x-k8s.io"
         cfg = manager_configuration(f"{group}/v1alpha1", webhook=webhook, metrics=metrics, health=health,
@@ -224,6 +253,48 @@ def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
     raise ValueError(f"unknown addon {name}")
 
 
+def coscheduling_command(binary: str, exe: str, env: dict[str, str], url: str, *, ports: dict[str, int],
+                         kubeconfig: str, run: Path) -> Command:
+    if binary == "controller":
+        # (its --qps/--burst flags are read but not passed to its client in this release)
+        return Command([exe, f"--metricsAddr={HOST}:{ports[port_key('coscheduling', 'metrics')]}",
+                        f"--probeAddr={HOST}:{ports[port_key('coscheduling', 'health')]}"], env, url, None)
+    if binary != "scheduler":
+        raise ValueError(f"coscheduling has no binary {binary}")
+    path = run / "scheduler-config.yaml"
+    path.write_text(yaml.safe_dump(coscheduling_configuration(kubeconfig), sort_keys=False))
+    return Command(
+        [exe, f"--config={path}", f"--authentication-kubeconfig={kubeconfig}",
+         f"--authorization-kubeconfig={kubeconfig}", f"--bind-address={HOST}",
+         f"--secure-port={ports[port_key('coscheduling', 'scheduler')]}", f"--cert-dir={run / 'certs'}"],
+        env, url, None,
+    )
+
+
+def coscheduling_configuration(kubeconfig: str) -> dict[str, Any]:
+    """The second scheduler's KubeSchedulerConfiguration as scheduler-plugins' chart
+    (as-a-second-scheduler) and manifests/coscheduling set it up, with only Coscheduling of
+    its out-of-tree plugins: one profile ``scheduler-plugins-scheduler``, Coscheduling at every
+    extension point it implements (multiPoint: queueSort, preFilter, postFilter, permit,
+    reserve; PrioritySort, the default queue sort, disabled: one queue sort per profile), a
+    gang's pods waiting at Permit 10 s for the rest (the chart's value; the plugin's default
+    is 60). No leader election (one instance). Its client's rate limit is the dev cluster's
+    kube-scheduler's (components.py), so that the two schedulers are compared at one setting."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False},
+        "clientConnection": {"kubeconfig": kubeconfig, "qps": 500, "burst": 1000},
+        "profiles": [{
+            "schedulerName": SCHEDULER_NAME,
+            "plugins": {
+                "multiPoint": {"enabled": [{"name": "Coscheduling"}], "disabled": [{"name": "PrioritySort"}]},
+            },
+            "pluginConfig": [{"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 10}}],
+        }],
+    }
+
+
 # Kueue's frameworks for the kinds the dev cluster can serve: Jobs and plain pod groups always,
 # MPIJobs / JobSets / LeaderWorkerSets / TrainJobs when their CRDs are installed (Kueue starts
 # after the other addons: the integration of a kind without its CRD would wait for it)
@@ -241,7 +312,7 @@ def kueue_configuration(*, ports: dict[str, int], certs: str, run: Path) -> dict
     between ClusterQueues of a cohort; plus what a local process needs (its ports on
     127.0.0.1, no leader election, the dev cluster's certificate, no visibility API server)."""
     webhook, metrics, health = (ports[port_key("kueue", k)] for k in PORT_KINDS)
-    others = [n for n in ADDON_NAMES if n != "kueue" and port_key(n, "health") in ports]
+    others = [n for n in ADDON_NAMES if n in _KUEUE_FRAMEWORKS and port_key(n, "health") in ports]
     cfg = manager_configuration("config.kueue.x-k8s.io/v1beta2", webhook=webhook, metrics=metrics,
                                 health=health, certs=certs)
     cfg.update({

@@ -6,7 +6,8 @@ kube-scheduler and kwok, all on 127.0.0.1, with fake nodes.
     cluster.down()
 
 With ``ClusterOptions(addons=("mpi", "jobset", "trainer", "lws"))`` it also runs the
-controllers of the multi-role workload kinds, with their CRDs and webhooks (addons.py).
+controllers of the multi-role workload kinds, with their CRDs and webhooks (addons.py), and
+with ``"kueue"`` / ``"coscheduling"`` the peers bench/peers.py measures.
 
 Everything the cluster owns lives in one directory (state.json, kubeconfig, pki/, logs/);
 etcd's data lives on /dev/shm (or the temp dir). `Cluster.attach(dir)` finds a running
@@ -159,6 +160,15 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def insecure_context() -> ssl.SSLContext:
+    """For the schedulers' and controller-manager's health only: their serving certificates are
+    self-signed (each made its own in its --cert-dir)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -487,12 +497,12 @@ class Cluster:
 
     # -- addons: the controllers of multi-role workload kinds (devcluster/addons.py) -------------
     def _spawn_addon(self, component: str) -> procs.ProcessRecord:
-        name = component.removeprefix(addon_defs.COMPONENT_PREFIX)
+        name, binary = addon_defs.COMPONENT_OF[component]
         run = self.dir / "run" / component
         run.mkdir(parents=True, exist_ok=True)
         write_serving_cert(self.pki, f"{name}-webhook", addon_defs.cert_dirs(run))
         cmd = addon_defs.command(name, ports=self.state.ports, kubeconfig=self.state.kubeconfig,
-                                 run=run, home=self.tools.home)
+                                 run=run, home=self.tools.home, binary=binary)
         popen, rec = procs.spawn(
             component, cmd.argv, self.dir / "logs" / f"{component}.log", cwd=run,
             die_with_parent=self.state.die_with_parent, env=cmd.env,
@@ -520,9 +530,8 @@ class Cluster:
         home = self.tools.home
         st = self.state
         new = [n for n in names if n not in st.addons]
-        ports = free_ports(len(addon_defs.PORT_KINDS) * len(new))
-        for i, (n, k) in enumerate((n, k) for n in new for k in addon_defs.PORT_KINDS):
-            st.ports[addon_defs.port_key(n, k)] = ports[i]
+        keys = [addon_defs.port_key(n, k) for n in new for k in addon_defs.ADDONS[n].port_kinds]
+        st.ports.update(zip(keys, free_ports(len(keys)), strict=True))
         st.addons = [n for n in addon_defs.ADDON_NAMES if n in {*st.addons, *new}]
         _save_state(st)
         crds = [f"--filename={f}" for n in new for f in addon_defs.crd_files(n, home)]
@@ -536,11 +545,13 @@ class Cluster:
         ca = self.pki.ca_crt.read_bytes()
         for n in new:  # all at once: each spends seconds syncing its caches
             addon = addon_defs.ADDONS[n]
-            say(f"starting {addon.component} ({addon.module})")
-            self._spawn(addon.component)
+            for component in addon.components:
+                say(f"starting {component} ({addon.module})")
+                self._spawn(component)
         for n in new:
             addon = addon_defs.ADDONS[n]
-            self._wait_component(addon.component, deadline)
+            for component in addon.components:
+                self._wait_component(component, deadline)
             if addon.has_webhooks:
                 port = st.ports[addon_defs.port_key(n, "webhook")]
                 docs = addon_defs.webhook_configurations(n, port, ca, home)
@@ -619,17 +630,17 @@ class Cluster:
             self._wait_for(name, lambda: self._api_ok("/readyz"), deadline)
         elif name in ("kube-controller-manager", "kube-scheduler"):
             port = ports["controller_manager" if name == "kube-controller-manager" else "scheduler"]
-            insecure = ssl.create_default_context()
-            insecure.check_hostname = False
-            insecure.verify_mode = ssl.CERT_NONE  # their self-signed serving certs; health only
             url = f"https://127.0.0.1:{port}/healthz"
+            insecure = insecure_context()
             self._wait_for(name, lambda: http_ok(url, insecure), deadline)
         elif name in addon_defs.COMPONENTS:
-            addon = name.removeprefix(addon_defs.COMPONENT_PREFIX)
-            url = addon_defs.health_url(addon, ports)
+            addon, binary = addon_defs.COMPONENT_OF[name]
+            url = addon_defs.health_url(addon, ports, binary)
             webhook = ports.get(addon_defs.port_key(addon, "webhook"))
             hooks = addon_defs.ADDONS[addon].has_webhooks
-            self._wait_for(name, lambda: http_ok(url, None) and (not hooks or port_open(webhook or 0)),
+            # a scheduler's healthz is on its secure port, with its self-signed certificate
+            tls = insecure_context() if url.startswith("https:") else None
+            self._wait_for(name, lambda: http_ok(url, tls) and (not hooks or port_open(webhook or 0)),
                            deadline, interval=0.5)
         else:  # kwok serves nothing; a second alive is enough, nodes turning Ready proves it
             self._wait_for(name, lambda: False, min(deadline, time.monotonic() + 1.0), quiet=True)
