@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,13 +67,16 @@ FILL_NS = "bench-fill"
 PARTIAL_RUN = 3  # samples in a row that make a partial MPIJob "stuck", not just in transit
 
 
-def mpijob_body(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def mpijob_body(name: str, args: argparse.Namespace, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """An MPIJob of 1 launcher + ``args.workers`` workers; ``labels`` on the MPIJob (e.g. the
+    LocalQueue Kueue admits it through, in bench/peers.py row c)."""
+
     def tmpl(cname: str, cpu: str, ann: dict[str, str] | None = None) -> dict[str, Any]:
         return {"metadata": {"annotations": ann or {}},
                 "spec": {"containers": [{"name": cname, "image": "mpioperator/mpi-pi:openmpi",
                                          "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}}
 
-    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": name},
+    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": name, "labels": labels or {}},
             "spec": {"slotsPerWorker": 1, "runPolicy": {"cleanPodPolicy": "Running"},
                      "mpiReplicaSpecs": {
                          # the launcher is a Job's pod: kwok ends it after its annotated delay
@@ -260,7 +264,10 @@ async def watch_pods(kube: Kube, run: Run, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.5)
 
 
-async def run_batch(kube: Kube, args: argparse.Namespace, ns: str) -> dict[str, Any]:
+async def run_batch(kube: Kube, args: argparse.Namespace, ns: str, labels: dict[str, str] | None = None,
+                    submit: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """The batch into ``ns``; ``submit`` creates one MPIJob (default: as it is; bench/peers.py
+    adds the PodGroup and the scheduler name a peer needs)."""
     run = Run(ns, args.jobs, args.workers)
     run.states = {f"mpi{i}": JobState() for i in range(args.jobs)}
     stop = asyncio.Event()
@@ -271,7 +278,8 @@ async def run_batch(kube: Kube, args: argparse.Namespace, ns: str) -> dict[str, 
 
     async def create(i: int) -> None:
         async with sem:
-            await kube.create(MPIJOBS, mpijob_body(f"mpi{i}", args), ns)
+            body = mpijob_body(f"mpi{i}", args, labels)
+            await (submit(body) if submit else kube.create(MPIJOBS, body, ns))
 
     await asyncio.gather(*(create(i) for i in range(args.jobs)))
     created = time.monotonic() - run.t0
@@ -378,7 +386,9 @@ async def settle(kube: Kube, timeout: float = 600) -> float:
 
 
 async def fill(kube: Kube, args: argparse.Namespace) -> float:
-    """Take ``--busy-nodes`` whole nodes (default scheduler, never ganged); seconds it took."""
+    """Take ``--busy-nodes`` whole nodes (default scheduler, never ganged); seconds it took.
+    The free nodes end up scattered among the busy ones (the scheduler spreads the fill pods);
+    bench/peers.py row c uses the same setup."""
     t0 = time.monotonic()
     if args.busy_nodes <= 0:
         return 0.0

@@ -23,28 +23,37 @@ Rows (each system, same sizes):
   after it), whole gangs, gangs bound in part when the run ended (their nodes held for
   nothing). Kueue runs with `waitForPodsReady` (blockAdmission: its documented
   all-or-nothing setting) and a quota of the free nodes' cpus.
+- c. `--mpijobs` MPIJobs (1 launcher of 1 cpu + 8 workers of a whole 4-cpu node, the real MPI
+  Operator v0.6.0: `--addons mpi`) on a cluster of `--mpi-nodes` nodes half of which are first
+  taken by whole-node pods nobody queues (free nodes scattered among them): MPIJobs partially
+  started (launcher bound while a worker is Pending, 3 s or more), deadlocked (some pod bound,
+  another Pending, when nothing was bound and nothing ended for 2 x the launcher's run + 60 s),
+  and the makespan (first create to the last MPIJob Succeeded). bench/mpijob_bench.py's setup
+  and measurement, imported. Kueue: the MPIJobs name a LocalQueue (its `kubeflow.org/mpijob`
+  integration), `waitForPodsReady`, a quota of the free nodes' cpus.
 - d. issue kueue#534: on `--pool-nodes` nodes (8 cpu each, pods that end after their kwok
-  duration), a steady stream of one-node Jobs keeps the pool busy; a Job of half the pool's
-  nodes arrives behind them: how long it waits, and how many small Jobs started meanwhile.
+  duration), one-node Jobs arrive at a fixed rate, `--stream-load` (1.5) times the pool's
+  drain rate, from a submitter of their own (creates sent on time, not waiting for the
+  sampling loop), so a backlog builds; a Job of half the pool's nodes arrives behind them: how
+  long it waits (until all its pods are bound), how many small Jobs created after it started
+  before it, and how many started while it waited.
 - f. during d, every Job that waited: whether the system said when it would start (fluxnetes:
   the FluxJob's status.expectedStart; Kueue and kube-scheduler have no such field) and how far
   the first prediction was from the actual start.
 - e. three namespaces (accounts / ClusterQueues of one cohort) with shares 50/30/20, all
-  backlogged with Jobs of `--share-cpu` cpus (about ten waves of them): the running share of each over time (sampled every second)
-  and its mean while all three have work waiting.
+  backlogged with Jobs of `--share-cpu` cpus (about ten waves of them): the running share of
+  each over time (sampled every second) and its mean while all three have work waiting. Kueue
+  runs this row without `waitForPodsReady` (with it, blockAdmission admits one Workload at a
+  time and the ClusterQueues never fill their quotas): fair sharing, weights 50/30/20.
 
-Not here yet: row c (MPIJobs on scattered free nodes, bench/mpijob_bench.py measures it for
-fluxnetes and kube-scheduler).
+    .venv/bin/python bench/peers.py --quick      # 100 nodes, 200 Jobs, 20 gangs, 20 MPIJobs (not recorded)
+    .venv/bin/python bench/peers.py              # 1,000 nodes, 1,000 Jobs, 100 gangs, 100 MPIJobs
 
-    .venv/bin/python bench/peers.py --quick      # 100 nodes, 200 Jobs, 20 gangs (not recorded yet)
-    .venv/bin/python bench/peers.py              # 1,000 nodes, 1,000 Jobs, 100 gangs
-    .venv/bin/python bench/peers.py --nodes 300 --jobs 300 --gangs 30 --stream-seconds 90 \
-        --share-jobs 80 --grace 90               # what peers.json holds (a loaded machine)
-
-Writes bench/results/peers.json (peers_quick.json with --quick). Kueue needs
-`hack/build-addons.sh kueue` (a cold build of close to an hour on 2 busy cores), coscheduling
-`hack/build-addons.sh coscheduling`. Coscheduling alone, with kube-scheduler as its pair
-(bench/results/peers_coscheduling.json):
+Writes bench/results/peers.json (peers_quick.json with --quick). Row c needs
+`hack/build-addons.sh mpi`, Kueue `hack/build-addons.sh kueue` (a cold build of close to an
+hour on 2 busy cores), coscheduling `hack/build-addons.sh coscheduling`. Coscheduling alone,
+with kube-scheduler as its pair, at 300 nodes (bench/results/peers_coscheduling.json, before
+rows c-e were reworked):
 
     .venv/bin/python bench/peers.py --systems kube-scheduler,coscheduling --nodes 300 --jobs 300 \
         --gangs 30 --stream-seconds 90 --share-jobs 80 --grace 90 \
@@ -72,6 +81,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import mpijob_bench
 from operator_bench import api_requests, start_operator, wait_gone
 
 from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
@@ -93,6 +103,7 @@ CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-sche
                  *addon_defs.ADDONS["coscheduling"].components)
 PODGROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups")
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+MPI_NODE_CPU, MPI_NODE_MEMORY_GI = "4", 16  # row c: a worker (4 cpu) takes a whole node
 
 
 def job_body(name: str, pods: int, cpu: str, *, queue: bool, seconds: float | None = None) -> dict[str, Any]:
@@ -159,6 +170,21 @@ class System:
                                               "spec": {"minMember": spec["parallelism"]}}, ns)
                 spec["template"].setdefault("metadata", {}).setdefault("labels", {})[POD_GROUP_LABEL] = name
         await kube.create(JOBS, body, ns)
+
+    async def create_mpijob(self, kube: Kube, body: dict[str, Any], ns: str) -> None:
+        """Create one MPIJob (row c). Under coscheduling, its launcher and workers are one gang:
+        a PodGroup of minMember = all its pods, named after it, in both pod templates' label,
+        and both name scheduler-plugins' scheduler."""
+        if self.name == "coscheduling":
+            name = body["metadata"]["name"]
+            specs = body["spec"]["mpiReplicaSpecs"].values()
+            await kube.create(PODGROUPS, {"apiVersion": PODGROUPS.api_version, "kind": "PodGroup",
+                                          "metadata": {"name": name},
+                                          "spec": {"minMember": sum(r["replicas"] for r in specs)}}, ns)
+            for r in specs:
+                r["template"]["spec"]["schedulerName"] = addon_defs.SCHEDULER_NAME
+                r["template"].setdefault("metadata", {}).setdefault("labels", {})[POD_GROUP_LABEL] = name
+        await kube.create(mpijob_bench.MPIJOBS, body, ns)
 
     async def namespace(self, kube: Kube, ns: str, labels: dict[str, str] | None = None) -> None:
         lab = dict(labels or {})
@@ -315,6 +341,48 @@ async def throughput(system: System, kube: Kube, jobs: int, size: int, cpu: str,
     return out
 
 
+# -- row c: MPIJobs on scattered free nodes --------------------------------------------------------
+async def mpijobs(system: System, kube: Kube, args: argparse.Namespace) -> dict[str, Any]:
+    """``--mpijobs`` MPIJobs (1 launcher of 1 cpu + 8 workers of a whole node) through the real
+    MPI Operator, on a cluster whose other half is taken first by whole-node pods nobody queues
+    (bench/mpijob_bench.py's setup and measurement: its fill, its MPI Operator settle, its run)."""
+    busy = args.mpi_nodes // 2
+    free = args.mpi_nodes - busy
+    margs = argparse.Namespace(jobs=args.mpijobs, workers=8, launcher_cpu="1", worker_cpu=MPI_NODE_CPU,
+                               node_cpu=MPI_NODE_CPU, busy_nodes=busy, run_seconds=args.mpi_run_seconds,
+                               timeout=args.timeout, stall=2 * args.mpi_run_seconds + 60)
+    fill_s = await mpijob_bench.fill(kube, margs)
+    if system.name == "kueue":  # its quota: what is free for it (as in row b)
+        kueue_queues(system.cluster, {"bench": (free * int(MPI_NODE_CPU), f"{free * MPI_NODE_MEMORY_GI}Gi")})
+    settled = await mpijob_bench.settle(kube)
+    ns = f"mpi-{uuid.uuid4().hex[:6]}"
+    await system.namespace(kube, ns)
+    await asyncio.sleep(1)
+    load = os.getloadavg()[0]
+    r = await mpijob_bench.run_batch(kube, margs, ns, {QUEUE_LABEL: "lq"} if system.name == "kueue" else None,
+                                     submit=lambda body: system.create_mpijob(kube, body, ns))
+    ended = r["stalled"] or r["timed_out"]
+    out = {
+        "nodes": args.mpi_nodes, "busy_nodes": busy, "free_nodes": free, "mpijobs": args.mpijobs,
+        "workers": 8, "launcher_run_seconds": args.mpi_run_seconds, "fill_seconds": fill_s,
+        "mpi_operator_settle_seconds": settled,
+        # the launcher bound while a worker of its MPIJob is Pending (for 3 samples in a row:
+        # not one in transit); with kwok the launcher still "runs" and ends, a real mpirun would hang
+        "partially_started_mpijobs": r[f"partial_mpijobs_{mpijob_bench.PARTIAL_RUN}s_or_more"],
+        "partially_started_mpijobs_any_sample": r["partial_mpijobs"],
+        # some pod bound, another Pending, when the run stalled (nothing bound or ended for
+        # --stall seconds) or timed out: nodes held for good by MPIJobs that cannot start
+        "deadlocked_mpijobs": r["split_mpijobs_at_end"] if ended else 0,
+        "makespan_s": r["seconds_to_all_succeeded"],
+        "mpijobs_succeeded_without_ever_whole": r["mpijobs_succeeded_without_ever_whole"],
+        **{k: r[k] for k in ("mpijobs_succeeded", "stalled", "timed_out", "split_mpijobs",
+                             f"split_mpijobs_{mpijob_bench.PARTIAL_RUN}s_or_more", "mpijobs_ever_whole",
+                             "pods_bound_at_least_once", "pods_per_second_of_those_bound", "create_seconds")},
+        "load_average_1m_before": round(load, 2), "load_average_1m_after": round(os.getloadavg()[0], 2),
+    }
+    return out
+
+
 # -- rows d and f: a large job behind a stream of small ones --------------------------------------
 def fluxjob_times(cluster: Cluster, ns: str) -> dict[str, dict[str, Any]]:
     """FluxJob -> (expectedStart, startTime) of namespace ``ns`` (fluxnetes only)."""
@@ -339,43 +407,60 @@ async def large_behind_stream(system: System, kube: Kube, args: argparse.Namespa
     rng = random.Random(7)
     q = system.name == "kueue"
     mean = (args.small_seconds[0] + args.small_seconds[1]) / 2
-    # the intended gap between arrivals (the pool's drain rate x stream_load); at most one Job is
-    # created per sampling loop, so on a loaded machine the stream is slower than that: the
-    # number created is reported
-    interval = mean / nodes / args.stream_load
+    # a small Job takes a whole node for `mean` seconds on average: the pool drains nodes/mean
+    # Jobs a second; the stream arrives --stream-load times faster, so a backlog builds and the
+    # large Job can only start if the system keeps nodes for it (kueue#534)
+    drain_rate = nodes / mean
+    interval = 1 / (drain_rate * args.stream_load)
     load = os.getloadavg()[0]
     t0 = time.time()
-    created: dict[str, float] = {}
+    end_stream = t0 + args.stream_seconds
+    created: dict[str, float] = {}  # Job -> when its create was sent (wall clock)
     started: dict[str, float] = {}  # Job -> when its last pod was bound (wall clock)
     predictions: dict[str, float] = {}  # Job -> first expectedStart seen
-    large_at = None
-    i = 0
-    next_small = t0
-    end_stream = t0 + args.stream_seconds
+    want: dict[str, int] = {}
+    failed: list[str] = []
+
+    async def create(name: str, body: dict[str, Any]) -> None:
+        created[name], want[name] = time.time(), body["spec"]["parallelism"]
+        try:
+            await system.create_job(kube, body, ns)
+        except Exception as exc:  # counted: a stream that lost Jobs is reported as such
+            failed.append(f"{name}: {exc}")
+
+    async def stream() -> int:
+        """The small Jobs at fixed times t0 + k * interval, each create sent without waiting
+        for the previous one (a slow API server does not slow the stream)."""
+        sends: list[asyncio.Task[None]] = []
+        k = 0
+        while t0 + k * interval < end_stream:
+            await asyncio.sleep(max(0.0, t0 + k * interval - time.time()))
+            body = job_body(f"s{k}", 1, cpu, queue=q, seconds=rng.uniform(*args.small_seconds))
+            sends.append(asyncio.ensure_future(create(f"s{k}", body)))
+            k += 1
+        await asyncio.gather(*sends)
+        return k
+
+    async def large() -> None:
+        await asyncio.sleep(args.large_after)
+        await create("large", job_body("large", large_pods, cpu, queue=q, seconds=args.large_seconds))
+
+    streamer, larger = asyncio.ensure_future(stream()), asyncio.ensure_future(large())
     bound_pods: dict[str, set[str]] = {}
-    want = {}
+    samples = 0
     while True:
         now = time.time()
-        if now < end_stream and now >= next_small:
-            name = f"s{i}"
-            i += 1
-            await system.create_job(kube, job_body(name, 1, cpu, queue=q,
-                                             seconds=rng.uniform(*args.small_seconds)), ns)
-            created[name], want[name] = time.time(), 1
-            next_small += interval
-        if large_at is None and now - t0 >= args.large_after:
-            await system.create_job(kube, job_body("large", large_pods, cpu, queue=q, seconds=args.large_seconds), ns)
-            large_at = created["large"] = time.time()
-            want["large"] = large_pods
         pods, _ = await kube.list(PODS, ns)
+        samples += 1
         for p in pods:
             job = (p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")
             if p["spec"].get("nodeName"):
                 bound_pods.setdefault(job, set()).add(p["metadata"]["name"])
                 if job not in started and len(bound_pods[job]) >= want.get(job, 1):
-                    started[job] = time.time()
+                    started[job] = now
         if system.name == "fluxnetes":
-            for job, t in fluxjob_times(system.cluster, ns).items():
+            # (in a thread: the stream's creates go on meanwhile)
+            for job, t in (await asyncio.to_thread(fluxjob_times, system.cluster, ns)).items():
                 if t["expected"] and job not in predictions and job not in started:
                     predictions[job] = ts(t["expected"]) or 0.0
         if "large" in started and now >= end_stream:
@@ -383,18 +468,32 @@ async def large_behind_stream(system: System, kube: Kube, args: argparse.Namespa
         if now > end_stream + args.grace:
             break
         await asyncio.sleep(0.5)
-    large_wait = started["large"] - large_at if "large" in started and large_at else None
-    jumped = sum(1 for j, t in started.items() if j != "large" and large_at and created[j] > large_at
-                 and t < started.get("large", float("inf")))
+    made = await streamer
+    await larger
+    large_at = created.get("large")
+    large_end = started.get("large", time.time())
+    large_wait = large_end - large_at if large_at else None
+    passed = sum(1 for j, t in started.items() if j != "large" and large_at and created[j] > large_at
+                 and t < large_end)
+    meanwhile = sum(1 for j, t in started.items() if j != "large" and large_at and large_at <= t < large_end)
     errors = [abs(started[j] - p) for j, p in predictions.items() if j in started]
     waited = [j for j in started if started[j] - created[j] > 2.0]
+    smalls = [j for j in created if j != "large"]
     out = {
-        "pool_nodes": nodes, "small_jobs_created": i, "large_pods": large_pods,
+        "pool_nodes": nodes, "large_pods": large_pods,
+        "drain_rate_jobs_per_s": round(drain_rate, 2), "stream_load": args.stream_load,
+        "stream_rate_jobs_per_s": round(drain_rate * args.stream_load, 2),
+        "small_jobs_created": made - sum(1 for f in failed if not f.startswith("large")),
+        "create_errors": failed[:5], "create_errors_n": len(failed),
+        "small_jobs_started": sum(1 for j in started if j != "large"),
+        "small_jobs_still_waiting_at_end": sum(1 for j in smalls if j not in started),
         "large_created_at_s": round((large_at or t0) - t0, 1),
-        "large_wait_s": None if large_wait is None else round(large_wait, 1),
         "large_started": "large" in started,
-        "observed_for_s": round(time.time() - t0, 1),
-        "small_jobs_created_after_large_started_before_it": jumped,
+        # when it never started: how long it had waited when the run ended (a lower bound)
+        "large_wait_s": None if large_wait is None else round(large_wait, 1),
+        "observed_for_s": round(time.time() - t0, 1), "samples": samples,
+        "small_jobs_created_after_large_started_before_it": passed,
+        "small_jobs_started_while_large_waited": meanwhile,
         "f_prediction": {
             "system_gives_expected_start": system.name == "fluxnetes",
             "jobs_that_waited_over_2s": len(waited),
@@ -440,8 +539,8 @@ async def shares(system: System, kube: Kube, args: argparse.Namespace) -> dict[s
     while time.monotonic() - t0 < args.share_timeout:
         running = dict.fromkeys(SHARES, 0)
         waiting = dict.fromkeys(SHARES, 0)
-        for acct, ns in nss.items():
-            pods, _ = await kube.list(PODS, ns)
+        listed = await asyncio.gather(*(kube.list(PODS, ns) for ns in nss.values()))
+        for acct, (pods, _) in zip(nss, listed, strict=True):
             run = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
             ended = sum(1 for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
             running[acct], waiting[acct] = run, args.share_jobs - run - ended
@@ -467,12 +566,14 @@ async def shares(system: System, kube: Kube, args: argparse.Namespace) -> dict[s
 
 
 # -- driver -----------------------------------------------------------------------------------------
-def up(args: argparse.Namespace, system: str, count: int, cpu: str, mem: str, timed: bool) -> tuple[Cluster, float]:
+def up(args: argparse.Namespace, system: str, count: int, cpu: str, mem: str, timed: bool,
+       addons: tuple[str, ...] = ()) -> tuple[Cluster, float]:
     t = time.monotonic()
     cluster = Cluster.up(ClusterOptions(
         nodes=NodeShape(count=count, cpu=cpu, memory=mem),
         dir=Path(tempfile.mkdtemp(prefix=f"{system}-", dir=args.workdir)) / "cluster",
-        die_with_parent=True, timed_pods=timed, addons=(system,) if system in ("kueue", "coscheduling") else (),
+        die_with_parent=True, timed_pods=timed,
+        addons=addons + ((system,) if system in ("kueue", "coscheduling") else ()),
         timeout=args.up_timeout))
     return cluster, round(time.monotonic() - t, 1)
 
@@ -511,6 +612,18 @@ async def run_big(args: argparse.Namespace, system: System) -> dict[str, Any]:
     return out
 
 
+async def run_mpi(args: argparse.Namespace, system: System) -> dict[str, Any]:
+    kube = await Kube.from_config(str(system.cluster.kubeconfig))
+    try:
+        await system.start(kube)
+        out = {"c_mpijobs_scattered": await mpijobs(system, kube, args)}
+        print(system.name, "c", out["c_mpijobs_scattered"], flush=True)
+    finally:
+        system.stop()
+        await kube.close()
+    return out
+
+
 async def run_pool(args: argparse.Namespace, system: System) -> dict[str, Any]:
     kube = await Kube.from_config(str(system.cluster.kubeconfig))
     out: dict[str, Any] = {}
@@ -525,6 +638,9 @@ async def run_pool(args: argparse.Namespace, system: System) -> dict[str, Any]:
             fluxaccounts(system.cluster)
         out["d_large_behind_stream"] = await large_behind_stream(system, kube, args)
         print(system.name, "d/f", out["d_large_behind_stream"], flush=True)
+        # Kueue's fair sharing needs its ClusterQueues to fill their quotas: without
+        # waitForPodsReady (with it, blockAdmission admits one Workload at a time)
+        system.kueue_config(KUEUE_PLAIN)
         out["e_shares_50_30_20"] = await shares(system, kube, args)
         if system.name == "coscheduling":  # (as kube-scheduler: the split it gives with nothing to set)
             out["e_shares_50_30_20"]["note"] = ("scheduler-plugins' coscheduling has no accounts, queues or shares: "
@@ -543,10 +659,13 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=1000, help="row a: single-pod Jobs")
     ap.add_argument("--gangs", type=int, default=100, help="row b: Jobs of 10 pods")
+    ap.add_argument("--mpijobs", type=int, default=100, help="row c: MPIJobs of 1 launcher + 8 workers")
+    ap.add_argument("--mpi-nodes", type=int, default=None, help="row c: nodes (4 cpu; half taken first); default --nodes")
+    ap.add_argument("--mpi-run-seconds", type=int, default=30, help="row c: how long a launcher runs")
     ap.add_argument("--pool-nodes", type=int, default=20, help="rows d-f: nodes of the small cluster")
     ap.add_argument("--pool-cpu", type=int, default=8)
     ap.add_argument("--stream-seconds", type=float, default=150)
-    ap.add_argument("--stream-load", type=float, default=1.2, help="small-Job arrivals over the pool's drain rate")
+    ap.add_argument("--stream-load", type=float, default=1.5, help="small-Job arrivals over the pool's drain rate")
     ap.add_argument("--small-seconds", type=float, nargs=2, default=(8, 16))
     ap.add_argument("--large-after", type=float, default=20)
     ap.add_argument("--large-seconds", type=float, default=10)
@@ -558,12 +677,16 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--settle", type=float, default=20, help="row b ends after this long without a new binding")
     ap.add_argument("--up-timeout", type=float, default=1200, help="seconds for a cluster to come up (loaded machine)")
-    ap.add_argument("--skip-pool", action="store_true", help="rows a and b only")
+    ap.add_argument("--skip-pool", action="store_true", help="without rows d, e, f")
+    ap.add_argument("--skip-mpi", action="store_true", help="without row c")
     ap.add_argument("--output")
     args = ap.parse_args()
     if args.quick:
         args.nodes, args.jobs, args.gangs = 100, 200, 20
         args.pool_nodes, args.stream_seconds, args.grace, args.share_jobs = 10, 80, 80, 60
+        args.mpijobs, args.mpi_run_seconds = 20, 15
+    if args.mpi_nodes is None:
+        args.mpi_nodes = args.nodes
     out_path = Path(args.output or RESULTS / ("peers_quick.json" if args.quick else "peers.json"))
     doc: dict[str, Any] = {
         "benchmark": "peers",
@@ -573,9 +696,11 @@ def main() -> None:
             "fluxnetes": "this checkout, operator --job-mode auto --status-interval 0.3",
             "kueue": "sigs.k8s.io/kueue v0.17.0 built by hack/build-addons.sh kueue; configuration: "
                      "devcluster/addons.py kueue_configuration (clientConnection qps 50 / burst 100 as released; "
-                     "row a without waitForPodsReady; rows b, d, e with waitForPodsReady timeout 5m, "
-                     "blockAdmission; fairSharing; ClusterQueues BestEffortFIFO; row e: one cohort, "
-                     "nominal quotas and fair-sharing weights 50/30/20)",
+                     "rows a and e without waitForPodsReady; rows b, c, d with waitForPodsReady timeout 5m, "
+                     "blockAdmission; fairSharing; ClusterQueues BestEffortFIFO; rows b, c: quota = the free "
+                     "nodes' cpus; row c: integrations.frameworks with kubeflow.org/mpijob, the MPIJobs "
+                     "naming a LocalQueue; row e: one cohort, nominal quotas and fair-sharing weights 50/30/20)",
+            "mpi-operator": "github.com/kubeflow/mpi-operator v0.6.0 (dev cluster --addons mpi), row c only",
             "volcano": "not run: the Go module proxy refused volcano.sh/volcano@v1.13.0 (403 Forbidden: "
                        "'This module version is not available.')",
             "coscheduling": "sigs.k8s.io/scheduler-plugins v0.34.7 (k8s.io/* v0.34.7; csi-translation-lib "
@@ -599,6 +724,14 @@ def main() -> None:
                 res["cluster_up_s"] = secs
                 try:
                     res.update(asyncio.run(run_big(args, System(name, args, cluster))))
+                finally:
+                    cluster.down()
+            if args.mpijobs and not args.skip_mpi:
+                cluster, secs = up(args, name, args.mpi_nodes, MPI_NODE_CPU, f"{MPI_NODE_MEMORY_GI}Gi", True,
+                                   addons=("mpi",))
+                res["mpi_cluster_up_s"] = secs
+                try:
+                    res.update(asyncio.run(run_mpi(args, System(name, args, cluster))))
                 finally:
                     cluster.down()
             if not args.skip_pool:
