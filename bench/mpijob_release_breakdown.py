@@ -199,9 +199,15 @@ def queue_waits(per: dict[str, dict[str, Any]], syncs: dict[str, list[float]]) -
         if after:
             waits.append(round(after[0] - end, 2))
     counts = [len(syncs.get(j, [])) for j in per]
+    # syncs of the run's MPIJobs per 30 s: how busy its work queue let it be
+    bins: dict[int, int] = {}
+    for j in per:
+        for t in syncs.get(j, []):
+            bins[int(t // 30) * 30] = bins.get(int(t // 30) * 30, 0) + 1
     return {"launcher_succeeded_to_next_sync_seconds": sorted(waits),
             "syncs_per_mpijob": {"min": min(counts), "median": statistics.median(counts), "max": max(counts)}
-            if counts else None}
+            if counts else None,
+            "syncs_per_30s": {str(k): bins[k] for k in sorted(bins)}}
 
 
 def mpi_operator_evidence(cluster: Cluster) -> dict[str, Any]:
