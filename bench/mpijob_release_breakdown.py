@@ -187,6 +187,17 @@ def sync_times(log: Path, t0: float) -> dict[str, list[float]]:
     return out
 
 
+def sync_durations_ms(log: Path, ns: str) -> dict[str, Any]:
+    """How long the MPI Operator's syncs of the run's MPIJobs took (its own log lines)."""
+    unit = {"ms": 1.0, "s": 1000.0, "µs": 0.001}
+    ms = [float(m.group(4)) * unit[m.group(5)] for line in log.read_text(errors="replace").splitlines()
+          if (m := SYNC_LINE.match(line)) and f'"{ns}/' in line]
+    if not ms:
+        return {"n": 0}
+    return {"n": len(ms), "median": round(statistics.median(ms), 1), "max": round(max(ms)),
+            "total_seconds": round(sum(ms) / 1000, 1)}
+
+
 def queue_waits(per: dict[str, dict[str, Any]], syncs: dict[str, list[float]]) -> dict[str, Any]:
     """Seconds from the launcher pod's Succeeded to the MPI Operator's next sync of that MPIJob
     (the sync that marks it Succeeded and deletes the workers), and syncs per MPIJob."""
@@ -282,6 +293,8 @@ async def bench(args: argparse.Namespace, cluster: Cluster, workdir: Path, doc: 
         doc["mpi_operator"] = mpi_operator_evidence(cluster)
         doc["mpi_operator"]["queue"] = queue_waits(doc["per_mpijob"], sync_times(
             Path(cluster.dir, "logs", "addon-mpi.log"), t0))
+        doc["mpi_operator"]["queue"]["sync_duration_ms"] = sync_durations_ms(
+            Path(cluster.dir, "logs", "addon-mpi.log"), ns)
     finally:
         mb.stop_operator(op)
         await kube.close()
