@@ -11,6 +11,8 @@ on agreeing and pass the invariant checker.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -83,6 +85,22 @@ def _session(seed: int, steps: int = 120) -> tuple[int, int]:
     return allocated, len(live)
 
 
+def _cancel_or_allocate(rng: random.Random, fast: Matcher, walk: Matcher, live: list[int], now: int,
+                        p_cancel: float, spec: Callable[[], Any]) -> None:
+    """One random step on both matchers: cancel a live job (probability ``p_cancel``) or
+    allocate ``spec()`` on both and compare the answers."""
+    if live and rng.random() < p_cancel:
+        jid = live.pop(rng.randrange(len(live)))
+        fast.cancel(jid)
+        walk.cancel(jid)
+        return
+    js = spec()
+    a, b = fast.allocate(js, now=now), walk.allocate(js, now=now)
+    _same(a, b)
+    if a.ok:
+        live.append(a.jobid)
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_counters_answer_as_the_walk(seed: int) -> None:
     allocated, _live = _session(seed)
@@ -113,16 +131,7 @@ def test_handover_to_the_walk(seed: int) -> None:
     now = 0
     for _ in range(rng.randint(5, 40)):
         now += 1
-        if live and rng.random() < 0.35:
-            jid = live.pop(rng.randrange(len(live)))
-            fast.cancel(jid)
-            walk.cancel(jid)
-            continue
-        js = _spec(rng.randint(1, total), whole, cores)
-        a, b = fast.allocate(js, now=now), walk.allocate(js, now=now)
-        _same(a, b)
-        if a.ok:
-            live.append(a.jobid)
+        _cancel_or_allocate(rng, fast, walk, live, now, 0.35, lambda: _spec(rng.randint(1, total), whole, cores))
     assert fast.counting
     # a reservation: not the counters' (a request that cannot start now)
     js = _spec(total, whole, cores, duration=50)
@@ -134,16 +143,8 @@ def test_handover_to_the_walk(seed: int) -> None:
     fast.check_invariants()
     for _ in range(30):
         now += 1
-        if live and rng.random() < 0.4:
-            jid = live.pop(rng.randrange(len(live)))
-            fast.cancel(jid)
-            walk.cancel(jid)
-            continue
-        js = _spec(rng.randint(1, total), whole, cores, duration=rng.choice([5, LONG]))
-        a, b = fast.allocate(js, now=now), walk.allocate(js, now=now)
-        _same(a, b)
-        if a.ok:
-            live.append(a.jobid)
+        _cancel_or_allocate(rng, fast, walk, live, now, 0.4,
+                            lambda: _spec(rng.randint(1, total), whole, cores, duration=rng.choice([5, LONG])))
     fast.check_invariants()
     assert {j: (r.at, r.duration) for j, r in fast.jobs.items()} == \
         {j: (r.at, r.duration) for j, r in walk.jobs.items()}

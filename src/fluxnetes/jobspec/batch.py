@@ -23,9 +23,8 @@ Pure: no Kubernetes, no clock.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fluxnetes.jobspec.model import Jobspec, JobspecError, parse_jobspec
+from fluxnetes.jobspec.pods import slots_entry
 
 #: the graph levels a batch job can be packed into
 PACK_LEVELS = ("rack",)
@@ -43,15 +42,11 @@ def batch_jobspec(procs: int, duration: int, *, exclusive_nodes: bool = False, n
         raise JobspecError("pack", f"{pack}-packing needs whole (exclusive) nodes: "
                                    f"{pack}[1] -> slot -> core places no slot below a shared {pack} "
                                    "(Fluxion's slot rule)")
-    core: dict[str, Any] = {"type": "core", "count": 1}
-    top: dict[str, Any]
-    if exclusive_nodes:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-            raise JobspecError("nodes", f"must be an integer >= 1 with whole nodes, got {nodes!r}")
-        top = {"type": "node", "count": nodes, "exclusive": True,
-               "with": [{"type": "slot", "count": 1, "label": "task", "with": [core]}]}
-    else:
-        top = {"type": "slot", "count": procs, "label": "task", "with": [core]}
+    if exclusive_nodes and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
+        raise JobspecError("nodes", f"must be an integer >= 1 with whole nodes, got {nodes!r}")
+    # the pods' mapping (jobspec/pods.py), with one core per slot
+    top = slots_entry(nodes if exclusive_nodes else procs, "task", [{"type": "core", "count": 1}],
+                      exclusive_nodes=exclusive_nodes)
     version = 1
     if pack is not None:
         top = {"type": pack, "count": 1, "with": [top]}

@@ -66,8 +66,7 @@ class ShareFit:
                                   for t, e, c in self.windows],
                 "share_accounts": {a: {"delivered_core_seconds": self.delivered[a],
                                        "due_core_seconds": self.due.get(a, 0.0)}
-                                   for a in sorted(self.delivered.keys() | self.due.keys())
-                                   if a in self.delivered}}
+                                   for a in sorted(self.delivered)}}  # (due: the same keys)
 
 
 def share_fit(run: SimRun, account_of: Mapping[str, str], shares: Mapping[str, float], *,
