@@ -32,6 +32,7 @@ from k8s_helpers import (
     store_at,
 )
 from test_k8s_operator import apply, fluxjob, job, job_complete, phase, pod, pods, wait
+from test_k8s_scaling import deployment
 
 pytestmark = pytest.mark.k8s
 
@@ -188,11 +189,7 @@ def test_placed_pods_without_any_record_are_the_groups_again(k8s_cluster: Any, n
 
 
 def replicaset(name: str, replicas: int, cpu: str) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}},
-                                  "spec": {"containers": [{"name": "c", "image": "nginx",
-                                                           "resources": {"requests": {"cpu": cpu}}}]}}}}
+    return {**deployment(name, replicas, cpu), "kind": "ReplicaSet"}  # (the same spec shape)
 
 
 def test_replicaset_placed_without_fluxjob_then_scaled_up(k8s_cluster: Any, ns: str, op: Operator) -> None:

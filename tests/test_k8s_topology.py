@@ -110,8 +110,19 @@ def test_a_topology_crd_installed_after_the_start_is_read_within_seconds(
                 await asyncio.sleep(0.2)
             assert not await served(kube), f"the {CRD_NAME} CRD did not go"
             queue: asyncio.Queue[Any] = asyncio.Queue()
+            # wait for the state, not a time: the source has opened its watch of the CRD (from
+            # its list's resourceVersion, so a CRD made from here on reaches that watch)
+            watching = asyncio.Event()
+            real_watch = kube.watch
+
+            def spy(res: Any, *args: Any, **kwargs: Any) -> Any:
+                if res == CRDS:
+                    watching.set()
+                return real_watch(res, *args, **kwargs)
+
+            monkeypatch.setattr(kube, "watch", spy)
             task = asyncio.ensure_future(TopologySource(kube, queue, crd_poll=3600).run())
-            await asyncio.sleep(1.0)  # the source is waiting for the CRD now
+            await asyncio.wait_for(watching.wait(), 120)
             assert queue.empty()
             created = time.monotonic()
             assert await nrt.ensure_crd(kube)  # what the agent does at its start
