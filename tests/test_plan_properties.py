@@ -379,3 +379,32 @@ def test_first_fit_excluding_a_span_is_the_search_without_it(
             want = next((c for c in cands if c + d <= H and without.avail_during(c, d, a)), None)
             assert got == want
         assert p.points() == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(1, 8), history=ops, d=st.integers(1, H))
+def test_fits_before_is_first_fit_compared_with_a_time(
+    total: int, history: list[tuple[str, int, int, int]], d: int
+) -> None:
+    """fits_before(t, d, a, before, exclude=k) (the compress walk's "could this reservation
+    move earlier?") is first_fit(t, d, a, exclude=k) < before, None only where first_fit
+    is None (past the horizon, more than the total), and leaves the planner as it was: for
+    every span excluded or none, every amount, start and bound (the points and the horizon)."""
+    p = Planner(total, base=0, horizon=H)
+    for _kind, x, y, z in history:
+        amount = max(1, z)
+        if amount <= total and x + y <= H and p.avail_during(x, y, amount):
+            p.add_span(x, y, amount)
+    points = p.points()
+    bounds = sorted({pt.at for pt in points} | {pt.at + 1 for pt in points} | {H})
+    for key in [None, *p.keys()]:
+        for a in range(0, total + 2):
+            for on_or_after in range(0, H, 2):
+                low = p.first_fit(on_or_after, d, a, exclude=key)
+                for before in bounds:
+                    got = p.fits_before(on_or_after, d, a, before, exclude=key)
+                    if got is None:  # (the caller then asks first_fit itself)
+                        assert low is None
+                    else:
+                        assert got == (low is not None and low < before), (key, a, low)
+    assert p.points() == points

@@ -446,6 +446,68 @@ class Planner:
             self.used += c
             sched[i:j] = [x + c for x in sched[i:j]]
 
+    def fits_before(
+        self, on_or_after: int, duration: int, amount: int, before: int, *, exclude: Hashable = None
+    ) -> bool | None:
+        """Is ``first_fit(on_or_after, duration, amount, exclude=exclude) < before``? None
+        where first_fit may answer None (the request or a window past the horizon: ask it).
+        Without searching past ``before``: the queue's question
+        "could this reservation start earlier than it does?" (asked of every kept
+        reservation in every compress cycle). The excluded span is subtracted as the scan
+        reads the points instead of being taken out of the points and put back (two passes
+        over its window per question)."""
+        total = self._total
+        if amount > total or on_or_after + duration > self._end:
+            return None
+        if on_or_after >= before:
+            return False
+        limit = total - amount
+        rec = self._spans.get(exclude) if exclude is not None else None
+        c = rec[2] if rec is not None else 0
+        t = on_or_after
+        if total - self.used + c >= amount:
+            return True  # fits whatever the time, so at on_or_after itself
+        times = self._points()
+        sched = self._sched
+        n = len(times)
+        # the excluded span's points: sched[lo:hi] count it (first_fit shifts exactly these)
+        lo = hi = 0
+        if c:
+            assert rec is not None
+            lo = bisect_left(times, rec[0])
+            hi = bisect_left(times, rec[1], lo)
+        # candidate on_or_after itself: the window from the point in force there
+        i = bisect_right(times, t) - 1
+        wend = t + duration
+        j = i
+        while j < n and times[j] < wend:
+            if sched[j] - (c if lo <= j < hi else 0) > limit:
+                break
+            j += 1
+        else:
+            return True
+        k = j + 1
+        horizon_end = self._end
+        while k < n:
+            cand = times[k]
+            if cand >= before:
+                return False
+            wend = cand + duration
+            if wend > horizon_end:
+                return None
+            if sched[k] - (c if lo <= k < hi else 0) > limit:
+                k += 1
+                continue
+            j = k + 1
+            while j < n and times[j] < wend:
+                if sched[j] - (c if lo <= j < hi else 0) > limit:
+                    break
+                j += 1
+            else:
+                return True
+            k = j + 1
+        return False
+
     def avail_time_first(
         self,
         on_or_after: int,

@@ -135,3 +135,15 @@ class CoreProfile:
         return self._root.first_fit(
             now, duration if duration > 0 else FOREVER, max(cores, 0), exclude=exclude
         )
+
+    def moves_earlier(self, now: int, duration: int, cores: int, at: int, exclude: Hashable) -> bool:
+        """Would the span ``exclude`` (planned from ``at``) be placed elsewhere if asked
+        again: is ``earliest(now, duration, cores, exclude)`` before ``at``, or None? Without
+        searching past ``at`` (a kept reservation's "could it move earlier?")."""
+        d = duration if duration > 0 else FOREVER
+        c = max(cores, 0)
+        earlier = self._root.fits_before(now, d, c, at, exclude=exclude)
+        if earlier is None:  # (a window past the horizon: the full search's answer)
+            low = self._root.first_fit(now, d, c, exclude=exclude)
+            return low is None or low < at
+        return earlier

@@ -200,14 +200,14 @@ def _walk(
         duration = job_duration(job)
         old = keep.pop(job.id, None) if keep else None
         if old is not None:
-            if reserve and profile is not None and int(old.at) > now:
-                low = profile.earliest(now, duration, cores, exclude=_reserved_key(job.id))
-                if low is not None and low >= int(old.at):
-                    # no placement can start earlier than the one it holds: keep it
-                    result.reserved.append((job, old))
-                    walk.reservations += 1
-                    walk.order.append(job.id)
-                    continue
+            if reserve and profile is not None and int(old.at) > now \
+                    and not profile.moves_earlier(now, duration, cores, int(old.at),
+                                                  _reserved_key(job.id)):
+                # no placement can start earlier than the one it holds: keep it
+                result.reserved.append((job, old))
+                walk.reservations += 1
+                walk.order.append(job.id)
+                continue
             if old.jobid is not None:
                 matcher.cancel(old.jobid)
                 result.matcher_calls += 1
