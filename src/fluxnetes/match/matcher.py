@@ -11,8 +11,6 @@ import types
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, cast
 
-from sortedcontainers import SortedList
-
 from fluxnetes.graph.jgf import read_jgf
 from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex, gc_paused
 from fluxnetes.jobspec.constraints import expand_idset
@@ -32,6 +30,7 @@ from fluxnetes.match.engine import (
 )
 from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
 from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
+from fluxnetes.match.multiset import MinMultiset
 from fluxnetes.match.pristine import PristineSlots
 from fluxnetes.match.reserve import ReserveBound, ReserveHosts
 from fluxnetes.match.results import (
@@ -127,10 +126,11 @@ class Matcher:
         # matches"); False runs the unoptimised path (tests compare both, the benchmark
         # measures both). Answers are the same either way.
         self.fast_fail = True
-        # every recorded job's [at, end) as sorted multisets: "all active at now" in O(log n)
+        # every recorded job's [at, end); the starts (negated: the latest is the least) and
+        # the ends as multisets: "all active at now" from the latest start and earliest end
         self._spans: dict[int, tuple[int, int]] = {}
-        self._starts: SortedList = SortedList()
-        self._ends: SortedList = SortedList()
+        self._starts = MinMultiset()
+        self._ends = MinMultiset()
         # satisfiability answers (the far-future walk) per request, valid while the graph's
         # structure and properties stay (and, under `first`, its child order): _sat_walk
         self._sat_cache: dict[Hashable, bool] = {}
@@ -162,7 +162,7 @@ class Matcher:
 
     def earliest_end(self) -> int | None:
         """The earliest end of a recorded job's window (None: no job is recorded)."""
-        return self._ends[0] if self._ends else None
+        return self._ends.min() if self._ends else None
 
     @property
     def next_jobid(self) -> int:
@@ -570,7 +570,7 @@ class Matcher:
         if old is not None:
             self._untrack(jid)
         self._spans[jid] = (at, end)
-        self._starts.add(at)
+        self._starts.add(-at)
         self._ends.add(end)
         if end > SAT_SAFE_END:
             self._late.add(jid)
@@ -580,7 +580,7 @@ class Matcher:
         old = self._spans.pop(jid, None)
         if old is None:
             return
-        self._starts.remove(old[0])
+        self._starts.remove(-old[0])
         self._ends.remove(old[1])
         self._late.discard(jid)
 
@@ -588,7 +588,7 @@ class Matcher:
         """Has every recorded job started by ``now`` and not ended at ``now``?"""
         if self.fast_fail:
             starts, ends = self._starts, self._ends
-            return (not starts or starts[-1] <= now) and (not ends or now < ends[0])
+            return (not starts or -starts.min() <= now) and (not ends or now < ends.min())
         if self._span_dirty:
             self._max_at = max((r.at for r in self._jobs.values()), default=-1)
             self._min_end = min((r.end for r in self._jobs.values()), default=GRAPH_END + 1)
@@ -1114,8 +1114,8 @@ class Matcher:
         if reserved != self._reserved:
             problems.append(f"reservations indexed {sorted(self._reserved)} != recorded {sorted(reserved)}")
         ends = sorted(rec.at + rec.duration for rec in self._jobs.values())
-        if ends != list(self._ends):
-            problems.append(f"job window ends indexed {list(self._ends)[:5]}... != recorded {ends[:5]}...")
+        if ends != self._ends.sorted():
+            problems.append(f"job window ends indexed {self._ends.sorted()[:5]}... != recorded {ends[:5]}...")
         for u in eng.vs.values():
             v = u.v
             ps = u.ps or {}
