@@ -311,6 +311,17 @@ def _worker(task: dict[str, Any]) -> dict[str, Any]:
         out["profile_top"] = profile_top(
             lambda: run_policy(workload, policy_for(policy), engine="queue"), top=15)
         return out
+    if task.get("calls"):
+        # Python function calls per job (cProfile's count: the same on a busy machine)
+        prof = cProfile.Profile()
+        prof.enable()
+        run, _summary = run_policy(workload, policy_for(policy), engine="queue")
+        prof.disable()
+        calls = sum(row[1] for row in pstats.Stats(prof).stats.values())  # type: ignore[attr-defined]
+        out["python_calls_per_job"] = round(calls / len(workload.jobs), 1)
+        out["matcher_calls"] = run.matcher_calls
+        out["cycles"] = run.cycles
+        return out
     engines = ("count", "queue") if task.get("count") else ("queue",)
     for engine in engines:
         (run, summary), wall, cpu = timed(
@@ -360,6 +371,11 @@ def engine_speed(args: argparse.Namespace) -> int:
     growth_jobs: list[dict[str, Any]] = []
     growth_nodes: list[dict[str, Any]] = []
     out = Path(args.out or ROOT / "bench" / "results" / "sim_engine_speed.json")
+    calls: dict[str, Any] = {}
+    # the figures this run replaces, kept (without their own "previous")
+    previous: dict[str, Any] = {}
+    if out.exists():
+        previous = {k: v for k, v in json.loads(out.read_text()).items() if k != "previous"}
 
     def save(done: str) -> None:
         """Written after every section: a run cut short keeps what it measured."""
@@ -367,7 +383,9 @@ def engine_speed(args: argparse.Namespace) -> int:
             "benchmark": "sim_bench --engine-speed",
             "sections_done": done,
             "parameters": {
-                "before": f"{before_src} (main's code, {args.before_rev})", "after": "this tree",
+                "before": f"{before_src} (main's code, {args.before_rev})",
+                "after": f"{after_src} (a copy of this branch's src, so the tree could change "
+                         "while the benchmark ran)",
                 "kth": f"KTH-SP2, the first {args.kth_limits} records (0 = all; published "
                        "filter), 100 one-core nodes (SWF header), requested times as "
                        "estimates, counted reservations, match policy first (the default)",
@@ -387,6 +405,7 @@ def engine_speed(args: argparse.Namespace) -> int:
                              "nodes, EASY; each growth row is a fresh seeded trace",
             },
             "runs": kth,
+            "python_calls_per_job": calls,
             "profile_after_top": profiles,
             "growth_jobs": growth_jobs,
             "growth_nodes": growth_nodes,
@@ -395,6 +414,7 @@ def engine_speed(args: argparse.Namespace) -> int:
                              "load_average_at_start": load_start,
                              "load_average_now": os.getloadavg()},
             "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "previous": previous,
         }
         out.write_text(json.dumps(payload, indent=2) + "\n")
 
@@ -453,6 +473,13 @@ def engine_speed(args: argparse.Namespace) -> int:
                              if k not in ("cpu_seconds", "load_average_1min_per_run")},
               cpu, flush=True)
         save(f"{name} {policy}")
+    for limit in args.kth_limits:
+        for policy in POLICIES:
+            calls[f"kth_{limit or 'full'} {policy}"] = {
+                side: _run_worker(sides[side], {"trace": "kth", "limit": limit or None,
+                                                "policy": policy, "calls": True})
+                for side in ("before", "after")}
+    save("calls per job")
     for procs in args.growth_nodes:
         row = {"jobs": args.nodes_jobs, "processors": procs, "policy": "easy"}
         for side in ("before", "after"):

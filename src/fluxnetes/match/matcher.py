@@ -335,7 +335,13 @@ class Matcher:
                 return MatchResult(MatchStatus.ALLOCATED, -1, now, duration, "")
             return MatchResult(MatchStatus.UNSATISFIABLE, -1, now, 0, self._unsat_reason(js))
         d = duration if now + duration <= GRAPH_END else GRAPH_END - now
-        if not self._all_active(now, d):
+        # _all_active(now, d), inline (asked on every allocation)
+        starts, ends = self._starts, self._ends
+        if self.fast_fail:
+            active = (not starts or -starts.min() <= now) and (not ends or now < ends.min())
+        else:
+            active = self._all_active(now, d)
+        if not active:
             self._leave_counters()
             return None
         picks = ff.select(kind, count)
@@ -344,13 +350,21 @@ class Matcher:
                 return self._fail(MatchStatus.BUSY, jid, js, self._counted_busy_reason(js))
             self._leave_counters()  # a reservation search: the walk's
             return None
-        ff.commit(jid, kind, picks, now, now + d)
+        end = now + d
+        ff.commit(jid, kind, picks, now, end)
         res = CountedResult(jid, now, d, js.queue, ff.shares(picks), ff, kind, picks)
         self._ff_res[jid] = res
-        self._note_span(now, now + d)
-        self._track(jid, now, now + d, False)
-        self.stats["succeeded"] += 1
-        self.stats["fast"] += 1
+        self._note_span(now, end)
+        if jid in self._spans or end > SAT_SAFE_END:
+            self._track(jid, now, end, False)
+        else:  # _track for a job id seen for the first time, inline
+            self._reserved.discard(jid)
+            self._spans[jid] = (now, end)
+            starts.add(-now)
+            ends.add(end)
+        stats = self.stats
+        stats["succeeded"] += 1
+        stats["fast"] += 1
         return res
 
     def _counted_busy_reason(self, js: Jobspec) -> str:

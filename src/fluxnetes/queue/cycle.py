@@ -261,7 +261,8 @@ class Scheduler:
             self.profile.remove(_reserved_key(job_id))
 
     def _count(self, job_id: str, result: Any) -> None:
-        self._uncount(job_id)
+        if job_id in self._counted or job_id in self._finite:  # (a job counted before)
+            self._uncount(job_id)
         if not _until_released(result):
             self._finite.add(job_id)
             heapq.heappush(self._ends, int(result.at) + int(result.duration))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -46,11 +47,21 @@ class MatcherLike(Protocol):
     def cancel(self, jobid: Any) -> Any: ...
 
 
+_STATUS_NAMES: dict[Any, str] = {}  # status object -> its name (asked once per match)
+
+
 def status_name(result: Any) -> str:
     """``ALLOCATED`` / ``RESERVED`` / ``BUSY`` / ``UNSATISFIABLE`` of a match result."""
     status = result.status
-    name = getattr(status, "name", status)
-    return str(name).upper()
+    try:
+        return _STATUS_NAMES[status]
+    except (KeyError, TypeError):  # (TypeError: an unhashable status, never remembered)
+        pass
+    name = str(getattr(status, "name", status)).upper()
+    if len(_STATUS_NAMES) < 64:
+        with contextlib.suppress(TypeError):
+            _STATUS_NAMES[status] = name
+    return name
 
 
 def shares_of(result: Any) -> list[tuple[str, int]]:

@@ -176,17 +176,21 @@ def _walk(
     free_now: int | None = None
     backfill = profile is not None and policy.name != "fcfs"  # (fcfs stops at a BUSY job)
     jobs_iter: Iterator[QueuedJob] = iter(jobs)
+    # (read once: the loop below runs for every waiting job of every cycle)
+    depth = policy.queue_depth
+    capacity = profile.capacity if profile is not None else None
+    blocked = result.blocked
     for job in jobs_iter:
         if walk.stopped:
             return
-        if policy.queue_depth is not None and walk.considered >= policy.queue_depth:
+        if depth is not None and walk.considered >= depth:
             return
         walk.considered += 1
         result.considered += 1
         cores = job.cores
-        if profile is not None and cores > profile.capacity:
+        if capacity is not None and cores > capacity:
             result.unsatisfiable.append(
-                (job, f"needs {cores} cores; the whole graph has {profile.capacity}")
+                (job, f"needs {cores} cores; the whole graph has {capacity}")
             )
             continue
         reserve = limit is None or walk.reservations < limit
@@ -194,7 +198,7 @@ def _walk(
                 and 0 < free_now < cores:
             # a backfill candidate that needs more cores than are free now: BUSY without
             # a matcher call (what the rest of this loop decides for it, in short)
-            result.blocked.append(job)
+            blocked.append(job)
             walk.order.append(job.id)
             continue
         duration = job_duration(job)
