@@ -9,6 +9,12 @@ cd "$(dirname "$0")/.."
 # shellcheck source=hack/lib.sh
 . hack/lib.sh
 ensure_venv
+# The optional native build of the engine's hot path (mypyc; hack/build-native.sh, cached by
+# source hash: about two minutes the first time, seconds after). Without a C compiler or
+# Python headers, or with FLUXNETES_NATIVE=0, the demo runs pure Python (same numbers).
+if [ "${FLUXNETES_NATIVE:-auto}" != "0" ]; then
+  bash hack/build-native.sh || echo "demo.sh: no native build (above); running pure Python" >&2
+fi
 if [ "$#" -eq 0 ]; then
   set -- --compare fcfs,easy,conservative --plots out/plots --csv out/jobs.csv
 fi
