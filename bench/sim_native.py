@@ -22,9 +22,11 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--limit", type=int, default=0, help="first N records (0 = all)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sim_native.json"))
+    parser.add_argument("--fresh-build", action="store_true",
+                        help="build into a new temporary cache first (times a cold build)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -85,6 +89,8 @@ def main() -> int:
     from fluxnetes import native
 
     load_start = os.getloadavg()
+    if args.fresh_build:  # the workers inherit it: they load this build
+        os.environ[native.ENV_CACHE] = tempfile.mkdtemp(prefix="sim-native-cache-")
     t0 = time.monotonic()
     build_dir = native.build()
     manifest = native.read_manifest(build_dir) or {}
@@ -141,7 +147,10 @@ def main() -> int:
         },
         "native_build": {"hash": manifest.get("hash"), "modules": manifest.get("modules"),
                          "mypy": manifest.get("mypy"),
-                         "compile_seconds": manifest.get("build_seconds"),
+                         "compile_wall_seconds": manifest.get("build_seconds"),
+                         "compile_cpu_seconds": manifest.get("build_cpu_seconds"),
+                         "load_average_at_build": manifest.get("load_average_at_build"),
+                         "cold_build_this_run": args.fresh_build,
                          "build_call_seconds_this_run": fresh},
         "results": results,
         "machine_info": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
@@ -153,6 +162,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out}")
+    if args.fresh_build:
+        shutil.rmtree(os.environ[native.ENV_CACHE], ignore_errors=True)
     return 0
 
 

@@ -26,6 +26,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -231,12 +232,15 @@ def build(env: Mapping[str, str] | None = None, root: Path | None = None,
         if source_hash(src) != key:
             raise NativeError("the sources changed while being copied; run the build again")
         paths = [str(_module_file(src, n).relative_to(src.parent)) for n in NATIVE_MODULES]
-        started = time.monotonic()
+        started, load = time.monotonic(), os.getloadavg()[0]
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         cmd = [sys.executable, "-m", "mypyc", "--python-version",
                f"{sys.version_info.major}.{sys.version_info.minor}",
                "--ignore-missing-imports", *paths]
         proc = subprocess.run(cmd, cwd=src.parent, capture_output=True, text=True, check=False)
         seconds = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
             raise NativeError(f"mypyc failed (exit {proc.returncode}):\n{tail}")
@@ -257,7 +261,8 @@ def build(env: Mapping[str, str] | None = None, root: Path | None = None,
 
         manifest = {"hash": key, "files": files, "modules": list(NATIVE_MODULES),
                     "mypy": mypy.version.__version__, "python": sys.version.split()[0],
-                    "build_seconds": round(seconds, 1),
+                    "build_seconds": round(seconds, 1), "build_cpu_seconds": round(cpu, 1),
+                    "load_average_at_build": round(load, 1),
                     "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         try:
@@ -266,8 +271,8 @@ def build(env: Mapping[str, str] | None = None, root: Path | None = None,
             if read_manifest(target) is None:  # not a concurrent build that won the race
                 raise
         if log:
-            print(f"native: built {len(NATIVE_MODULES)} modules in {seconds:.0f} s -> {target}",
-                  file=sys.stderr)
+            print(f"native: built {len(NATIVE_MODULES)} modules in {seconds:.0f} s "
+                  f"({cpu:.0f} s CPU) -> {target}", file=sys.stderr)
         return target
     finally:
         shutil.rmtree(work, ignore_errors=True)
