@@ -82,6 +82,16 @@ def test_no_build_and_switches(tmp_path: Path) -> None:
         native.activate({**env, native.ENV_SWITCH: "yes"})
 
 
+def test_prune_keeps_the_newest_builds(tmp_path: Path) -> None:
+    for i, key in enumerate(("a" * 24, "b" * 24, "c" * 24)):
+        manifest = _fake_build(tmp_path, key) / native.MANIFEST
+        os.utime(manifest, (1000 + i, 1000 + i))
+    (tmp_path / ".build-x").mkdir()  # a build in progress: not a build, left alone
+    removed = native.prune(tmp_path, keep=2)
+    assert [p.name for p in removed] == ["a" * 24]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".build-x", "b" * 24, "c" * 24]
+
+
 def test_an_unloadable_build_falls_back_to_python(tmp_path: Path) -> None:
     """A fresh process (this one has imported the engine already): the finder is removed
     and the half-imported modules are dropped, the run goes on in pure Python."""

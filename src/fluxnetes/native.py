@@ -59,6 +59,7 @@ NATIVE_MODULES: tuple[str, ...] = (
 HASHED_PACKAGES: tuple[str, ...] = ("graph", "jobspec", "plan", "match", "queue")
 
 MANIFEST = "manifest.json"
+KEEP_BUILDS = 4  # builds kept in the cache (newest first): e.g. a few branches' sources
 ENV_SWITCH = "FLUXNETES_NATIVE"
 ENV_CACHE = "FLUXNETES_NATIVE_CACHE"
 
@@ -270,12 +271,24 @@ def build(env: Mapping[str, str] | None = None, root: Path | None = None,
         except OSError:
             if read_manifest(target) is None:  # not a concurrent build that won the race
                 raise
+        prune(cache, keep=KEEP_BUILDS)
         if log:
             print(f"native: built {len(NATIVE_MODULES)} modules in {seconds:.0f} s "
                   f"({cpu:.0f} s CPU) -> {target}", file=sys.stderr)
         return target
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def prune(cache: Path, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` newest builds in ``cache`` (each source change makes a new
+    one, a few MB); returns what was removed. A process still running from a removed build
+    keeps its mapped files (Linux), a new one would rebuild."""
+    builds = sorted((d for d in cache.iterdir() if d.is_dir() and read_manifest(d)),
+                    key=lambda d: (d / MANIFEST).stat().st_mtime, reverse=True)
+    for old in builds[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return builds[keep:]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
