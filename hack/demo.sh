@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 # shellcheck source=hack/lib.sh
 . hack/lib.sh
 ensure_venv
+# The optional native build of the engine's hot path (mypyc; hack/build-native.sh, cached by
+# source hash): `simulate` uses it when one was built from exactly these sources. The demo
+# builds it only when asked (FLUXNETES_NATIVE=1): a cold build takes about two minutes, more
+# than it saves on one run of the bundled trace (same numbers either way).
+if [ "${FLUXNETES_NATIVE:-auto}" = "1" ]; then
+  bash hack/build-native.sh
+fi
 if [ "$#" -eq 0 ]; then
   set -- --compare fcfs,easy,conservative --plots out/plots --csv out/jobs.csv
 fi

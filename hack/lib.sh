@@ -49,3 +49,15 @@ pg_stop() {
     rm -rf "$PG_TMP"
   fi
 }
+
+# native_toolchain_missing: prints what the mypyc build (hack/build-native.sh) lacks and
+# fails, or prints nothing and succeeds: the C compiler Python builds extensions with, and
+# Python.h of the venv's Python.
+native_toolchain_missing() {
+  local cc inc
+  cc=$(.venv/bin/python -c 'import sysconfig; print((sysconfig.get_config_var("CC") or "cc").split()[0])')
+  inc=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  if ! command -v "$cc" >/dev/null 2>&1; then echo "no C compiler ($cc)"; return 1; fi
+  if [ ! -f "$inc/Python.h" ]; then echo "no Python headers ($inc/Python.h)"; return 1; fi
+  return 0
+}

@@ -43,6 +43,14 @@ mpi_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ] && [ "${FLUXNETES_SKIP_REALNODE_BUILD:-0}" != "1" ]; then
   start_build build-mpi-image.sh; mpi_pid=$build_pid; mpi_log=$build_log
 fi
+# -- the optional native (mypyc) build of the simulator's hot path (hack/build-native.sh, cached
+# by source hash: about two minutes of one core when the core's sources changed, seconds
+# otherwise); tests/test_native.py then must run it, never skip
+native_pid=""
+if [ "${FLUXNETES_SKIP_NATIVE_BUILD:-0}" != "1" ]; then
+  start_build build-native.sh; native_pid=$build_pid; native_log=$build_log
+fi
+
 realnode_pid=""
 if [ "${FLUXNETES_SKIP_K8S_BUILD:-0}" != "1" ]; then
   # The control plane's tests must run, never skip: a failed build fails the run (set
@@ -64,6 +72,7 @@ if [ "${FLUXNETES_SKIP_IMAGE_BUILD:-0}" != "1" ]; then
   export FLUXNETES_REQUIRE_IMAGE=1
 fi
 
+[ -z "$native_pid" ] || await_build "$native_pid" "$native_log" "the native build (hack/build-native.sh)" FLUXNETES_REQUIRE_NATIVE
 [ -z "$addons_pid" ] || await_build "$addons_pid" "$addons_log" "the addon controllers (hack/build-addons.sh)" FLUXNETES_REQUIRE_ADDONS
 [ -z "$mpi_pid" ] || await_build "$mpi_pid" "$mpi_log" "the MPI image (hack/build-mpi-image.sh)" FLUXNETES_MPI_IMAGE_BUILT
 [ -z "$realnode_pid" ] || await_build "$realnode_pid" "$realnode_log" "the real-node binaries (hack/build-realnode.sh)" FLUXNETES_REQUIRE_REALNODE

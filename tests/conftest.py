@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 K8S_FIXTURE = "k8s_cluster"
 
+# The suite runs on pure Python: `fluxnetes simulate` (in-process or as a subprocess) would
+# otherwise load the mypyc build when one matches (fluxnetes.native); tests/test_native.py
+# asks for it explicitly.
+os.environ["FLUXNETES_NATIVE"] = "0"
+
 
 def k8s_missing_reason() -> str | None:
     """Why `k8s` tests cannot run here, or None when the binaries are in place."""

@@ -164,6 +164,18 @@ def simulate_command(
 ) -> None:
     """Replay a workload trace through fluxnetes' queue and matcher; report waits,
     slowdowns and utilization (the same code the Kubernetes operator schedules with)."""
+    from fluxnetes import native
+
+    # before anything imports the engine's modules: the mypyc build when it matches these
+    # sources (hack/build-native.sh), else pure Python (FLUXNETES_NATIVE=0 turns it off).
+    # Not for the count oracle: it subclasses the engine's JobOutcome, and an interpreted
+    # class cannot inherit from a compiled one.
+    build = native.NativeStatus(False, "the count oracle runs as Python")
+    if engine == "queue":
+        try:
+            build = native.activate()
+        except native.NativeError as exc:
+            raise _err(str(exc)) from None
     from fluxnetes.queue import PolicyError
     from fluxnetes.sim.machine import (
         MachineError,
@@ -300,6 +312,7 @@ def simulate_command(
         notes.append(f"priority {setup.describe()}")
         notes.extend(f"note     {line}" for line in setup.accounts.notes)
     notes.append("engine   " + "; ".join(f"{name}: {what}" for name, what in engines.items()))
+    notes.append(f"build    {build.describe()}")
     if not as_json:
         for line in notes:
             out.print(line, markup=False)
@@ -351,6 +364,9 @@ def simulate_command(
              for name, run in runs.items()}
     if as_json:
         payload: dict[str, Any] = {name: _json_summary(s, workload) for name, s in summaries.items()}
+        for entry in payload.values():
+            entry["build"] = "native" if build.active else "python"
+            entry["build_detail"] = build.detail
         for name, spread in spreads.items():
             if spread:
                 payload[name]["racks"] = spread

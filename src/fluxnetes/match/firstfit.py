@@ -521,9 +521,9 @@ class CountedResult(MatchResult):
         if self._emitted is None and self._ff is not None:
             self._emitted = self._ff.entries(self._kind, self._picks)
             self._ff = None
-        return MatchResult.vertices.fget(self)  # type: ignore[attr-defined,no-any-return]
+        return super().vertices  # not MatchResult.vertices.fget: compiled, it has no fget
 
     @property
     def nodes(self) -> list[NodeShare]:
         self.vertices  # noqa: B018 (builds the emitted records)
-        return MatchResult.nodes.fget(self)  # type: ignore[attr-defined,no-any-return]
+        return super().nodes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import asdict
 from typing import Any, cast
 
 from fluxnetes.graph.jgf import read_jgf
@@ -1075,7 +1076,7 @@ class Matcher:
         if rec is None:
             raise MatchError(f"job {jobid} not found")
         return {"jobid": jobid, "mode": rec.mode, "at": rec.at, "duration": rec.duration,
-                "expiration": rec.end, "nodes": [n.__dict__ for n in rec.nodes]}
+                "expiration": rec.end, "nodes": [asdict(n) for n in rec.nodes]}
 
     def stat(self) -> dict[str, Any]:
         self._leave_counters()
