@@ -109,7 +109,9 @@ def share_fit(run: SimRun, account_of: Mapping[str, str], shares: Mapping[str, f
         if not used:
             continue
         assert got is not None
-        accounts = wanting[b] | got.keys()
+        # sorted: a set's order follows string hashing (PYTHONHASHSEED), and the float sums
+        # below (the error, the water-filling levels) must add in the same order every run
+        accounts = sorted(wanting[b] | got.keys())
         target = _water_fill(used, {a: shares.get(a, 0.0) for a in accounts},
                              {a: got.get(a, 0.0) for a in accounts if a not in hungry[b]})
         error = 0.0
@@ -135,7 +137,8 @@ def _water_fill(total: float, weight: Mapping[str, float],
     left = total
     open_ = {a: w for a, w in weight.items() if w > 0}
     # capped accounts in the order they saturate (want per unit of weight)
-    order = sorted((a for a in capped if a in open_), key=lambda a: capped[a] / open_[a])
+    # (ties by name, so the order never rests on how the caller built its mappings)
+    order = sorted((a for a in capped if a in open_), key=lambda a: (capped[a] / open_[a], a))
     for account in order:
         level = left / sum(open_.values())
         if capped[account] > level * open_[account]:
