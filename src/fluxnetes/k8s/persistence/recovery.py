@@ -347,15 +347,20 @@ class Recovery:
             if None in slots:
                 return None
             spec = replace(spec, name=key[1], size=1 + max(s for s in slots if s is not None))
-        elif spec.key == key and kind is not None and kind.owns_pods and kind.resume_patch({}) is None:
-            # the base group of a replicated workload: its spec says today's replica count,
-            # which a scale-up (or down) after the placement changed; the group was placed at
-            # the size its pods' slots say, and `reconcile` gives the rest a scale group (or
-            # back) as for a group read from its FluxJob. (Was: today's count, so not every
-            # slot was known, the placed pods counted as foreign and the graph fell below them.)
+        elif spec.key == key and kind is not None and kind.owns_pods \
+                and (kind.resume_patch({}) is None or kind.kind == "Job"):
+            # the base group of a replicated workload or of a Job: its spec says today's
+            # replica count (parallelism), which a scale-up (or down) after the placement
+            # changed; the group was placed at the size its pods' slots say, and `reconcile`
+            # gives the rest a scale group (or back) as for a group read from its FluxJob.
+            # (Was: today's count, so not every slot was known and the placed pods counted as
+            # foreign: the graph fell below them, or a Job's group was matched a second time.)
+            # Today's size is kept when it accounts for every slot (the rule then agrees).
             slots = [_slot_of(p) for p in pods]
             if None not in slots:
-                spec = replace(spec, size=1 + max(s for s in slots if s is not None))
+                size = 1 + max(s for s in slots if s is not None)
+                if set(slots) != set(range(spec.size)) and set(slots) == set(range(size)):
+                    spec = replace(spec, size=size)
         if spec.key != key or spec.key in self._side.book.groups:
             return self._side.book.groups.get(key)
         g = self._side.book.new_group(spec, kind)
