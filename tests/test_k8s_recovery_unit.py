@@ -526,3 +526,56 @@ def test_job_placed_without_fluxjob_with_a_store_row_comes_back_at_its_placed_si
             await c2.stop()
 
     asyncio.run(main())
+
+
+def test_replicaset_scaled_down_without_fluxjob_comes_back_exactly_from_pods_and_store(tmp_path: Path) -> None:
+    """The short chaos soak of ``--fluxjobs waiting`` (seed 1, every kind): a ReplicaSet's
+    group of 3 placed at once (no FluxJob), scaled down to 1 (two pods deleted, their slots
+    given back, the store row's allocation following), then a new leader. Its pod keeps the
+    slot it was placed in (not 0). The group comes back from the pod and the store agreeing:
+    the pod's slot, the other slots given back, the graph holding the pod's share once and
+    no slot waiting for a pod. (Was: the store's allocation laid out as slots 0.. of today's
+    size, so slot 0 waited for a pod forever and the pod was nobody's: the accounting check
+    said MISMATCH, pods 6 cores against the graph's 3.) The store's allocation is what the
+    group held at the end: whole nodes given back are gone from it."""
+    from test_k8s_scaling_unit import rs, rs_pod
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+
+    async def main() -> None:
+        kube = Kube()
+        c = controller(kube, url)
+        c.reconciled = True
+        c.handle(("ReplicaSet", "ADDED", rs(3)))
+        ps = [rs_pod(i) for i in range(3)]  # (16 cpu: one a node)
+        for p in ps:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "replicaset-web")]
+        assert g.phase == Phase.RUNNING
+        on = {uid: (g.slots[i], i) for i, uid in enumerate(g.slot_pod)}
+        placed_ps = [placed(p, *on[p["metadata"]["uid"]], int(g.jobid or 0), "replicaset-web") for p in ps]
+        for p in placed_ps:
+            c.handle(("Pod", "MODIFIED", p))
+        keep = max(placed_ps, key=lambda p: int(p["metadata"]["annotations"][ANN_SLOT]))  # slot 2
+        c.handle(("ReplicaSet", "MODIFIED", rs(1)))
+        for p in placed_ps:
+            if p is not keep:
+                c.handle(("Pod", "DELETED", p))
+        await settle(c)
+        assert c.journal is not None and c.journal.drain()
+        await c.stop()
+        kube.pods = [keep]
+        c2 = restart(kube, [rs(1)], [], [keep], store=url)
+        g2 = c2.groups[("ns", "replicaset-web")]
+        node_of_keep = keep["spec"]["nodeName"]
+        assert g2.phase == Phase.RUNNING
+        assert used(c2) == {node_of_keep: 16} and c2.cluster.foreign_node == {}
+        live = [i for i, u in enumerate(g2.slot_pod) if u is not None and i not in g2.released]
+        assert live == [2] and g2.slot_pod[2] == keep["metadata"]["uid"], (g2.slot_pod, g2.released)
+        await settle(c2)
+        check = await c2.accounting.accounting_check()
+        assert check is not None and check["ok"] and check["unbound"] == 0, check
+        await c2.stop()
+
+    asyncio.run(main())
