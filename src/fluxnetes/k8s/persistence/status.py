@@ -408,7 +408,9 @@ class StatusWriter:
         soak of this mode with every kind skipped overbooked nodes after a leader change (a
         ReplicaSet scaled up after its group was placed came back at its new replica count);
         that recovery bug, also the default mode's before a group's first FluxJob write, is
-        fixed in ``recovery.group_of_placed`` (for a Job's parallelism as well)."""
+        fixed in ``recovery.group_of_placed`` (for a Job's parallelism as well); the next one
+        (an accounting MISMATCH: a ReplicaSet scaled down came back from the store's allocation
+        with its slots renumbered) in ``recovery.adopt_placed`` (pods before the store)."""
         if not g.fj_wanted and (self._ctx.config.fluxjobs == "all" or g.fj_exists
                                 or not recovered_from_pods(g)
                                 or g.phase not in (Phase.RUNNING, Phase.COMPLETED)):
@@ -429,6 +431,6 @@ def recovered_from_pods(g: Group) -> bool:
     if g.spec.exclusive or g.spec.jobspec or g.sets:
         return False
     if SCALE_SEP in g.spec.name:
-        return False
+        return False  # a scale group (told by its name: a label group so named keeps one too)
     k = g.kind
     return k is None or (not k.addon and (k.kind == "Job" or (k.owns_pods and k.resume_patch({}) is None)))
