@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from fluxnetes.cli.ctl import build
 from fluxnetes.cli.ctl.explain import explain_job
 from fluxnetes.cli.ctl.nodes import node_rows
-from fluxnetes.cli.ctl.queue import queue_rows
+from fluxnetes.cli.ctl.queue import queue_rows, unrecorded_rows
 from helpers import fluxjob_namespace, patch_fluxjob_status
 
 ctl = build()
@@ -144,6 +144,28 @@ def test_queue_lists_running_then_waiting_in_scheduling_order() -> None:
     mpi = fluxjob("mpi", "Pending", submit=5, size=9)
     mpi["status"]["podSets"] = [{"name": "launcher", "count": 1}, {"name": "worker", "count": 8}]
     assert queue_rows([mpi], NOW)[0]["podSets"] == "launcher 1, worker 8"
+
+
+def test_queue_shows_running_groups_without_a_fluxjob_from_their_pods() -> None:
+    """``--fluxjobs waiting``: a group placed at once has no FluxJob; its bound pods name it
+    (``fluxnetes.io/fluxjob``), so the queue still lists it, marked as such. Pods of a group
+    with a FluxJob, finished or unbound pods, foreign pods and other namespaces are not rows."""
+    quick = [pod(f"quick-{i}", f"n{i}", "2", "1Gi", fluxjob="job-quick") for i in range(2)]
+    known = pod("run-0", "n1", "1", fluxjob="run")
+    done = pod("old-0", "n1", "1", fluxjob="job-old")
+    done["status"] = {"phase": "Succeeded"}
+    other = pod("x-0", "n1", "1", fluxjob="job-x")
+    other["metadata"]["namespace"] = "elsewhere"
+    pods = [*quick, known, done, other, pod("foreign", "n2", "1")]
+    rows = unrecorded_rows(pods, [fluxjob("run", "Running", nodes=["n1"])], "default")
+    assert [(r["name"], r["state"], r["fluxJob"], r["size"], r["nodes"]) for r in rows] == [
+        ("job-quick", "Running", False, 2, "n0,n1")]
+    assert rows[0]["request"] == "2c,1Gi" and "no FluxJob" in rows[0]["reason"]
+    assert {r["name"] for r in unrecorded_rows(pods, [], None)} == {"job-quick", "run", "job-x"}
+    # the nodes view charges them too, and agrees with their pods
+    rows = {r["node"]: r for r in node_rows([node("n0"), node("n1")], pods, [fluxjob("run", "Running", nodes=["n1"])])}
+    assert rows["n0"]["coresUsed"] == 2 and rows["n0"]["agrees"] == "yes"
+    assert rows["n1"]["coresUsed"] == 2 + 1 + 1 and rows["n1"]["agrees"] == "yes"  # quick-1, run-0, x-0
 
 
 def test_nodes_view_counts_fluxnetes_and_foreign_use_and_checks_agreement() -> None:
@@ -348,11 +370,17 @@ def cluster_with_jobs(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str
             patch_fluxjob_status(cluster, ns, name, status)
         # the running job's pods, bound where its status says, plus one foreign pod
         for i, n in enumerate(node_names[:2]):
-            p = pod(f"running-{i}", n, "4", "8Gi", fluxjob=f"{ns}/running")
+            p = pod(f"running-{i}", n, "4", "8Gi", fluxjob="running")  # (its FluxJob's name, as placed)
             p["metadata"]["namespace"] = ns
             p["spec"]["containers"][0]["image"] = "busybox"
             del p["status"]
             cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(p))
+        # a group started at once with no FluxJob (--fluxjobs waiting): shown from its pod
+        quick = pod("quick-0", node_names[1], "1", "1Gi", fluxjob="job-quick")
+        quick["metadata"]["namespace"] = ns
+        quick["spec"]["containers"][0]["image"] = "busybox"
+        del quick["status"]
+        cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(quick))
         foreign = pod("foreign", node_names[0], "1", "1Gi")
         foreign["metadata"]["namespace"] = ns
         foreign["spec"]["containers"][0]["image"] = "busybox"
@@ -397,16 +425,18 @@ def run(cluster: Any, *args: str) -> Any:
 def test_ctl_commands_against_the_apiserver(cluster_with_jobs: tuple[Any, str]) -> None:
     cluster, ns = cluster_with_jobs
     rows = json.loads(run(cluster, "queue", "-n", ns, "-o", "json").stdout)
-    assert [(r["name"], r["state"]) for r in rows] == [
-        ("running", "Running"),
-        ("blocked", "Reserved"),
-        ("small", "Pending"),
+    assert [(r["name"], r["state"], r.get("fluxJob", True)) for r in rows] == [
+        ("running", "Running", True),
+        ("job-quick", "Running", False),
+        ("blocked", "Reserved", True),
+        ("small", "Pending", True),
     ]
-    assert rows[1]["start"].startswith("in ") and rows[1]["reason"].startswith("reserved")
+    assert rows[2]["start"].startswith("in ") and rows[2]["reason"].startswith("reserved")
     table = run(cluster, "queue", "-n", ns).stdout
-    assert "blocked" in table and "Reserved" in table and "1 running, 2 waiting" in table
+    assert "blocked" in table and "Reserved" in table and "2 running, 2 waiting" in table
+    assert "Running (no FluxJob)" in table
     assert (
-        yaml.safe_load(run(cluster, "queue", "-n", ns, "-o", "yaml").stdout)[2]["name"] == "small"
+        yaml.safe_load(run(cluster, "queue", "-n", ns, "-o", "yaml").stdout)[3]["name"] == "small"
     )
 
     nodes = {r["node"]: r for r in json.loads(run(cluster, "nodes", "-o", "json").stdout)}
@@ -476,7 +506,7 @@ def test_kubectl_finds_the_plugin(cluster_with_jobs: tuple[Any, str]) -> None:
         check=False,
     )
     assert res.returncode == 0, res.stderr
-    assert [r["name"] for r in json.loads(res.stdout)] == ["running", "blocked", "small"]
+    assert [r["name"] for r in json.loads(res.stdout)] == ["running", "job-quick", "blocked", "small"]
     # `kubectl fluxnetes submit --dry-run` is `fluxnetes submit --dry-run` (docs/quickstart.md)
     work = Path(__file__).resolve().parents[1] / "examples/k8s/pod.yaml"
     res = subprocess.run(

@@ -460,3 +460,122 @@ def test_a_job_whose_fluxjob_is_final_is_never_queued_again_after_a_restart() ->
         assert str(c.groups[("ns", "job-done")].phase) == "Running"
 
     asyncio.run(main())
+
+
+def test_job_placed_without_fluxjob_comes_back_at_its_placed_size_after_parallelism_changed() -> None:
+    """Issue 31 (``--fluxjobs waiting``; also the default mode's window before the first
+    FluxJob write): a Job's group placed with 2 pods and no FluxJob, the Job's parallelism
+    changed before the restart (raised to 3, or lowered to 1 before its controller deleted a
+    pod; completions with it, so that the Job's size is that). The next operator takes the group back at the size its pods' slots say, exactly:
+    both pods are its own (not foreign), the graph holds their cores once, nothing is matched
+    again. (Was: today's parallelism as the size, so not every slot was known, the placed pods
+    counted as foreign and the group was queued and allocated a second time.)"""
+    async def main() -> None:
+        for parallelism in (3, 1):
+            kube = Kube()
+            j = job("w", 2)
+            ps = [placed(pod(f"w-{i}", owner=j), f"n{i}", i, 5, "job-w") for i in range(2)]
+            kube.pods = ps
+            now = resumed(j)
+            now["spec"]["parallelism"] = now["spec"]["completions"] = parallelism
+            c = restart(kube, [now], [], ps)
+            g = c.groups[("ns", "job-w")]
+            assert g.phase == Phase.RUNNING and g.spec.size == 2, (parallelism, g.phase, g.spec.size)
+            assert g.slots == ["n0", "n1"] and g.slot_pod == ["pod-w-0", "pod-w-1"]
+            assert used(c) == {"n0": 2, "n1": 2} and c.cluster.foreign_node == {}
+            await settle(c)
+            assert len(c.cluster.matcher.jobs) == 1  # never matched a second time
+            check = await c.accounting.accounting_check()
+            assert check is not None and check["ok"], check
+
+    asyncio.run(main())
+
+
+def test_job_placed_without_fluxjob_with_a_store_row_comes_back_at_its_placed_size(tmp_path: Path) -> None:
+    """The same with ``--store``: the store row (running, with its allocation) is taken over
+    by the group made from the placed pods, at their size, not the Job's parallelism of now."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+
+    async def main() -> None:
+        for parallelism in (3, 1):
+            kube = Kube()
+            j = job(f"w{parallelism}", 2)
+            c = controller(kube, url)
+            c.reconciled = True
+            c.handle(("Job", "ADDED", j))
+            await settle(c)
+            first = c.groups[("ns", f"job-w{parallelism}")]
+            assert first.phase == Phase.RUNNING
+            nodes = list(first.slots)
+            assert c.journal is not None and c.journal.drain()
+            await c.stop()
+            ps = [placed(pod(f"w{parallelism}-{i}", owner=j), nodes[i], i, 1, f"job-w{parallelism}")
+                  for i in range(2)]
+            kube.pods = ps
+            now = resumed(j)
+            now["spec"]["parallelism"] = now["spec"]["completions"] = parallelism
+            c2 = restart(kube, [now], [], ps, store=url)
+            g = c2.groups[("ns", f"job-w{parallelism}")]
+            assert g.phase == Phase.RUNNING and g.spec.size == 2, (parallelism, g.phase, g.spec.size)
+            assert sorted(g.slots) == sorted(nodes) and set(g.slot_pod) == {p["metadata"]["uid"] for p in ps}
+            assert sum(used(c2).values()) == 4 and c2.cluster.foreign_node == {}
+            await settle(c2)
+            assert len(c2.cluster.matcher.jobs) == 1
+            check = await c2.accounting.accounting_check()
+            assert check is not None and check["ok"], check
+            await c2.stop()
+
+    asyncio.run(main())
+
+
+def test_replicaset_scaled_down_without_fluxjob_comes_back_exactly_from_pods_and_store(tmp_path: Path) -> None:
+    """The short chaos soak of ``--fluxjobs waiting`` (seed 1, every kind): a ReplicaSet's
+    group of 3 placed at once (no FluxJob), scaled down to 1 (two pods deleted, their slots
+    given back, the store row's allocation following), then a new leader. Its pod keeps the
+    slot it was placed in (not 0). The group comes back from the pod and the store agreeing:
+    the pod's slot, the other slots given back, the graph holding the pod's share once and
+    no slot waiting for a pod. (Was: the store's allocation laid out as slots 0.. of today's
+    size, so slot 0 waited for a pod forever and the pod was nobody's: the accounting check
+    said MISMATCH, pods 6 cores against the graph's 3.) The store's allocation is what the
+    group held at the end: whole nodes given back are gone from it."""
+    from test_k8s_scaling_unit import rs, rs_pod
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+
+    async def main() -> None:
+        kube = Kube()
+        c = controller(kube, url)
+        c.reconciled = True
+        c.handle(("ReplicaSet", "ADDED", rs(3)))
+        ps = [rs_pod(i) for i in range(3)]  # (16 cpu: one a node)
+        for p in ps:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        g = c.groups[("ns", "replicaset-web")]
+        assert g.phase == Phase.RUNNING
+        on = {uid: (g.slots[i], i) for i, uid in enumerate(g.slot_pod)}
+        placed_ps = [placed(p, *on[p["metadata"]["uid"]], int(g.jobid or 0), "replicaset-web") for p in ps]
+        for p in placed_ps:
+            c.handle(("Pod", "MODIFIED", p))
+        keep = max(placed_ps, key=lambda p: int(p["metadata"]["annotations"][ANN_SLOT]))  # slot 2
+        c.handle(("ReplicaSet", "MODIFIED", rs(1)))
+        for p in placed_ps:
+            if p is not keep:
+                c.handle(("Pod", "DELETED", p))
+        await settle(c)
+        assert c.journal is not None and c.journal.drain()
+        await c.stop()
+        kube.pods = [keep]
+        c2 = restart(kube, [rs(1)], [], [keep], store=url)
+        g2 = c2.groups[("ns", "replicaset-web")]
+        node_of_keep = keep["spec"]["nodeName"]
+        assert g2.phase == Phase.RUNNING
+        assert used(c2) == {node_of_keep: 16} and c2.cluster.foreign_node == {}
+        live = [i for i, u in enumerate(g2.slot_pod) if u is not None and i not in g2.released]
+        assert live == [2] and g2.slot_pod[2] == keep["metadata"]["uid"], (g2.slot_pod, g2.released)
+        await settle(c2)
+        check = await c2.accounting.accounting_check()
+        assert check is not None and check["ok"] and check["unbound"] == 0, check
+        await c2.stop()
+
+    asyncio.run(main())

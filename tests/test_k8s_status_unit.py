@@ -342,19 +342,37 @@ def test_fluxjobs_waiting_a_running_group_that_fails_gets_one() -> None:
     asyncio.run(main())
 
 
-def test_fluxjobs_waiting_only_a_jobs_group_goes_without() -> None:
-    """A ReplicaSet's group, a label group or a lone pod started at once still gets its FluxJob
-    (their recovery after a leader change needs it: the chaos soak found them not exact)."""
+def test_fluxjobs_waiting_which_kinds_go_without() -> None:
+    """A group started at once goes without a FluxJob when its placed pods alone bring it back
+    after a restart: a Job's, a ReplicaSet's, a StatefulSet's, a label group, a lone pod.
+    A multi-role workload's (pod sets), an exclusive one, one with the user's jobspec and a
+    scale group keep one (their recovery needs it, or was not soaked in this mode)."""
+    from dataclasses import replace
+
+    from fluxnetes.jobspec.podsets import PodSet
+    from fluxnetes.k8s.workloads import any_kind_of
+
     async def main() -> None:
         b, fake, kube = book(status_interval=1.0, fluxjobs="waiting")
-        for name, kind in (("rs", "ReplicaSet"), ("pods", None)):
-            g = fake.groups[("ns", name)] = group(name, kind=kind)
+        without = {"job": "Job", "rs": "ReplicaSet", "sts": "StatefulSet", "pods": None}
+        for name, kind in without.items():
+            fake.groups[("ns", name)] = group(name, kind=kind)
+        jobset = group("jobset")
+        jobset.kind = any_kind_of("JobSet")
+        keep = {"jobset": jobset, "excl": group("excl", kind="Job"),
+                "mine": group("mine", kind="Job"), "rs-scale-1": group("rs-scale-1", kind="ReplicaSet"),
+                "sets": group("sets", kind="Job")}
+        keep["excl"].spec = replace(keep["excl"].spec, exclusive=True)
+        keep["mine"].spec = replace(keep["mine"].spec, jobspec="version: 9999")
+        keep["sets"].sets = [PodSet(name="workers", count=1)]
+        for name, g in keep.items():
+            fake.groups[("ns", name)] = g
+        for g in fake.groups.values():
             b.set_phase(g, Phase.PENDING, "queued")
             b.set_phase(g, Phase.RUNNING, "allocated")
         b.fluxjobs_due(100.0)
         await b.flush_fluxjobs(now=101.0)
-        assert kube.fluxjob_writes == 2
-        assert {k[1] for k in kube.fluxjob_status} == {"rs", "pods"}
+        assert {k[1] for k in kube.fluxjob_status} == set(keep)
 
     asyncio.run(main())
 

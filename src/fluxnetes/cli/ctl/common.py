@@ -209,6 +209,22 @@ def name_of(obj: Mapping[str, Any]) -> str:
     return f"{md.get('namespace', '')}/{md.get('name', '')}"
 
 
+def placed_group(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, FluxJob name) of the group fluxnetes placed ``pod`` for (its
+    ``fluxnetes.io/fluxjob`` annotation: the name, or ``namespace/name``); None if none."""
+    md = pod.get("metadata") or {}
+    raw = str((md.get("annotations") or {}).get(ANN_FLUXJOB) or "")
+    if not raw:
+        return None
+    ns = str(md.get("namespace") or "default")
+    return ns, raw[len(ns) + 1:] if raw.startswith(ns + "/") else raw
+
+
+def fluxjob_keys(fluxjobs: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    return {(str((f.get("metadata") or {}).get("namespace") or "default"), str((f.get("metadata") or {}).get("name", "")))
+            for f in fluxjobs}
+
+
 def request_of(fj: Mapping[str, Any]) -> dict[str, int]:
     req = (fj.get("spec") or {}).get("request") or {}
     return {str(k): int(v) for k, v in req.items() if isinstance(v, int | float)}

@@ -22,7 +22,9 @@ from fluxnetes.cli.ctl.common import (
     emit,
     fail,
     fetch,
+    fluxjob_keys,
     fmt_bytes,
+    placed_group,
     pod_sets,
     table,
 )
@@ -79,8 +81,9 @@ def node_rows(
     pods: Sequence[Mapping[str, Any]],
     fluxjobs: Sequence[Mapping[str, Any]],
 ) -> list[dict[str, Any]]:
-    """Per node: allocatable, what fluxnetes' Running FluxJobs hold there, what foreign pods
-    hold, what is free, and whether the FluxJobs agree with the fluxnetes pods bound there."""
+    """Per node: allocatable, what fluxnetes' Running FluxJobs hold there (and the pods of
+    groups without a FluxJob, ``--fluxjobs waiting``), what foreign pods hold, what is free,
+    and whether the FluxJobs agree with the fluxnetes pods bound there."""
     from fluxnetes.graph.builders import node_is_down
     from fluxnetes.k8s.resources import ResourceError, node_allocatable
 
@@ -97,12 +100,17 @@ def node_rows(
                 planned.setdefault(node, _Use()).add(ps["request"])
     bound: dict[str, _Use] = {}
     foreign: dict[str, _Use] = {}
+    known = fluxjob_keys(fluxjobs)
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         target = bound if _is_fluxnetes_pod(pod) else foreign
         target.setdefault(node, _Use()).add(_pod_request(pod))
+        group = placed_group(pod)
+        if group is not None and group not in known:
+            # a group placed at once has no FluxJob (--fluxjobs waiting): its pod is the record
+            planned.setdefault(node, _Use()).add(_pod_request(pod))
     rows = []
     for node in sorted(nodes, key=lambda n: (n.get("metadata") or {}).get("name", "")):
         name = (node.get("metadata") or {}).get("name", "")

@@ -1,4 +1,5 @@
-"""`kubectl fluxnetes queue`: waiting and running FluxJobs, in scheduling order."""
+"""`kubectl fluxnetes queue`: waiting and running FluxJobs, in scheduling order, and running
+groups that have no FluxJob (the operator's ``--fluxjobs waiting``), read from their pods."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from fluxnetes.cli.ctl.common import (
     emit,
     fail,
     fetch,
+    fluxjob_keys,
     fmt_request,
     name_of,
     parse_time,
+    placed_group,
     pod_sets,
     queue_key,
     relative,
@@ -82,6 +85,46 @@ def queue_rows(
     return rows
 
 
+def unrecorded_rows(
+    pods: Iterable[Mapping[str, Any]], fluxjobs: Iterable[Mapping[str, Any]], namespace: str | None
+) -> list[dict[str, Any]]:
+    """Groups running with no FluxJob (``--fluxjobs waiting`` gives none to a group placed at
+    once): their bound, unfinished pods name the group they were placed for (the
+    ``fluxnetes.io/fluxjob`` annotation). One row per group, marked ``fluxJob: False``; its
+    size is the pods seen, its request what one of them asks. ``namespace``: None for all."""
+    from fluxnetes.k8s.resources import GPU, ResourceError, pod_request
+
+    known = fluxjob_keys(fluxjobs)
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for p in pods:
+        key = placed_group(p)
+        if key is None or key in known or (namespace is not None and key[0] != namespace):
+            continue
+        if not (p.get("spec") or {}).get("nodeName") or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        groups.setdefault(key, []).append(p)
+    rows = []
+    for (ns, name), members in sorted(groups.items(), key=lambda kv: (_first_start(kv[1]), kv[0])):
+        try:
+            r = pod_request(members[0].get("spec") or {})
+            request = fmt_request({"cpu": r.cpu_millis, "memory": r.memory_bytes, GPU: r.gpus, **r.extended})
+        except ResourceError:
+            request = "?"  # (a request the operator would have refused; it placed the pod all the same)
+        rows.append({
+            "namespace": ns, "name": name, "state": "Running", "fluxJob": False, "size": len(members),
+            "podSets": "", "podSetRequests": [],
+            "request": request,
+            "priority": "", "duration": "", "jobid": None, "submitted": None, "expectedStart": None,
+            "startTime": _first_start(members) or None,
+            "nodes": ",".join(sorted({str((p.get("spec") or {}).get("nodeName")) for p in members})),
+            "reason": "started at once: no FluxJob (--fluxjobs waiting); shown from its pods",
+        })
+    return rows
+
+
+def _first_start(pods: Iterable[Mapping[str, Any]]) -> str:
+    return min((str((p.get("status") or {}).get("startTime") or (p.get("metadata") or {}).get("creationTimestamp") or "")
+                for p in pods), default="")
 
 
 def queue_cmd(
@@ -97,10 +140,19 @@ def queue_cmd(
     """Waiting and running FluxJobs in scheduling order: state, size, expected start, reason."""
     conn = Conn(kubeconfig, context, namespace)
     try:
-        view = fetch(conn, fluxjobs="" if all_namespaces else conn.resolved_namespace())
+        view = fetch(conn, pods=True, fluxjobs="" if all_namespaces else conn.resolved_namespace())
     except CtlError as exc:
         raise fail(exc) from None
-    rows = queue_rows(view.fluxjobs, datetime.now(UTC), include_finished)
+    now = datetime.now(UTC)
+    rows = queue_rows(view.fluxjobs, now, include_finished)
+    # running groups without a FluxJob (--fluxjobs waiting) come after the ones with one
+    extra = unrecorded_rows(view.pods, view.fluxjobs, None if all_namespaces else conn.resolved_namespace())
+    for r in extra:
+        r["start"] = relative(parse_time(r["startTime"]), now)
+    running = sum(r["state"] == "Running" for r in rows)
+    rows = rows[:running] + extra + rows[running:]
+    for position, r in enumerate(rows, 1):
+        r["position"] = position
     where = "all namespaces" if all_namespaces else f"namespace {conn.resolved_namespace()}"
     tbl = table(
         f"fluxnetes queue ({where}): {sum(r['state'] == 'Running' for r in rows)} running, "
@@ -110,7 +162,7 @@ def queue_cmd(
             [
                 r["position"],
                 f"{r['namespace']}/{r['name']}" if all_namespaces else r["name"],
-                r["state"],
+                r["state"] if r.get("fluxJob", True) else f"{r['state']} (no FluxJob)",
                 f"{r['size']} ({r['podSets']})" if r["podSets"] else r["size"],
                 r["request"],
                 r["priority"],

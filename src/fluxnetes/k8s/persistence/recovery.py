@@ -317,7 +317,15 @@ class Recovery:
                 g = self.group_of_placed(key, members)
             if g is None or (g.phase != Phase.PROVISIONAL and g.phase not in QUEUED):
                 continue
-            if not self.adopt_placed(g, members):
+            if self.adopt_placed(g, members):
+                continue
+            # the store's allocation (what the group held at its last store write): its pods
+            # exactly if they agree with it (slots given back before the crash have no pod),
+            # else the allocation as recorded (slots laid out again)
+            stored = self._side.store_recovery.stored_allocation(g)
+            if stored is not None and not self.adopt_placed(g, members, stored=stored):
+                self._side.store_recovery.adopt_allocation(g, stored, "allocated (recovered from the store)")
+            elif stored is None:
                 log.warning("%s: pods placed before the restart, its allocation not recorded and not all "
                             "its slots known; they count as foreign pods and the group is matched again",
                             g.qid)
@@ -347,33 +355,45 @@ class Recovery:
             if None in slots:
                 return None
             spec = replace(spec, name=key[1], size=1 + max(s for s in slots if s is not None))
-        elif spec.key == key and kind is not None and kind.owns_pods and kind.resume_patch({}) is None:
-            # the base group of a replicated workload: its spec says today's replica count,
-            # which a scale-up (or down) after the placement changed; the group was placed at
-            # the size its pods' slots say, and `reconcile` gives the rest a scale group (or
-            # back) as for a group read from its FluxJob. (Was: today's count, so not every
-            # slot was known, the placed pods counted as foreign and the graph fell below them.)
+        elif spec.key == key and kind is not None and kind.owns_pods \
+                and (kind.resume_patch({}) is None or kind.kind == "Job"):
+            # the base group of a replicated workload or of a Job: its spec says today's
+            # replica count (parallelism), which a scale-up (or down) after the placement
+            # changed; the group was placed at the size its pods' slots say, and `reconcile`
+            # gives the rest a scale group (or back) as for a group read from its FluxJob.
+            # (Was: today's count, so not every slot was known and the placed pods counted as
+            # foreign: the graph fell below them, or a Job's group was matched a second time.)
+            # Today's size is kept when it accounts for every slot (the rule then agrees).
             slots = [_slot_of(p) for p in pods]
             if None not in slots:
-                spec = replace(spec, size=1 + max(s for s in slots if s is not None))
+                size = 1 + max(s for s in slots if s is not None)
+                if set(slots) != set(range(spec.size)) and set(slots) == set(range(size)):
+                    spec = replace(spec, size=size)
         if spec.key != key or spec.key in self._side.book.groups:
             return self._side.book.groups.get(key)
         g = self._side.book.new_group(spec, kind)
         if self._side.store_recovery.unclaimed():
-            self._side.store_recovery.claim_store_record(g)  # the store may know the allocation (then it is running)
+            # the store may know the allocation: read after the pods (recover_from_cluster)
+            self._side.store_recovery.claim_store_record(g, adopt=False)
         return g
 
-    def adopt_placed(self, g: Group, pods: list[dict[str, Any]]) -> bool:
+    def adopt_placed(self, g: Group, pods: list[dict[str, Any]], stored: Any = None) -> bool:
         """The group's allocation, taken back from its placed pods: each pod's slot annotation
         and node. Only when every slot is known (a live pod or one that ended), for jobspecs
-        fluxnetes derived itself (not exclusive): the share of each pod is then exact."""
+        fluxnetes derived itself (not exclusive): the share of each pod is then exact.
+        ``stored``: the store's allocation of the group (what it held at its last store
+        write); when the live pods' shares are exactly that, a slot without a pod was given
+        back before the crash (a replica scaled away, a pod deleted), and the group spans
+        its highest slot."""
         if g.spec.exclusive or g.spec.jobspec or g.jobspec is None:
             return False
-        size = g.spec.size
+        slots = [_slot_of(p) for p in pods]
+        if None in slots:
+            return False
+        size = g.spec.size if stored is None else max(g.spec.size, 1 + max(s for s in slots if s is not None))
         live: dict[int, dict[str, Any]] = {}
         ended: dict[int, dict[str, Any]] = {}
-        for p in pods:
-            slot = _slot_of(p)
+        for p, slot in zip(pods, slots, strict=True):
             if slot is None or not 0 <= slot < size:
                 return False
             if _terminal(p):
@@ -382,12 +402,22 @@ class Recovery:
                 return False
             else:
                 live[slot] = p
-        if not live or set(live) | set(ended) != set(range(size)):
+        if not live or (stored is None and set(live) | set(ended) != set(range(size))):
             return False
         if any(assigned_node(p) not in self._side.cluster.nodes or self._side.cluster.node_down.get(str(assigned_node(p)), False)
                for p in live.values()):
             return False  # a node is gone or down: the node-loss rules apply to foreign pods
-        held = self._side.accounting.shares_of_pods(g, list(live.values()))
+        if size != g.spec.size:
+            spec, g.spec = g.spec, replace(g.spec, size=size)
+            held = self._side.accounting.shares_of_pods(g, list(live.values()))
+            if not _same_use(held, stored):
+                g.spec = spec
+                return False
+            g.jobspec = self._side.book.make_jobspec(g)
+        else:
+            held = self._side.accounting.shares_of_pods(g, list(live.values()))
+            if stored is not None and not _same_use(held, stored):
+                return False
         jobid = self._side.cluster.matcher.next_jobid
         start = min((_parse_time(_meta(p).get("creationTimestamp")) or self._ctx.now()) for p in live.values())
         try:
@@ -395,10 +425,13 @@ class Recovery:
         except Exception as exc:
             log.error("%s: its placed pods could not be recorded (%s)", g.qid, exc)
             return False
-        g.phase, g.reason = Phase.RUNNING, "allocated before the restart (recovered from its placed pods)"
+        g.phase, g.reason = Phase.RUNNING, ("allocated before the restart (recovered from its placed pods)" if stored is None
+                                            else "allocated before the restart (recovered from its placed pods and the store)")
         g.jobid, g.start, g.expected_start = jobid, start, None
         g.held, g.alloc = {s.node: s for s in held}, list(held)
-        g.slots = [str(assigned_node(live[i] if i in live else ended[i]) or "") for i in range(size)]
+        # (a slot given back before the crash, whose pod is gone: no node known, none held)
+        g.slots = [str(assigned_node(live[i] if i in live else ended[i]) or "") if i in live or i in ended else ""
+                   for i in range(size)]
         g.slot_pod = [None] * size
         g.released = {i for i in range(size) if i not in live}
         for slot, p in live.items():
@@ -511,3 +544,10 @@ def _slot_of(pod: Mapping[str, Any]) -> int | None:
         return int((_meta(pod).get("annotations") or {}).get(ANN_SLOT, ""))
     except ValueError:
         return None
+
+
+def _same_use(held: Sequence[shares.Share], stored: Any) -> bool:
+    """Do the shares of a group's live pods equal the store's allocation, node by node?"""
+    mine = {(s.node, s.cores, s.gpus, s.memory) for s in held if not s.empty}
+    theirs = {(n.name, n.cores, n.gpus, n.memory) for n in stored.nodes if n.cores or n.gpus or n.memory}
+    return mine == theirs

@@ -19,6 +19,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import OwnerRef
 from fluxnetes.k8s.groups.group import Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
+from fluxnetes.k8s.groups.scaling import SCALE_SEP
 from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
 from fluxnetes.k8s.persistence import fluxjob
@@ -396,14 +397,22 @@ class StatusWriter:
         ``fluxnetes.io/fluxjob`` and slot annotations), as for a crash before its FluxJob was
         written. Once wanted, a group keeps its FluxJob up to date (``fj_wanted``).
 
-        Only a Job's group goes without one. The first soak of this mode (short chaos, seed 1)
-        overbooked nodes after a leader change: a Deployment scaled up after its group was placed
-        came back at its new replica count instead of its placed size. That recovery bug was
-        also the default mode's (a crash before the first FluxJob write) and is fixed in
-        ``recovery.group_of_placed``; the other kinds stay excluded until a soak shows them
-        clean in this mode."""
+        Which groups may go without: those whose placed pods alone bring them back exactly
+        after a restart (``recovery.group_of_placed`` / ``adopt_placed``: every slot read from
+        its pod's annotation, at the size the slots say): a Job's, a ReplicaSet's or
+        StatefulSet's base group, a label group and a lone pod. Every other group keeps one:
+        a multi-role workload's (JobSet, LeaderWorkerSet, TrainJob, MPIJob: its pods are not
+        read back into their group), an exclusive one or one with a jobspec of its user's
+        (``adopt_placed`` cannot know their shares from the pods), and a replicated workload's
+        scale group (rare; its recovery in this mode was not soaked). The first
+        soak of this mode with every kind skipped overbooked nodes after a leader change (a
+        ReplicaSet scaled up after its group was placed came back at its new replica count);
+        that recovery bug, also the default mode's before a group's first FluxJob write, is
+        fixed in ``recovery.group_of_placed`` (for a Job's parallelism as well); the next one
+        (an accounting MISMATCH: a ReplicaSet scaled down came back from the store's allocation
+        with its slots renumbered) in ``recovery.adopt_placed`` (pods before the store)."""
         if not g.fj_wanted and (self._ctx.config.fluxjobs == "all" or g.fj_exists
-                                or g.kind is None or g.kind.kind != "Job"
+                                or not recovered_from_pods(g)
                                 or g.phase not in (Phase.RUNNING, Phase.COMPLETED)):
             g.fj_wanted = True
         return g.fj_wanted
@@ -414,3 +423,14 @@ class StatusWriter:
             counts[phase] = counts.get(phase, 0) + n
         METRICS.set_queue_lengths(counts)
         self._counts_dirty = False
+
+
+def recovered_from_pods(g: Group) -> bool:
+    """Can ``g`` be taken back from its placed pods alone after a restart (see
+    ``needs_fluxjob``)? Its recovery reads each pod's slot and the size the slots say."""
+    if g.spec.exclusive or g.spec.jobspec or g.sets:
+        return False
+    if SCALE_SEP in g.spec.name:
+        return False  # a scale group (told by its name: a label group so named keeps one too)
+    k = g.kind
+    return k is None or (not k.addon and (k.kind == "Job" or (k.owns_pods and k.resume_patch({}) is None)))

@@ -181,8 +181,10 @@ class StoreRecovery:
             # allocated before the crash, FluxJob status not written yet: the store knows
             self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
 
-    def claim_store_record(self, g: Group) -> None:
-        """A group re-created from cluster objects takes over its store row (same object)."""
+    def claim_store_record(self, g: Group, adopt: bool = True) -> None:
+        """A group re-created from cluster objects takes over its store row (same object).
+        ``adopt``: a row that says running takes its allocation too (False: the caller
+        reads the group's placed pods first, ``stored_allocation``)."""
         rec = self._store_only.get(g.key)
         if rec is None:
             return
@@ -195,9 +197,17 @@ class StoreRecovery:
         self._stored_state[rec.id] = str(rec.state)
         self._ctx.journal.remember((rec.namespace, rec.name, rec.uid), rec.id)
         alloc = self._store_allocs.get(rec.id)
-        if str(rec.state) == "running" and alloc is not None and alloc.nodes and g.phase == Phase.PROVISIONAL:
+        if adopt and str(rec.state) == "running" and alloc is not None and alloc.nodes and g.phase == Phase.PROVISIONAL:
             # allocated before the crash, before its FluxJob was even created: the store knows
             self.adopt_allocation(g, alloc, "allocated (recovered from the store)")
+
+    def stored_allocation(self, g: Group) -> Any | None:
+        """The allocation the store recorded for ``g``'s claimed row when it says running (what
+        the group held at its last store write), else None."""
+        if g.store_id is None or self._stored_state.get(g.store_id) != "running":
+            return None
+        alloc = self._store_allocs.get(g.store_id)
+        return alloc if alloc is not None and alloc.nodes else None
 
     def reconcile_store(self) -> None:
         """After the post-restart reconcile: the store follows the cluster. A group whose row
