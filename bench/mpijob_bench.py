@@ -267,7 +267,7 @@ async def watch_pods(kube: Kube, run: Run, stop: asyncio.Event) -> None:
 async def run_batch(kube: Kube, args: argparse.Namespace, ns: str, labels: dict[str, str] | None = None,
                     submit: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
     """The batch into ``ns``; ``submit`` creates one MPIJob (default: as it is; bench/peers.py
-    adds the PodGroup and the scheduler name a peer needs)."""
+    passes its own, the same MPIJob for every system)."""
     run = Run(ns, args.jobs, args.workers)
     run.states = {f"mpi{i}": JobState() for i in range(args.jobs)}
     stop = asyncio.Event()

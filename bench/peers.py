@@ -5,11 +5,14 @@ not manage, no operator), fluxnetes (the operator as a subprocess, an opted-in n
 Kueue v0.17.0 in front of kube-scheduler (`--addons kueue`, its release's configuration as
 devcluster/addons.py sets it up), scheduler-plugins v0.34.7's coscheduling (`--addons
 coscheduling`: a second scheduler, `scheduler-plugins-scheduler`, that the workload pods name;
-a Job of several pods is a gang, a PodGroup of minMember = its pods, named after it). Kueue and
+a Job of several pods is a gang, a PodGroup of minMember = its pods, named after it; an MPIJob's
+PodGroup, minMember = 1 launcher + 8 workers, is made by the MPI Operator, started with
+`--gang-scheduling=scheduler-plugins-scheduler` on that cluster, its documented setup). Kueue and
 coscheduling each run on a cluster of their own so that their processes, webhooks and watches
 are not there when the others run. Volcano is not here: see docs/comparison.md for why (the
-module proxy refused it). Coscheduling has no accounts or queues: row e shows the split it
-gives unasked, as for kube-scheduler.
+module proxy refused it). Coscheduling has no accounts, queues or shares (the profile runs
+Coscheduling only, not scheduler-plugins' CapacityScheduling with its ElasticQuotas, which are
+min/max quotas, not shares): row e shows the split it gives unasked, as for kube-scheduler.
 
 Rows (each system, same sizes):
 
@@ -51,12 +54,11 @@ Rows (each system, same sizes):
 
 Writes bench/results/peers.json (peers_quick.json with --quick). Row c needs
 `hack/build-addons.sh mpi`, Kueue `hack/build-addons.sh kueue` (a cold build of close to an
-hour on 2 busy cores), coscheduling `hack/build-addons.sh coscheduling`. Coscheduling alone,
-with kube-scheduler as its pair, at 300 nodes (bench/results/peers_coscheduling.json, before
-rows c-e were reworked):
+hour on 2 busy cores), coscheduling `hack/build-addons.sh coscheduling`. Coscheduling, with
+kube-scheduler as its pair in the same invocation, at the same sizes
+(bench/results/peers_coscheduling.json):
 
-    .venv/bin/python bench/peers.py --systems kube-scheduler,coscheduling --nodes 300 --jobs 300 \
-        --gangs 30 --stream-seconds 90 --share-jobs 80 --grace 90 \
+    .venv/bin/python bench/peers.py --systems kube-scheduler,coscheduling \
         --output bench/results/peers_coscheduling.json
 """
 
@@ -172,18 +174,10 @@ class System:
         await kube.create(JOBS, body, ns)
 
     async def create_mpijob(self, kube: Kube, body: dict[str, Any], ns: str) -> None:
-        """Create one MPIJob (row c). Under coscheduling, its launcher and workers are one gang:
-        a PodGroup of minMember = all its pods, named after it, in both pod templates' label,
-        and both name scheduler-plugins' scheduler."""
-        if self.name == "coscheduling":
-            name = body["metadata"]["name"]
-            specs = body["spec"]["mpiReplicaSpecs"].values()
-            await kube.create(PODGROUPS, {"apiVersion": PODGROUPS.api_version, "kind": "PodGroup",
-                                          "metadata": {"name": name},
-                                          "spec": {"minMember": sum(r["replicas"] for r in specs)}}, ns)
-            for r in specs:
-                r["template"]["spec"]["schedulerName"] = addon_defs.SCHEDULER_NAME
-                r["template"].setdefault("metadata", {}).setdefault("labels", {})[POD_GROUP_LABEL] = name
+        """Create one MPIJob (row c), as it is for every system: under coscheduling the MPI
+        Operator (started with --gang-scheduling=scheduler-plugins-scheduler, see
+        devcluster/addons.py) makes its PodGroup (minMember = 1 launcher + 8 workers, named
+        after it) and sets that scheduler and the PodGroup label on its pods."""
         await kube.create(mpijob_bench.MPIJOBS, body, ns)
 
     async def namespace(self, kube: Kube, ns: str, labels: dict[str, str] | None = None) -> None:
@@ -359,6 +353,17 @@ async def mpijobs(system: System, kube: Kube, args: argparse.Namespace) -> dict[
     await system.namespace(kube, ns)
     await asyncio.sleep(1)
     load = os.getloadavg()[0]
+    # (the operator deletes an MPIJob's PodGroup when it ends: sampled while the batch runs)
+    groups: dict[str, Any] = {}
+
+    async def podgroups() -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                for g in (await kube.list(PODGROUPS, ns))[0]:
+                    groups[g["metadata"]["name"]] = (g.get("spec") or {}).get("minMember")
+            await asyncio.sleep(2)
+
+    seen = asyncio.ensure_future(podgroups()) if system.name == "coscheduling" else None
     r = await mpijob_bench.run_batch(kube, margs, ns, {QUEUE_LABEL: "lq"} if system.name == "kueue" else None,
                                      submit=lambda body: system.create_mpijob(kube, body, ns))
     ended = r["stalled"] or r["timed_out"]
@@ -380,6 +385,10 @@ async def mpijobs(system: System, kube: Kube, args: argparse.Namespace) -> dict[
                              "pods_bound_at_least_once", "pods_per_second_of_those_bound", "create_seconds")},
         "load_average_1m_before": round(load, 2), "load_average_1m_after": round(os.getloadavg()[0], 2),
     }
+    if seen is not None:  # the PodGroups the MPI Operator made: one per MPIJob, 1 + 8
+        seen.cancel()
+        out["podgroups_made_by_mpi_operator"] = {"count": len(groups),
+                                                 "min_member": sorted(set(groups.values()), key=str)}
     return out
 
 
@@ -643,7 +652,8 @@ async def run_pool(args: argparse.Namespace, system: System) -> dict[str, Any]:
         system.kueue_config(KUEUE_PLAIN)
         out["e_shares_50_30_20"] = await shares(system, kube, args)
         if system.name == "coscheduling":  # (as kube-scheduler: the split it gives with nothing to set)
-            out["e_shares_50_30_20"]["note"] = ("scheduler-plugins' coscheduling has no accounts, queues or shares: "
+            out["e_shares_50_30_20"]["note"] = ("scheduler-plugins' coscheduling has no accounts, queues or shares "
+                                                "(the profile runs Coscheduling only, not CapacityScheduling): "
                                                 "nothing was configured; the split is what it does unasked")
         print(system.name, "e", {k: v for k, v in out["e_shares_50_30_20"].items() if k != "samples"}, flush=True)
     finally:
@@ -709,7 +719,10 @@ def main() -> None:
                             "Coscheduling (multiPoint; PrioritySort off; permitWaitingTimeSeconds 10; client qps "
                             "500 / burst 1000 like the dev cluster's kube-scheduler) and its PodGroup controller; "
                             "the workload pods name that scheduler, each Job of several pods has a PodGroup "
-                            "(minMember = its pods); row e: no accounts or queues to set (the split it gives unasked)",
+                            "(minMember = its pods); row c: the MPI Operator v0.6.0 with --gang-scheduling="
+                            "scheduler-plugins-scheduler makes each MPIJob's PodGroup (minMember = 1 + 8 workers, "
+                            "scheduleTimeoutSeconds unset) and sets the scheduler on its pods; row e: no accounts, "
+                            "queues or shares to set (Coscheduling only, no CapacityScheduling): the split it gives unasked",
         },
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "load_average_at_start": os.getloadavg()},

@@ -2,9 +2,12 @@
 (`--addons coscheduling`): the PodGroup CRD, the PodGroup controller and a second scheduler whose
 profile `scheduler-plugins-scheduler` runs the Coscheduling plugin (devcluster/addons.py). Pods
 naming that scheduler and a PodGroup are bound all together or not at all; pods naming it
-without a PodGroup are bound one by one. No fluxnetes operator runs here.
+without a PodGroup are bound one by one. The MPI Operator runs beside it, as bench/peers.py's
+row c has it: with coscheduling on the cluster it is started with
+`--gang-scheduling=scheduler-plugins-scheduler` and makes each MPIJob's PodGroup itself. No
+fluxnetes operator runs here.
 
-Needs the binaries of `hack/build-addons.sh coscheduling`: skipped without them unless
+Needs the binaries of `hack/build-addons.sh coscheduling mpi`: skipped without them unless
 FLUXNETES_REQUIRE_ADDONS=1, then failed.
 """
 
@@ -30,7 +33,7 @@ NODES, NODE_CPU = 4, 16
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for c in addon_cluster(tmp_path_factory, "cosched-cluster",
-                           NodeShape(count=NODES, cpu=str(NODE_CPU), memory="64Gi"), names=("coscheduling",)):
+                           NodeShape(count=NODES, cpu=str(NODE_CPU), memory="64Gi"), names=("mpi", "coscheduling")):
         c.kubectl("create", "namespace", NS)
         yield c
 
@@ -94,3 +97,24 @@ def test_plain_pods_naming_the_scheduler_are_bound(cluster: Cluster) -> None:
     wait("the 2 plain pods bound", timeout=90, cond=lambda: len(bound(
         [p for p in cluster.kubectl_json("get", "pods", "-n", NS)["items"]
          if p["metadata"]["name"].startswith("plain-")])) == 2)
+
+
+def test_the_mpi_operator_makes_the_podgroup_of_an_mpijob(cluster: Cluster) -> None:
+    """An MPIJob that names no scheduler and no PodGroup: the MPI Operator makes its PodGroup
+    (minMember = 1 launcher + 2 workers, owned by the MPIJob) and hands its pods to the second
+    scheduler, which binds all three."""
+    replica = {"replicas": 1, "template": {"spec": {"containers": [
+        {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}]}}}
+    mpijob = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "pi", "namespace": NS},
+              "spec": {"slotsPerWorker": 1, "runPolicy": {"cleanPodPolicy": "Running"},
+                       "mpiReplicaSpecs": {"Launcher": replica, "Worker": {**replica, "replicas": 2}}}}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(mpijob))
+    group = wait("the MPI Operator's PodGroup 'pi'", timeout=120, cond=lambda: next(
+        (g for g in cluster.kubectl_json("get", "podgroups", "-n", NS)["items"] if g["metadata"]["name"] == "pi"), None))
+    assert group["spec"]["minMember"] == 3
+    assert [o["kind"] for o in group["metadata"]["ownerReferences"]] == ["MPIJob"]
+    pods = wait("the MPIJob's 3 pods bound", timeout=120,
+                cond=lambda: (ps := pods_of(cluster, f"{GROUP_LABEL}=pi")) and len(bound(ps)) == 3 and ps)
+    assert {p["spec"]["schedulerName"] for p in pods} == {SCHEDULER_NAME}
+    scheduled = {e["involvedObject"]["name"] for e in scheduler_events(cluster, "Scheduled")}
+    assert {p["metadata"]["name"] for p in pods} <= scheduled

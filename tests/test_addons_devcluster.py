@@ -141,6 +141,16 @@ def test_command_lines(tmp_path: Path) -> None:
                 "leaderworkerset.x-k8s.io/leaderworkerset", "trainer.kubeflow.org/trainjob"]
         else:
             assert cmd.env["MPI_OPERATOR_HEALTH_ADDR"] == f"127.0.0.1:{health}" and cmd.webhook_port is None
+            assert not any(a.startswith("--gang-scheduling") for a in cmd.argv)  # kube-scheduler's pods
+
+
+def test_mpi_operator_gangs_for_coscheduling(tmp_path: Path) -> None:
+    """With coscheduling beside it, the MPI Operator is named that scheduler as its gang
+    scheduler: it then makes each MPIJob's PodGroup and points the pods at that scheduler."""
+    ports = {addon_defs.port_key("mpi", k): 20000 + j for j, k in enumerate(addon_defs.ADDONS["mpi"].port_kinds)}
+    cmd = addon_defs.command("mpi", ports=ports, kubeconfig="/kc", run=tmp_path, home=tmp_path,
+                             gang_scheduler=addon_defs.SCHEDULER_NAME)
+    assert "--gang-scheduling=scheduler-plugins-scheduler" in cmd.argv
 
 
 def test_coscheduling_command_lines(tmp_path: Path) -> None:

@@ -26,7 +26,9 @@ The peer ``coscheduling`` (scheduler-plugins, only when named) is two processes:
 kube-scheduler built with the out-of-tree plugins, whose profile ``scheduler-plugins-scheduler``
 places the pods naming it (coscheduling_configuration()), and the PodGroup controller that
 keeps the PodGroups' status; its CRDs are PodGroup and ElasticQuota (scheduling.x-k8s.io).
-Neither serves webhooks.
+Neither serves webhooks. Started together with ``mpi`` (``--addons mpi,coscheduling``), the MPI
+Operator runs with ``--gang-scheduling=scheduler-plugins-scheduler``: it makes each MPIJob's
+PodGroup and hands its pods to that scheduler.
 """
 
 from __future__ import annotations
@@ -210,9 +212,10 @@ def manager_configuration(api_version: str, *, webhook: int, metrics: int, healt
 
 
 def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
-            home: Path | None = None, binary: str = "manager") -> Command:
+            home: Path | None = None, binary: str = "manager", gang_scheduler: str | None = None) -> Command:
     """How addon ``name`` (its process ``binary``) is started; writes its configuration file
-    into ``run``."""
+    into ``run``. ``gang_scheduler``: the scheduler-plugins scheduler the MPI Operator hands
+    its MPIJobs' pods to (its ``--gang-scheduling``), when the cluster runs coscheduling."""
     exe = str(manager(name, home, binary))
     env = {"KUBECONFIG": kubeconfig, "TMPDIR": str(run)}
     url = health_url(name, ports, binary)
@@ -239,9 +242,13 @@ def command(name: str, *, ports: dict[str, int], kubeconfig: str, run: Path,
         )
     if name == "mpi":
         env["MPI_OPERATOR_HEALTH_ADDR"] = f"{HOST}:{health}"  # see hack/build-addons.sh
+        # with a scheduler-plugins scheduler named, the operator makes each MPIJob's PodGroup
+        # (minMember = workers + 1, named after it) and sets that scheduler and the PodGroup
+        # label on its pods: the release's documented gang setup for coscheduling
+        gang = [f"--gang-scheduling={gang_scheduler}"] if gang_scheduler else []
         return Command(
             [exe, "--lock-namespace=kube-system", f"--monitoring-port={metrics}",
-             "--kube-api-qps=200", "--kube-api-burst=400", "--threadiness=4"],
+             "--kube-api-qps=200", "--kube-api-burst=400", "--threadiness=4", *gang],
             env, url, None,
         )
     if name == "kueue":

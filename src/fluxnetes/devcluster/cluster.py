@@ -501,8 +501,10 @@ class Cluster:
         run = self.dir / "run" / component
         run.mkdir(parents=True, exist_ok=True)
         write_serving_cert(self.pki, f"{name}-webhook", addon_defs.cert_dirs(run))
+        # (the addons of one start_addons call are all in state.addons before any is spawned)
+        gang = addon_defs.SCHEDULER_NAME if name == "mpi" and "coscheduling" in self.state.addons else None
         cmd = addon_defs.command(name, ports=self.state.ports, kubeconfig=self.state.kubeconfig,
-                                 run=run, home=self.tools.home, binary=binary)
+                                 run=run, home=self.tools.home, binary=binary, gang_scheduler=gang)
         popen, rec = procs.spawn(
             component, cmd.argv, self.dir / "logs" / f"{component}.log", cwd=run,
             die_with_parent=self.state.die_with_parent, env=cmd.env,
