@@ -74,9 +74,10 @@ from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of,
 from fluxnetes.k8s.groups.groupbook import QUEUED, Group, GroupBook
 from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.groups.podset_groups import PodSetGroups
-from fluxnetes.k8s.groups.scaling import SCALE_SEP, Scaling
+from fluxnetes.k8s.groups.scaling import Scaling
 from fluxnetes.k8s.informer import Event, Informer
 from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube, Resource
+from fluxnetes.k8s.names import SCALE_SEP
 from fluxnetes.k8s.objects import OWNER_RESOURCES, _ended, _event_time, _gated, _meta, _terminal
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.persistence.recovery import Recovery

@@ -40,3 +40,7 @@ API_GROUP = DOMAIN
 API_VERSION = "v1alpha1"
 FLUXJOB_PLURAL = "fluxjobs"
 FLUXJOB_KIND = "FluxJob"
+
+# the name infix of the group formed by the pods added when a workload scales up after its
+# group was allocated (``<group>-scale-<n>``; k8s/groups/scaling.py)
+SCALE_SEP = "-scale-"

@@ -23,6 +23,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import GroupSpec, controller_of, explicit_group, object_name
 from fluxnetes.k8s.groups.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
+from fluxnetes.k8s.names import SCALE_SEP
 from fluxnetes.k8s.objects import _dump_jobspec, _gated, _meta, _terminal
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.scheduling.placement import assigned_node
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
-# the group formed by the pods added when a workload scales up after its group was allocated
-SCALE_SEP = "-scale-"
 
 
 class ScalingBook(Protocol):

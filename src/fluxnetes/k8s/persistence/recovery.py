@@ -20,7 +20,7 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import GroupError, GroupSpec, OwnerRef, controller_of, object_name
 from fluxnetes.k8s.groups.groupbook import QUEUED, Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
-from fluxnetes.k8s.groups.scaling import SCALE_SEP
+from fluxnetes.k8s.names import SCALE_SEP
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.resources import GPU, PodResources

@@ -19,8 +19,8 @@ from fluxnetes.k8s.context import Context
 from fluxnetes.k8s.groups import OwnerRef
 from fluxnetes.k8s.groups.group import Group
 from fluxnetes.k8s.groups.grouptable import GroupTable
-from fluxnetes.k8s.groups.scaling import SCALE_SEP
 from fluxnetes.k8s.kube import EVENTS, FLUXJOBS, ApiError, short, transient
+from fluxnetes.k8s.names import SCALE_SEP
 from fluxnetes.k8s.objects import _dump_jobspec, _meta
 from fluxnetes.k8s.persistence import fluxjob
 from fluxnetes.k8s.persistence.fluxjob import Phase
