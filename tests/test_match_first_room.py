@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fluxnetes.graph import from_description, from_k8s_nodes
 from fluxnetes.match import Matcher
-from fluxnetes.match.engine import VState, _has_room
+from fluxnetes.match.vstate import VState, _has_room
 from fluxnetes.sim.machine import machine_from_size
 from test_match_failing_fast import answer, descriptions, k8s_nodes, step_both
 from test_match_reserve_fast import _slots

@@ -17,8 +17,8 @@ from fluxnetes.graph.model import ResourceGraph
 from fluxnetes.jobspec import parse_jobspec
 from fluxnetes.match import Matcher
 from fluxnetes.match import fast as fastmod
-from fluxnetes.match.engine import score_runs
 from fluxnetes.match.fast import ScoreRuns
+from fluxnetes.match.scoring import score_runs
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 POLICIES = ["locality", "variation"]

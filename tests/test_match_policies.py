@@ -13,7 +13,7 @@ from fluxnetes.graph import load_graph
 from fluxnetes.graph.model import Vertex
 from fluxnetes.jobspec import parse_jobspec
 from fluxnetes.match import POLICIES, Matcher, MatchError, MatchStatus
-from fluxnetes.match.engine import perf_class, score_runs
+from fluxnetes.match.scoring import perf_class, score_runs
 from fluxnetes.match.session import Session
 from helpers import cli_app
 

@@ -34,7 +34,10 @@ from sortedcontainers import SortedList
 
 from fluxnetes.graph.model import UP, Vertex
 from fluxnetes.jobspec.model import Resource
-from fluxnetes.match.engine import Engine, VState, calc_count, perf_class
+from fluxnetes.match.counts import calc_count
+from fluxnetes.match.engine import Engine
+from fluxnetes.match.scoring import perf_class
+from fluxnetes.match.vstate import VState
 
 
 def slot_shape(resources: list[Resource]) -> tuple[Resource, list[Resource]] | None:

@@ -38,8 +38,10 @@ from typing import Any
 
 from fluxnetes.graph.model import UP
 from fluxnetes.jobspec.model import Jobspec, Resource
-from fluxnetes.match.engine import MAXW, Engine, Entry, VState
+from fluxnetes.match.engine import Engine
+from fluxnetes.match.jobmeta import Entry
 from fluxnetes.match.results import AllocVertex, MatchResult, MatchStatus, NodeShare
+from fluxnetes.match.vstate import MAXW, VState
 
 SLOTS = 0  # slot[P] -> core[1]
 NODES = 1  # node[N] exclusive -> slot[1] -> core[1]

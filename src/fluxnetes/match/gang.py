@@ -35,17 +35,10 @@ from fluxnetes.jobspec.constraints import Constraint, parse_constraint
 from fluxnetes.jobspec.model import Jobspec, JobspecError, Resource, exclusive_types, split_sets
 from fluxnetes.jobspec.packing import Packing
 from fluxnetes.jobspec.podsets import PodSet
-from fluxnetes.match.engine import (
-    AT_ALLOC,
-    AT_RESERVE,
-    AT_SAT,
-    FAR,
-    GRAPH_END,
-    Engine,
-    Meta,
-    VState,
-)
+from fluxnetes.match.engine import Engine
+from fluxnetes.match.jobmeta import AT_ALLOC, AT_RESERVE, AT_SAT, FAR, GRAPH_END, Meta
 from fluxnetes.match.results import JobRecord, MatchResult, MatchStatus, NodeShare
+from fluxnetes.match.vstate import VState
 
 if TYPE_CHECKING:
     from fluxnetes.queue.satisfy import Capacity

@@ -16,21 +16,20 @@ from fluxnetes.graph.jgf import read_jgf
 from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex, gc_paused
 from fluxnetes.jobspec.constraints import expand_idset
 from fluxnetes.jobspec.model import Jobspec, Resource, exclusive_types, parse_jobspec
-from fluxnetes.match.engine import (
+from fluxnetes.match.counts import calc_count
+from fluxnetes.match.engine import Engine
+from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
+from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
+from fluxnetes.match.jobmeta import (
     AT_ALLOC,
     AT_RESERVE,
     AT_SAT,
     FAR,
     GRAPH_END,
     Emitted,
-    Engine,
     JobEntry,
     Meta,
-    VState,
-    calc_count,
 )
-from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
-from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
 from fluxnetes.match.multiset import MinMultiset
 from fluxnetes.match.pristine import PristineSlots
 from fluxnetes.match.reserve import ReserveBound, ReserveHosts
@@ -45,6 +44,7 @@ from fluxnetes.match.results import (
 from fluxnetes.match.results import (
     JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
 )
+from fluxnetes.match.vstate import VState
 from fluxnetes.plan import max_overlap
 
 # spans ending after this could overlap a satisfiability walk's window

@@ -39,7 +39,9 @@ from typing import Any
 
 from fluxnetes.graph.model import Vertex
 from fluxnetes.jobspec.model import Resource
-from fluxnetes.match.engine import Engine, VState, calc_count
+from fluxnetes.match.counts import calc_count
+from fluxnetes.match.engine import Engine
+from fluxnetes.match.vstate import VState
 
 # one element type under one host: (number of candidates, their size, shared pools?)
 TypeSummary = tuple[int, int, bool]

@@ -33,7 +33,8 @@ from __future__ import annotations
 import heapq
 
 from fluxnetes.jobspec.model import Resource
-from fluxnetes.match.engine import Engine, VState
+from fluxnetes.match.engine import Engine
+from fluxnetes.match.vstate import VState
 
 # per element type at one host: (filter type tracked there, or None; the children of that type)
 TypeSource = tuple[str | None, tuple[VState, ...]]

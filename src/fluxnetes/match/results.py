@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from fluxnetes.jobspec.constraints import encode_idset
 
 if TYPE_CHECKING:
-    from fluxnetes.match.engine import JobEntry
+    from fluxnetes.match.jobmeta import JobEntry
 
 
 class MatchStatus(enum.Enum):
