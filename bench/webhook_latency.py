@@ -177,32 +177,6 @@ def review_of(job: dict[str, Any]) -> dict[str, Any]:
                         "object": job}}
 
 
-async def direct_loops(loops: list[str], n: int, rounds: int) -> list[dict[str, Any]]:
-    """The webhook served as the operator serves it (its own process), once per event loop,
-    the loops alternating round by round; with the server process's CPU per request."""
-    from fluxnetes.k8s.admission.webhook import WebhookServer
-
-    bundle = certs.make_bundle(["127.0.0.1"])
-    servers: dict[str, WebhookServer] = {}
-    out: list[dict[str, Any]] = []
-    try:
-        for loop in loops:
-            os.environ["FLUXNETES_WEBHOOK_LOOP"] = loop  # read by the spawned webhook process
-            servers[loop] = WebhookServer("127.0.0.1", 0, bundle, lambda: {"operator"})
-            await servers[loop].start_in_process()
-        os.environ.pop("FLUXNETES_WEBHOOK_LOOP", None)
-        for rnd in range(rounds):
-            for loop in loops[rnd % len(loops):] + loops[:rnd % len(loops)]:
-                srv = servers[loop]
-                pid = srv._proc.pid
-                for r in await direct(f"https://127.0.0.1:{srv.port}/mutate-workloads", n, pid):
-                    out.append({"loop": loop, "round": rnd, **r})
-    finally:
-        for srv in servers.values():
-            await srv.stop()
-    return out
-
-
 async def direct(url: str, n: int, pid: int) -> list[dict[str, Any]]:
     """Python client straight to the webhook: the server's answer time without the API server."""
     ctx = ssl.create_default_context()
@@ -274,8 +248,6 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--direct-requests", type=int, default=300)
     ap.add_argument("--output", default=str(RESULTS))
-    ap.add_argument("--loops", default="asyncio,uvloop", type=lambda v: v.split(","),
-                    help="the webhook process's event loop, round by round (FLUXNETES_WEBHOOK_LOOP)")
     args = ap.parse_args()
     state = json.loads((Path(args.cluster_dir) / "state.json").read_text())
     kubeconfig = state["kubeconfig"]
@@ -287,26 +259,24 @@ async def main() -> None:
     out: dict[str, Any] = {"benchmark": "webhook_latency", "parameters": vars(args),
                            "machine": {"cpu_count": os.cpu_count(), "load_start": os.getloadavg()}}
     try:
-        # fluxnetes: the operator as users run it (the webhook in its own process), restarted
-        # each round with the webhook process's event loop of that round (before/after)
-        async def start_operator(loop: str, rnd: int) -> tuple[int, int, int]:
+        # fluxnetes: the operator as users run it (the webhook in its own process)
+        async def start_operator(rnd: int) -> tuple[int, int, int]:
             for p in operator:
                 p.terminate()
                 p.wait(timeout=30)
             operator.clear()
             metrics_port = free_port()
-            oplog = work / f"operator-{rnd}-{loop}.log"
+            oplog = work / f"operator-{rnd}.log"
             operator.append(subprocess.Popen(
                 [sys.executable, "-m", "fluxnetes.k8s", "run", "--kubeconfig", kubeconfig, "--webhook-port", "0",
                  "--metrics-port", str(metrics_port), "--log-level", "INFO"],
-                stdout=oplog.open("wb"), stderr=subprocess.STDOUT,
-                env={**os.environ, "FLUXNETES_WEBHOOK_LOOP": loop}))
+                stdout=oplog.open("wb"), stderr=subprocess.STDOUT))
             m = await wait_log(oplog, r"webhook serving on https://127\.0\.0\.1:(\d+) \(process (\d+)\)")
             await wait_log(oplog, "operator ready")
             await asyncio.sleep(2)  # the API server sees the webhook configuration's new URL
             return int(m[1]), int(m[2]), metrics_port
 
-        flux_port, flux_pid, metrics_port = await start_operator(args.loops[0], 0)
+        flux_port, flux_pid, metrics_port = await start_operator(0)
         # the Go control webhook, over HTTP/2 and over HTTP/1.1
         exe = work / "control"
         subprocess.run(["go", "build", "-o", str(exe), str(HERE / "webhook_control" / "main.go")],
@@ -356,16 +326,12 @@ async def main() -> None:
         runs: list[dict[str, Any]] = []
         order = list(systems)
         for rnd in range(args.rounds):
-            loop = args.loops[rnd % len(args.loops)]
-            if rnd:
-                flux_port, flux_pid, metrics_port = await start_operator(loop, rnd)
-                systems["fluxnetes"].update(pid=flux_pid, port=flux_port, metrics=metrics_port)
             for conc in (1, 32):
                 for name in order[rnd % len(order):] + order[:rnd % len(order)]:  # rotate who goes first
                     s = systems[name]
                     r = await create_batch(kube, s["ns"], f"r{rnd}c{conc}", args.jobs, conc, s["hook"],
                                            s["pid"], s["port"], apiserver_pid, s["metrics"])
-                    r.update(system=f"fluxnetes_{loop}" if name == "fluxnetes" else name, round=rnd)
+                    r.update(system=name, round=rnd)
                     print(json.dumps(r), flush=True)
                     runs.append(r)
         out["via_apiserver"] = runs
@@ -377,7 +343,8 @@ async def main() -> None:
                     k: round(statistics.median(r[k] for r in rs), 2)
                     for k in rs[0] if isinstance(rs[0][k], float | int) and k not in ("round", "jobs", "in_flight")}
         out["via_apiserver_medians"] = summary
-        out["direct_fluxnetes"] = await direct_loops(args.loops, args.direct_requests, rounds=2)
+        out["direct_fluxnetes"] = await direct(f"https://127.0.0.1:{flux_port}/mutate-workloads",
+                                               args.direct_requests, flux_pid)
         print("direct", json.dumps(out["direct_fluxnetes"]), flush=True)
         if shutil.which("strace"):
             trace = work / "strace.txt"

@@ -208,28 +208,3 @@ async def test_a_port_held_without_sharing_is_never_joined() -> None:
             await second.start_in_process()
     finally:
         await first.stop()
-
-
-def _loop_kind() -> str:
-    import asyncio
-
-    from fluxnetes.k8s.admission.webhook import run_serving_loop
-
-    seen: list[str] = []
-
-    async def main() -> None:
-        seen.append(type(asyncio.get_running_loop()).__module__)
-
-    ran = run_serving_loop(main)
-    assert len(seen) == 1
-    return f"{ran}:{seen[0]}"
-
-
-def test_the_webhook_process_serves_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """asyncio's pure-Python TLS layer made the webhook process the queue that 32 concurrent
-    Job creates waited in (bench/webhook_latency.py); its loop is uvloop's, asyncio's only
-    when asked (the benchmark's "before")."""
-    monkeypatch.delenv("FLUXNETES_WEBHOOK_LOOP", raising=False)
-    assert _loop_kind() == "uvloop:uvloop"
-    monkeypatch.setenv("FLUXNETES_WEBHOOK_LOOP", "asyncio")
-    assert _loop_kind().split(":")[0] == "asyncio"

@@ -12,7 +12,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -280,29 +280,7 @@ def _serve_child(host: str, port: int, data: dict[str, bytes], operators: list[s
                     return
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    run_serving_loop(main)
-
-
-def run_serving_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> str:
-    """Run the webhook process's event loop; returns which one ran ("uvloop" or "asyncio").
-
-    uvloop: with 32 Job creates in flight the API server holds one HTTP/1.1 connection per
-    call, and asyncio's TLS layer (sslproto, pure Python) made this single-threaded process
-    the queue those calls waited in; uvloop's TLS layer and loop are compiled (before/after:
-    bench/webhook_latency.py). FLUXNETES_WEBHOOK_LOOP=asyncio picks asyncio's loop (the
-    benchmark's "before"); without uvloop installed asyncio's loop serves too."""
-    import os
-
-    if os.environ.get("FLUXNETES_WEBHOOK_LOOP", "uvloop") != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            uvloop.run(main())
-            return "uvloop"
     asyncio.run(main())
-    return "asyncio"
 
 
 def _relay_observations(conn: Any) -> None:
