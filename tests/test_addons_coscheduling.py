@@ -109,11 +109,11 @@ def test_the_mpi_operator_makes_the_podgroup_of_an_mpijob(cluster: Cluster) -> N
               "spec": {"slotsPerWorker": 1, "runPolicy": {"cleanPodPolicy": "Running"},
                        "mpiReplicaSpecs": {"Launcher": replica, "Worker": {**replica, "replicas": 2}}}}
     cluster.kubectl("create", "-f", "-", input=json.dumps(mpijob))
-    group = wait("the MPI Operator's PodGroup 'pi'", timeout=120, cond=lambda: next(
+    group = wait("the MPI Operator's PodGroup 'pi'", timeout=300, cond=lambda: next(
         (g for g in cluster.kubectl_json("get", "podgroups", "-n", NS)["items"] if g["metadata"]["name"] == "pi"), None))
     assert group["spec"]["minMember"] == 3
     assert [o["kind"] for o in group["metadata"]["ownerReferences"]] == ["MPIJob"]
-    pods = wait("the MPIJob's 3 pods bound", timeout=120,
+    pods = wait("the MPIJob's 3 pods bound", timeout=300,
                 cond=lambda: (ps := pods_of(cluster, f"{GROUP_LABEL}=pi")) and len(bound(ps)) == 3 and ps)
     assert {p["spec"]["schedulerName"] for p in pods} == {SCHEDULER_NAME}
     scheduled = {e["involvedObject"]["name"] for e in scheduler_events(cluster, "Scheduled")}

@@ -355,9 +355,8 @@ class Recovery:
             if None in slots:
                 return None
             spec = replace(spec, name=key[1], size=1 + max(s for s in slots if s is not None))
-        elif spec.key == key and kind is not None and kind.owns_pods \
-                and (kind.resume_patch({}) is None or kind.kind == "Job"):
-            # the base group of a replicated workload or of a Job: its spec says today's
+        elif spec.key == key and kind is not None and kind.owns_pods:
+            # the base group of a kind that owns its pods (Job, ReplicaSet, StatefulSet): its spec says today's
             # replica count (parallelism), which a scale-up (or down) after the placement
             # changed; the group was placed at the size its pods' slots say, and `reconcile`
             # gives the rest a scale group (or back) as for a group read from its FluxJob.
