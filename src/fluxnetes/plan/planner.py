@@ -476,37 +476,31 @@ class Planner:
             assert rec is not None
             lo = bisect_left(times, rec[0])
             hi = bisect_left(times, rec[1], lo)
-        # candidate on_or_after itself: the window from the point in force there
-        i = bisect_right(times, t) - 1
-        wend = t + duration
-        j = i
-        while j < n and times[j] < wend:
-            if sched[j] - (c if lo <= j < hi else 0) > limit:
-                break
-            j += 1
-        else:
-            return True
-        k = j + 1
+        # candidates: on_or_after itself (the window from the point in force there), then
+        # each later point before ``before``; a window is clear while no point in it is over
         horizon_end = self._end
-        while k < n:
+        k = bisect_right(times, t) - 1
+        cand = t
+        while True:
+            if sched[k] - (c if lo <= k < hi else 0) > limit:
+                k += 1
+            else:
+                wend = cand + duration
+                j = k + 1
+                while j < n and times[j] < wend:
+                    if sched[j] - (c if lo <= j < hi else 0) > limit:
+                        break
+                    j += 1
+                else:
+                    return True
+                k = j + 1
+            if k >= n:
+                return False
             cand = times[k]
             if cand >= before:
                 return False
-            wend = cand + duration
-            if wend > horizon_end:
+            if cand + duration > horizon_end:
                 return None
-            if sched[k] - (c if lo <= k < hi else 0) > limit:
-                k += 1
-                continue
-            j = k + 1
-            while j < n and times[j] < wend:
-                if sched[j] - (c if lo <= j < hi else 0) > limit:
-                    break
-                j += 1
-            else:
-                return True
-            k = j + 1
-        return False
 
     def avail_time_first(
         self,
