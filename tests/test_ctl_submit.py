@@ -328,7 +328,8 @@ def test_dry_run_against_the_cluster_waits_for_the_running_job(
     cluster, _ns = busy_cluster
     work = tmp_path / "work.yaml"
     work.write_text(yaml.safe_dump(job("next", 2, "2", deadline=60)))
-    before = cluster.kubectl("get", "jobs", "-A", "-o", "name").stdout
+    every_job = ("get", "jobs", "-A", "-o", "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name} {end}")
+    before = cluster.kubectl(*every_job).stdout
     result = CliRunner().invoke(
         app(),
         ["submit", "--dry-run", str(work), "--kubeconfig", str(cluster.kubeconfig), "-o", "json"],
@@ -345,5 +346,7 @@ def test_dry_run_against_the_cluster_waits_for_the_running_job(
     ]
     if not others:
         assert v["startIn"] <= 600
-    # nothing was created
-    assert cluster.kubectl("get", "jobs", "-A", "-o", "name").stdout == before
+    # nothing was created (other tests' Jobs may vanish meanwhile: their namespaces are
+    # deleted without waiting, so only a Job that was not there before counts)
+    after = cluster.kubectl(*every_job).stdout.split()
+    assert set(after) <= set(before.split()), sorted(set(after) - set(before.split()))
