@@ -85,21 +85,29 @@ def test_cancel_targets_follow_the_owners_to_the_workload() -> None:
     assert cancel_targets("default", "g", [pod("b-1", "n0"), pod("b-0", "n1")], get) == [
         {"kind": "Pod", "name": "b-1"}, {"kind": "Pod", "name": "b-0"}]
     # a JobSet's Job (or an MPIJob's pods): refused, naming the owner and what to do
-    with pytest.raises(CtlError, match=r"JobSet set-a via Job set-a-0; .*kubectl delete jobset set-a -n default"):
+    # a CronJob's Job: the Job (the CronJob would not recreate it; deleting it would end the schedule)
+    objects["/apis/batch/v1/namespaces/default/jobs/nightly-1"] = owned("Job", "nightly-1", ("CronJob", "nightly"))
+    assert cancel_targets("default", "g", [pod("n-0", "n0", owner=("Job", "nightly-1"))], get) == [
+        {"kind": "Job", "name": "nightly-1"}]
+    with pytest.raises(CtlError, match=r"belong to JobSet set-a \(controlling Job set-a-0\); "
+                                       r".*kubectl delete jobset set-a -n default"):
         cancel_targets("default", "g", [pod("s-0", "n0", owner=("Job", "set-a-0"))], get)
-    with pytest.raises(CtlError, match="belong to MPIJob pi; "):
+    with pytest.raises(CtlError, match="belong to MPIJob pi; cancel deletes only Job, Deployment"):
         cancel_targets("default", "g", [pod("w-0", "n0", owner=("MPIJob", "pi"))], get)
 
 
 class FakeApi:
     """The API paths the two commands use, over a list of pods and objects; records DELETEs."""
 
-    def __init__(self, pods: list[dict[str, Any]], objects: Mapping[str, Any] | None = None) -> None:
-        self.pods, self.objects, self.deleted = pods, dict(objects or {}), []
+    def __init__(self, pods: list[dict[str, Any]], objects: Mapping[str, Any] | None = None,
+                 fluxjobs: list[dict[str, Any]] | None = None) -> None:
+        self.pods, self.objects, self.fluxjobs = pods, dict(objects or {}), fluxjobs or []
+        self.deleted: list[str] = []
 
     def fetch(self, conn: Any, *, nodes: bool = False, pods: bool = False, fluxjobs: str | None = None) -> ClusterView:
         node = {"metadata": {"name": "n0"}, "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}}
-        return ClusterView(nodes=[node] if nodes else [], pods=list(self.pods) if pods else [], fluxjobs=[])
+        return ClusterView(nodes=[node] if nodes else [], pods=list(self.pods) if pods else [],
+                           fluxjobs=list(self.fluxjobs) if fluxjobs is not None else [])
 
     def api(self, conn: Any, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
         if method == "DELETE":
@@ -150,3 +158,26 @@ def test_explain_and_cancel_commands_answer_for_a_group_without_a_fluxjob(fake: 
     assert "deleted Job default/gone" in CliRunner().invoke(ctl, ["cancel", "job-orphan", "-n", "default"]).output
     missing = CliRunner().invoke(ctl, ["cancel", "nope", "-n", "default"])
     assert missing.exit_code == 1 and "no running group of that name" in missing.output
+
+
+def fluxjob(name: str, workload: tuple[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "default"}, "status": {"phase": "Pending"},
+            "spec": {"size": 2, "workload": {"apiVersion": "v1", "kind": workload[0], "name": workload[1]}}}
+
+
+def test_cancel_of_a_fluxjob_deletes_the_workload_its_owner_would_not_recreate(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Deployment's group is its ReplicaSet's: deleting that ReplicaSet only had the
+    # Deployment make a new one (and the group queue again); the Deployment is deleted
+    api = FakeApi([], {"/apis/apps/v1/namespaces/default/replicasets/web-5f":
+                       owned("ReplicaSet", "web-5f", ("Deployment", "web"))},
+                  [fluxjob("web", ("ReplicaSet", "web-5f")), fluxjob("set", ("JobSet", "set-a"))])
+    monkeypatch.setattr(cancel_mod, "fetch", api.fetch)
+    monkeypatch.setattr(cancel_mod, "api", api.api)
+    res = CliRunner().invoke(build(), ["cancel", "default/web"])
+    assert res.exit_code == 0, res.output
+    assert "deleted Deployment default/web" in res.output and "fluxjob default/web cancelled" in res.output
+    assert api.deleted == ["/apis/apps/v1/namespaces/default/deployments/web"]
+    res = CliRunner().invoke(build(), ["cancel", "default/set"])
+    assert res.exit_code == 1 and api.deleted == ["/apis/apps/v1/namespaces/default/deployments/web"]
+    assert "the workload of FluxJob default/set is JobSet set-a; cancel deletes only" in res.output
+    assert "kubectl delete jobset set-a -n default" in res.output

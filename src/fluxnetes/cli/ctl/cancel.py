@@ -24,7 +24,7 @@ from fluxnetes.cli.ctl.common import (
     find_fluxjob,
     split_job,
 )
-from fluxnetes.cli.ctl.unrecorded import cancel_targets, group_pods, workload_path
+from fluxnetes.cli.ctl.unrecorded import cancel_targets, group_pods, top_workload, workload_path
 
 
 def cancel_cmd(
@@ -60,7 +60,9 @@ def cancel_cmd(
                 raise CtlError(f"FluxJob {ns}/{name} is already {phase}")
             workload = (fj.get("spec") or {}).get("workload") or {}
             if workload.get("kind") and workload.get("name"):
-                targets = [{"kind": str(workload["kind"]), "name": str(workload["name"])}]
+                ref = {"kind": str(workload["kind"]), "name": str(workload["name"])}
+                targets = [top_workload(ns, ref, f"the workload of FluxJob {ns}/{name} is",
+                                        lambda path: _get_or_none(conn, path))]
             else:
                 pods = api(conn, "GET", f"/api/v1/namespaces/{ns}/pods").get("items") or []
                 targets = [{"kind": "Pod", "name": str((p.get("metadata") or {}).get("name"))}

@@ -124,14 +124,43 @@ def workload_path(ns: str, kind: str, name: str) -> str:
     return f"{base}/namespaces/{ns}/{kind.lower()}s/{name}"
 
 
+# owners that do not recreate a child deleted under them: a CronJob's Job is the one run
+# to cancel, not the schedule
+KEEPS_DELETED = ("CronJob",)
+
+
+def top_workload(ns: str, ref: Mapping[str, str], what: str,
+                 get: Callable[[str], Mapping[str, Any] | None]) -> dict[str, str]:
+    """The object ``cancel`` deletes for the workload ``ref`` (``kind``, ``name``): ``ref``
+    itself, or, when a controller would only recreate it (a Deployment its ReplicaSet), that
+    controller, followed up. ``get``: GET an API path, None when it is gone. CtlError when
+    the top is a kind cancel does not delete (a JobSet's Job, an MPIJob's pods: deleting the
+    part would only make the owner recreate or fail it): ``what`` (a phrase ending in "belong
+    to" or "is") then the owner, and the kubectl command that deletes it."""
+    chain = [dict(ref)]
+    top = chain[0]
+    while top["kind"] in WORKLOAD_PATHS and top["kind"] != "Pod":
+        owner = get(workload_path(ns, top["kind"], top["name"]))
+        up = controller_ref(owner) if owner is not None else None
+        if up is None or up["kind"] in KEEPS_DELETED:
+            break
+        top = up
+        chain.append(top)
+    if top["kind"] not in WORKLOAD_PATHS:
+        under = ", ".join(f"{r['kind']} {r['name']}" for r in reversed(chain[:-1]))
+        raise CtlError(
+            f"{what} {top['kind']} {top['name']}" + (f" (controlling {under})" if under else "")
+            + "; cancel deletes only "
+            f"{', '.join(k for k in WORKLOAD_PATHS if k != 'Pod')} and bare pods, nothing was deleted: "
+            f"kubectl delete {top['kind'].lower()} {top['name']} -n {ns}")
+    return top
+
+
 def cancel_targets(ns: str, name: str, members: Sequence[Mapping[str, Any]],
                    get: Callable[[str], Mapping[str, Any] | None]) -> list[dict[str, str]]:
     """What ``cancel`` deletes for a group without a FluxJob, as a FluxJob's cancel would:
-    the workload that owns its pods, followed up its controllers (a Deployment's pods belong
-    to a ReplicaSet it would recreate: the Deployment is deleted), or the pods themselves
-    when nothing controls them (a labelled pod group). ``get``: GET an API path, None when
-    it is gone. CtlError when the top owner is a kind cancel does not delete (a JobSet's
-    Job, an MPIJob's pods): deleting the part would only make its owner recreate it."""
+    the workload that owns its pods (``top_workload``), or the pods themselves when nothing
+    controls them (a labelled pod group)."""
     targets: dict[tuple[str, str], dict[str, str]] = {}
     bare = []
     for p in members:
@@ -139,20 +168,6 @@ def cancel_targets(ns: str, name: str, members: Sequence[Mapping[str, Any]],
         if ref is None:
             bare.append({"kind": "Pod", "name": str((p.get("metadata") or {}).get("name", ""))})
             continue
-        chain = [ref]
-        while ref["kind"] in WORKLOAD_PATHS:
-            owner = get(workload_path(ns, ref["kind"], ref["name"]))
-            up = controller_ref(owner) if owner is not None else None
-            if up is None:
-                break
-            ref = up
-            chain.append(ref)
-        if ref["kind"] not in WORKLOAD_PATHS:
-            via = " via " + ", ".join(f"{r['kind']} {r['name']}" for r in chain[:-1]) if len(chain) > 1 else ""
-            raise CtlError(
-                f"group {ns}/{name} has no FluxJob and its pods belong to {ref['kind']} {ref['name']}{via}; "
-                f"cancel deletes only {', '.join(k for k in WORKLOAD_PATHS if k != 'Pod')} and bare pods "
-                f"(deleting a part makes its {ref['kind']} recreate it): "
-                f"kubectl delete {ref['kind'].lower()} {ref['name']} -n {ns}")
-        targets[(ref["kind"], ref["name"])] = ref
+        top = top_workload(ns, ref, f"the pods of group {ns}/{name} (no FluxJob) belong to", get)
+        targets[(top["kind"], top["name"])] = top
     return [targets[k] for k in sorted(targets)] + bare
