@@ -137,3 +137,21 @@ def test_bad_manifests_are_named_errors(kth: str, tmp_path: Path, content: str, 
     assert "Traceback" not in result.output
     with pytest.raises(FairShareSimError, match="--fairshare"):
         accounts_for(str(f), *_trace([1]))
+
+
+def test_reading_manifests_loads_no_kubernetes_client() -> None:
+    # the simulator reuses the operator's reader because it is pure; if it ever pulls in
+    # the API client (or anything else of the operator), it must move out of k8s/ instead
+    import subprocess
+    import sys
+
+    import fluxnetes
+
+    code = ("import sys; from pathlib import Path; from fluxnetes.sim.fairshare import load_account_file; "
+            f"load_account_file(Path({str(ROOT / 'examples/accounts.yaml')!r})); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('fluxnetes.k8s'))))")
+    src = str(Path(fluxnetes.__file__).parent.parent)
+    done = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": src}, capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["fluxnetes.k8s", "fluxnetes.k8s.fairshare", "fluxnetes.k8s.fairshare.accounts",
+                                   "fluxnetes.k8s.names"]
