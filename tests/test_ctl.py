@@ -451,6 +451,11 @@ def test_ctl_commands_against_the_apiserver(cluster_with_jobs: tuple[Any, str]) 
     assert info["state"] == "Pending" and info["waitsBehind"] == [f"{ns}/blocked"]
     assert "short" in info
     assert "waits behind reservation" in run(cluster, "explain", "small", "-n", ns).stdout
+    # a group placed at once without a FluxJob (--fluxjobs waiting): explained from its pod
+    quick = json.loads(run(cluster, "explain", f"{ns}/job-quick", "-o", "json").stdout)
+    assert (quick["state"], quick["fluxJob"], quick["size"], quick["nodes"]) == ("Running", False, 1, [names[1]])
+    assert quick["shares"] == [{"node": names[1], "pods": 1, "cores": 1, "memory": 1024, "gpus": 0}]
+    assert "Running (no FluxJob)" in run(cluster, "explain", "job-quick", "-n", ns).stdout
 
     jgf = json.loads(run(cluster, "graph").stdout)
     node_vertices = [v for v in jgf["graph"]["nodes"] if v["metadata"]["type"] == "node"]
@@ -466,6 +471,9 @@ def test_ctl_commands_against_the_apiserver(cluster_with_jobs: tuple[Any, str]) 
     assert done == {"job": f"{ns}/blocked", "phase": "Reserved", "deleted": [{"kind": "Job", "name": "blocked"}],
                     "cancelled": True}
     assert being_deleted(cluster, "job", "blocked", ns)
+    gone = json.loads(run(cluster, "cancel", f"{ns}/job-quick", "-o", "json").stdout)
+    assert gone["fluxJob"] is False and gone["deleted"] == [{"kind": "Pod", "name": "quick-0"}]
+    assert being_deleted(cluster, "pod", "quick-0", ns)
 
 
 def being_deleted(cluster: Any, kind: str, name: str, ns: str) -> bool:

@@ -127,7 +127,10 @@ def simulate_command(
         str | None,
         typer.Option("--fairshare", help="Order the queue by fair share (multifactor priority): "
                      "users (one account per SWF user, equal shares), groups (per SWF group) or "
-                     "an account tree FILE.yaml. With --compare, every policy runs plain and "
+                     "FILE.yaml: an account tree, or FluxAccount manifests as applied to a cluster "
+                     "(examples/accounts.yaml; a Namespace user-<N> or group-<N> labelled "
+                     "fluxnetes.io/account chooses a trace user's account, the rest charge the "
+                     "default account). With --compare, every policy runs plain and "
                      "with fair share", rich_help_panel="Fair share"),
     ] = None,
     fairshare_algo: Annotated[

@@ -15,7 +15,12 @@ Accounts (``--fairshare``):
 * ``groups``: one leaf per SWF group (field 13), equal shares, named ``group-<N>``;
 * a YAML file: an account tree in the core's format (``fluxnetes.queue.accounts``), whose
   leaves name trace users or groups as above (``users: [user-3, user-7]``); a job charges
-  its user's leaf if there is one, else its group's, else the file's ``default``.
+  its user's leaf if there is one, else its group's, else the file's ``default``;
+* or a file of FluxAccount manifests (several YAML documents or a ``kind: List``, e.g.
+  ``examples/accounts.yaml``), read by the operator's own reader; Namespaces in it named
+  ``user-<N>`` or ``group-<N>`` choose a trace user's or group's account with the
+  ``fluxnetes.io/account`` label, as a namespace does on a cluster; every other job charges
+  the default account (``spec.default``, else ``default``, as the operator).
   Limits in the file are reported as not simulated.
 """
 
@@ -76,8 +81,23 @@ class Accounts:
     notes: list[str] = field(default_factory=list)
 
 
-def load_tree(path: Path) -> AccountTree:
-    """An account tree from a YAML file; FairShareSimError naming the file and the field."""
+@dataclass(frozen=True)
+class AccountFile:
+    """An ``--fairshare FILE``: the tree, which trace user or group (``user-<N>``,
+    ``group-<N>``) charges which leaf, and what is worth telling the user."""
+
+    tree: AccountTree
+    leaf_of: dict[str, str]  # trace user / group name -> leaf
+    notes: tuple[str, ...] = ()
+
+
+def load_account_file(path: Path) -> AccountFile:
+    """``--fairshare FILE``: a tree in the core's format (one YAML document, see
+    ``fluxnetes.queue.accounts``; its leaves name trace users or groups), or Kubernetes
+    manifests (several documents or a ``kind: List``): FluxAccounts read exactly as the
+    operator reads them (``fluxnetes.k8s.fairshare.accounts.parse_accounts``), and
+    Namespaces named after trace users or groups that choose their account with the
+    ``fluxnetes.io/account`` label, as on a cluster where each user has a namespace."""
     import yaml
 
     try:
@@ -85,16 +105,70 @@ def load_tree(path: Path) -> AccountTree:
     except OSError as exc:
         raise FairShareSimError(f"--fairshare {path}: cannot read ({exc.strerror or exc})") from None
     try:
-        data = yaml.safe_load(text)
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise FairShareSimError(f"--fairshare {path}: not valid YAML{where}: {problem}") from None
+    if any(isinstance(d, Mapping) and ("kind" in d or "apiVersion" in d) for d in docs):
+        return _from_manifests(path, docs)
+    if len(docs) > 1:
+        raise FairShareSimError(
+            f"--fairshare {path}: {len(docs)} YAML documents: a tree file is one document "
+            "(accounts, default); manifests need kind: FluxAccount or Namespace on each")
     try:
-        return AccountTree.from_dict(data)
+        tree = AccountTree.from_dict(docs[0] if docs else None)
     except AccountError as exc:
         raise FairShareSimError(f"--fairshare {path}: {exc}") from None
+    return AccountFile(tree, {leaf: leaf for leaf in tree.leaves})
+
+
+FLUXACCOUNT_API = "fluxnetes.io/v1alpha1"
+
+
+def _from_manifests(path: Path, docs: Sequence[Any]) -> AccountFile:
+    """FluxAccount and Namespace manifests -> the tree the operator would build from them.
+    The operator's reader is pure (plain dicts in, the core tree out; it imports no client),
+    so the simulator uses it as is: one reading of a FluxAccount, one set of rules."""
+    from fluxnetes.k8s.fairshare.accounts import KIND, AccountConfigError, parse_accounts
+
+    items: list[tuple[str, Any]] = []
+    for i, doc in enumerate(docs, 1):
+        if isinstance(doc, Mapping) and str(doc.get("kind") or "").endswith("List"):
+            listed = doc.get("items")
+            if not isinstance(listed, list):
+                raise FairShareSimError(f"--fairshare {path}: document {i}: items: a {doc.get('kind')} "
+                                        "needs a list of manifests")
+            items += [(f"document {i}: items[{j}]", item) for j, item in enumerate(listed)]
+        else:
+            items.append((f"document {i}", doc))
+    accounts, namespaces = [], []
+    for where, item in items:
+        kind = item.get("kind") if isinstance(item, Mapping) else None
+        if kind == KIND:
+            if item.get("apiVersion") != FLUXACCOUNT_API:
+                raise FairShareSimError(f"--fairshare {path}: {where}: apiVersion: a FluxAccount is "
+                                        f"{FLUXACCOUNT_API}, got {item.get('apiVersion')!r}")
+            accounts.append(item)
+        elif kind == "Namespace":
+            namespaces.append(item)
+        else:
+            raise FairShareSimError(
+                f"--fairshare {path}: {where}: kind: only FluxAccount and Namespace manifests (or a "
+                f"List of them) describe accounts, got {kind!r}")
+    if not accounts:
+        raise FairShareSimError(f"--fairshare {path}: no FluxAccount (fair share is off on a cluster "
+                                "without one); declare the accounts as kind: FluxAccount")
+    try:
+        config = parse_accounts(accounts, namespaces)
+    except AccountConfigError as exc:
+        raise FairShareSimError(f"--fairshare {path}: {exc}") from None
+    notes = [str(p) for p in config.problems]
+    if config.implicit_default:
+        notes.append(f"no FluxAccount is the default: trace users without a namespace choosing an "
+                     f"account charge the implicit account {config.default!r} (1 share), as on a cluster")
+    return AccountFile(config.tree, dict(config.namespaces), tuple(notes))
 
 
 def accounts_for(how: str, trace: Any, jobs: Sequence[SimJob]) -> Accounts:
@@ -109,15 +183,15 @@ def accounts_for(how: str, trace: Any, jobs: Sequence[SimJob]) -> Accounts:
     path = Path(how)
     if path.suffix.lower() not in (".yaml", ".yml") and not path.exists():
         raise FairShareSimError(f"--fairshare must be users, groups or a YAML file (got {how!r})")
-    tree = load_tree(path)
+    loaded = load_account_file(path)
+    tree = loaded.tree
     account_of = {}
     missing: Counter[str] = Counter()
     defaulted: Counter[str] = Counter()
     for job_id, (user, group) in owners.items():
-        if user in tree.nodes and tree.is_leaf(user):
-            account_of[job_id] = user
-        elif group in tree.nodes and tree.is_leaf(group):
-            account_of[job_id] = group
+        leaf = loaded.leaf_of.get(user) or loaded.leaf_of.get(group)
+        if leaf is not None:
+            account_of[job_id] = leaf
         elif tree.default is not None:
             account_of[job_id] = tree.default
             defaulted[user] += 1
@@ -128,7 +202,7 @@ def accounts_for(how: str, trace: Any, jobs: Sequence[SimJob]) -> Accounts:
         raise FairShareSimError(
             f"--fairshare {path}: {len(missing)} trace user(s) in no account, e.g. {shown}; "
             "list them (or their group-<N>) as leaves, or set 'default: <leaf>'")
-    notes = []
+    notes = list(loaded.notes)
     if defaulted:
         notes.append(f"{len(defaulted)} trace user(s) ({sum(defaulted.values())} jobs) charge "
                      f"the default account {tree.default}")

@@ -9,7 +9,8 @@
     kubectl fluxnetes accounts            fair share per account (shares, usage, factor)
 
 One module per command, each with ``register(ctl)``; what they share (connection, reading the
-cluster, output) is in ``common.py``. The pure functions (``queue_rows``, ``node_rows``,
+cluster, output) is in ``common.py``; groups running without a FluxJob (the operator's
+``--fluxjobs waiting``), as ``explain`` and ``cancel`` find them, in ``unrecorded.py``. The pure functions (``queue_rows``, ``node_rows``,
 ``explain_job``, ``dry_run``) take plain dicts so they can be tested without a cluster.
 """
 

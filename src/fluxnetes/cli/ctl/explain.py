@@ -35,6 +35,7 @@ from fluxnetes.cli.ctl.common import (
     table,
 )
 from fluxnetes.cli.ctl.nodes import node_rows
+from fluxnetes.cli.ctl.unrecorded import explain_unrecorded, group_pods, print_unrecorded
 
 
 def explain_job(
@@ -336,21 +337,36 @@ def could_ever_fit(
 
 
 def explain_cmd(
-    job: Annotated[str, typer.Argument(help="FluxJob NAME or NAMESPACE/NAME.")],
+    job: Annotated[str, typer.Argument(help="FluxJob NAME or NAMESPACE/NAME, or a running group without a FluxJob.")],
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     namespace: NamespaceOpt = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Why JOB waits: the short resource, the reservations ahead of it, its decision history."""
+    """Why JOB waits: the short resource, the reservations ahead of it, its decision history.
+
+    A group running without a FluxJob (the operator's --fluxjobs waiting) is explained from
+    its pods: its nodes, its share of each, its workload."""
     conn = Conn(kubeconfig, context, namespace)
+    now = datetime.now(UTC)
     try:
         ns, name = split_job(job, conn)
         view = fetch(conn, nodes=True, pods=True, fluxjobs="")
-        fj = find_fluxjob(view, ns, name)
     except CtlError as exc:
         raise fail(exc) from None
-    now = datetime.now(UTC)
+    try:
+        fj = find_fluxjob(view, ns, name)
+    except CtlError as exc:
+        # a group placed at once under --fluxjobs waiting has no FluxJob: its pods tell
+        members = group_pods(view.pods, ns, name)
+        if not members:
+            raise fail(CtlError(f"{exc}; no running group of that name without a FluxJob either")) from None
+        info = explain_unrecorded(ns, name, members, now)
+        if output is Output.table:
+            print_unrecorded(info, console())
+        else:
+            emit(info, output)
+        return
     info = explain_job(fj, view.nodes, view.pods, view.fluxjobs, now)
     factors = None
     if info["state"] in WAITING:
