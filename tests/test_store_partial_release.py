@@ -91,6 +91,58 @@ def test_partial_release_on_a_shared_node_survives_a_restart(
     asyncio.run(main())
 
 
+def test_store_allocation_taken_up_after_a_partial_release_opens_no_slot_it_does_not_hold(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same release, but the new leader finds the group's FluxJob saying Pending (its
+    Running status was never written): the store's allocation is taken up as it stands (2
+    cores on n0 for a group of 2 pods of 2 cores). Only one slot may stay open: laid out over
+    both, the ended pod's slot would wait open with no share behind it, and a new pod of the
+    group (a Job's replacement pod) would be placed there, onto cores the graph gives away."""
+    monkeypatch.setattr(recovery_unit, "NODES", ("n0",))
+
+    async def main() -> None:
+        kube = Kube()
+        j = job("pair", 2)
+        c = controller(kube, store_url)
+        c.reconciled = True
+        c.handle(("Job", "ADDED", j))
+        await settle(c)
+        g = c.groups[("ns", "job-pair")]
+        ps = [placed(pod(f"pair-{i}", owner=j), "n0", i, int(g.jobid or 0), "job-pair") for i in range(2)]
+        for p in ps:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        c.handle(("Pod", "MODIFIED", _ended(ps[0])))
+        await settle(c)
+        assert c.journal is not None and c.journal.drain()
+        await c.stop()
+        fj = copy.deepcopy(kube.fluxjobs[("ns", "job-pair")])
+        fj["status"].update(phase="Pending", shares=None, released=None)  # the Running write lost
+        kube.pods = [ps[1]]
+        c2 = restart(kube, [resumed(j)], [fj], [ps[1]], store=store_url)
+        g2 = c2.groups[("ns", "job-pair")]
+        assert g2.phase == Phase.RUNNING and used(c2) == {"n0": 2}
+        open_slots = [i for i in range(len(g2.slots)) if i not in g2.released]
+        assert len(open_slots) == 1, (g2.slots, g2.released)  # (was: 2 open, 2 cores held)
+        await settle(c2)
+        # a new pod of the group (the Job replaces one) goes nowhere the graph does not hold
+        c2.handle(("Pod", "ADDED", pod("pair-2", owner=j)))
+        await settle(c2)
+        filler = _cpu(job("filler", 1), "14")
+        c2.handle(("Job", "ADDED", filler))
+        c2.handle(("Pod", "ADDED", _cpu(pod("filler-0", owner=filler), "14")))
+        await settle(c2)
+        # the pods on n0: the group's in its slots, pod 1 (if it is foreign now), the filler
+        on_n0 = 2 * sum(1 for u in g2.slot_pod if u is not None) + 2 * len(c2.cluster.foreign_node)
+        if c2.groups[("ns", "job-filler")].phase == Phase.RUNNING:
+            on_n0 += 14
+        assert on_n0 <= 16, (g2.slot_pod, g2.released, c2.cluster.foreign_node, used(c2))
+        await c2.stop()
+
+    asyncio.run(main())
+
+
 # -- the store's side ---------------------------------------------------------------------------
 
 

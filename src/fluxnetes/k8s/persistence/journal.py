@@ -2,8 +2,9 @@
 
 With a store, every group enters it (submission with its jobspec, size, duration, priority
 and submit time) and every decision of the operator is a store transition with its event
-(pending, reserved, running with the allocation's per-node amounts, partial releases,
-completed / failed / cancelled / unsatisfiable). After a restart the controller reads the live
+(pending, reserved, running with the allocation's per-node amounts, partial releases: nodes
+given back whole and, ``release_part``, what a group still holds of a node where some of its
+pods ended, completed / failed / cancelled / unsatisfiable). After a restart the controller reads the live
 jobs back (``live_jobs``, ``allocations``): the queue resumes in the store's order (priority,
 then submit time), allocations the FluxJob status did not record yet are restored, and
 everything is reconciled with the cluster (FluxJobs, bound pods; objects gone -> cancelled).
@@ -15,7 +16,8 @@ would refuse as illegal are bridged through the legal path (e.g. a job that comp
 its start was still being written is started, then completed) or skipped when the store is
 already in a terminal state. A completion found after a restart with no allocation known (its
 pods gone too) ends the row as cancelled, saying so: a live row would be queued again.
-The crash points ``store-<state>`` / ``store-release`` come right before such a write
+Partial releases queued one after the other go out in one transaction (a burst of ended pods).
+The crash points ``store-<state>`` / ``store-release`` / ``store-release-part`` come right before such a write
 (crashpoints.py): a restart test stops the operator there, the store behind the cluster.
 """
 
