@@ -280,6 +280,43 @@ def test_release_not_written_to_the_store(k8s_cluster: Any, ns: str, op: Operato
     assert [str(e.to_state) for e in store_at(url).events(rows[0].id)].count("running") == 1
 
 
+def test_partial_release_on_a_shared_node_survives_a_restart(k8s_cluster: Any, ns: str, op: Operator) -> None:
+    """``--store`` with ``--fluxjobs waiting``: a group of 2 pods of 2 cpu placed at once on
+    one node (so no FluxJob), one pod deleted (its share of the node given back, the other
+    runs on): the operator's store records that the group holds 2 cpu there (was: 4, until
+    the group ended). A new leader is then exact and a group of 4 pods of 14 cpu, one on
+    every node, runs at once, nothing overbooked. (The restart half passes without the
+    store's record too: a label group's slot whose pod is gone is given back by the new
+    leader's reconcile. A Job's slot waits for a replacement pod instead, which is where the
+    old amount leaked; kwok completes a Job's pods at once, so that case is played at unit
+    level: tests/test_store_partial_release.py.)"""
+    url = f"sqlite:///{op.log_dir / 'part.db'}"
+    args = ("--store", url, "--fluxjobs", "waiting")
+    restart(op, *args)
+    with OverbookingWatch(k8s_cluster) as watch:
+        labels = {"fluxnetes.io/group": "pair", "fluxnetes.io/group-size": "2"}
+        apply(k8s_cluster, ns, [pod(f"pair-{i}", "2", labels=labels) for i in range(2)])
+        first, second = bound_nodes(k8s_cluster, ns, "fluxnetes.io/group=pair", 2)
+        assert first == second  # (one node: the release is a part of it)
+        k8s_cluster.kubectl("delete", "pod", "-n", ns, "pair-0")
+
+        def store_holds_2() -> bool:
+            rows = [r for r in store_at(url).jobs() if r.namespace == ns and r.name == "pair"]
+            allocs = [a for a in store_at(url).allocations() if rows and a.job_id == rows[0].id]
+            return [(n.name, n.cores) for a in allocs for n in a.nodes] == [(first, 2)]
+
+        wait("store: pair holds 2 cpu", store_holds_2, timeout=30)
+        restart(op, *args)
+        exact_at_rest(op)
+        wide = {"fluxnetes.io/group": "wide", "fluxnetes.io/group-size": "4"}
+        apply(k8s_cluster, ns, [pod(f"wide-{i}", "14", labels=wide) for i in range(4)])
+        bound_nodes(k8s_cluster, ns, "fluxnetes.io/group=wide", 4)
+    assert watch.violations == []
+    k8s_cluster.kubectl("delete", "pod", "-n", ns, "--all")
+    exact_at_rest(op)
+    restart(op)  # (the module's operator, as the other tests expect it)
+
+
 def test_recreated_job_with_the_same_name_runs(k8s_cluster: Any, ns: str, op: Operator) -> None:
     """Delete a finished Job and create it again at once: the new Job is a new workload (its
     own group, FluxJob and Events), never answered for by the old, finished group."""

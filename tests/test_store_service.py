@@ -7,6 +7,7 @@ import contextlib
 import logging
 import socket
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -458,6 +459,26 @@ def test_partial_release_and_requeue_done_elsewhere_reach_the_matcher(store: Sto
     assert store.get(one).state is JobState.RUNNING  # started again on the freed resources
     starts = [e for e in store.events(one) if e.to_state is JobState.RUNNING]
     assert len(starts) == 2
+
+
+def test_a_release_within_a_node_done_elsewhere_reaches_the_matcher(store: Store) -> None:
+    """``shrink_nodes`` (the operator: some pods of a job ended on a node where others of it
+    run on) bumps the revision like a whole-node release: the next cycle re-records the
+    smaller amount, and the room it freed goes to a waiting job."""
+    clock = Clock()
+    full = store.submit_many([job(f"full{i}", cores=CORES) for i in range(NODES)], clock())
+    svc = service(store, clock)
+    assert sorted(svc.run_cycle().started) == sorted(full)
+    [late] = store.submit_many([job("late", cores=CORES - 1)], clock())
+    svc.run_cycle()
+    assert store.get(late).state is not JobState.RUNNING  # the cluster is full
+    [node] = next(a.nodes for a in store.allocations() if a.job_id == full[0])
+    assert store.shrink_nodes(full[0], [replace(node, cores=1)], clock())
+    svc.run_cycle()
+    assert store.get(late).state is JobState.RUNNING
+    [(on, cores)] = [(n.name, n.cores) for a in store.allocations() if a.job_id == late for n in a.nodes]
+    assert (on, cores) == (node.name, CORES - 1)
+    assert matcher_use(svc.matcher) == recorded_use(store)
 
 
 def test_a_matcher_error_fails_that_job_only_and_the_matcher_is_rebuilt(

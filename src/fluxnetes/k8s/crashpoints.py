@@ -17,7 +17,8 @@ like a SIGKILL, inside a crash window. The points, with the facts each passes:
 - ``fluxjob-written`` (``phase``): a FluxJob status saying ``phase`` was written;
 - ``resumed``: the Job was resumed (its pods are being created);
 - ``store-<state>`` (e.g. ``store-completed``, ``store-release``): right before the store is
-  told about that transition (or partial release);
+  told about that transition (or that nodes were given back whole); ``store-release-part``:
+  right before it is told a group holds less of a node (one of its pods there ended);
 - ``cycle`` (no group: ``qid`` is empty): a scheduling cycle is about to run (the leadership
   tests' hook holds the event loop there, as a huge backlog would).
 

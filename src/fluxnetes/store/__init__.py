@@ -1,6 +1,7 @@
 """store: persistence of jobs, groups, allocations and events (SQLite by default, PostgreSQL in
 clusters), and the queue service that runs the scheduling cycle against it. See README.md."""
 
+from fluxnetes.store.allocations import AllocationError, AllocationRecord, NodeAmount
 from fluxnetes.store.db import StoreConfigError, StoreError, StoreUnavailable, check_url, redact
 from fluxnetes.store.states import (
     QUEUED,
@@ -11,11 +12,9 @@ from fluxnetes.store.states import (
     check_transition,
 )
 from fluxnetes.store.store import (
-    AllocationRecord,
     EventRecord,
     JobNotFound,
     JobRecord,
-    NodeAmount,
     Store,
     Submission,
     SubmissionError,
@@ -25,6 +24,7 @@ __all__ = [
     "QUEUED",
     "TERMINAL",
     "TRANSITIONS",
+    "AllocationError",
     "AllocationRecord",
     "EventRecord",
     "IllegalTransition",

@@ -16,8 +16,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from fluxnetes.store.allocations import NodeAmount, node_amount
 from fluxnetes.store.states import JobState
-from fluxnetes.store.store import NodeAmount, Store, Submission, node_amount
+from fluxnetes.store.store import Store, Submission
 
 
 def _nodes(allocation: Any) -> list[NodeAmount]:

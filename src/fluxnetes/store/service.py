@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fluxnetes.store.allocations import AllocationRecord, NodeAmount, node_amount
 from fluxnetes.store.db import StoreUnavailable, redact
-from fluxnetes.store.store import AllocationRecord, JobRecord, NodeAmount, Store, node_amount
+from fluxnetes.store.store import JobRecord, Store
 
 log = logging.getLogger("fluxnetes.store.service")
 

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, delete, func, insert, select, text, tuple_, update
@@ -28,6 +28,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
+from fluxnetes.store import allocations
+from fluxnetes.store.allocations import (
+    AllocationError,
+    AllocationRecord,
+    NodeAmount,
+)
 from fluxnetes.store.db import (
     CYCLE_LOCK_KEY,
     StoreError,
@@ -39,12 +45,10 @@ from fluxnetes.store.db import (
     redact,
 )
 from fluxnetes.store.models import (
-    ALLOCATION_NODES,
     ALLOCATIONS,
     EVENTS,
     JOBS,
     Allocation,
-    AllocationNode,
     Event,
     GroupMember,
     Job,
@@ -150,41 +154,6 @@ def _record(row: Any) -> JobRecord:
     vals = {c: m[c] for c in _JOB_COLS}
     vals["state"] = JobState(vals["state"])
     return JobRecord(**vals)
-
-
-@dataclass(frozen=True)
-class NodeAmount:
-    """What one node gives to one job (mirrors fluxnetes.match.NodeShare)."""
-
-    name: str
-    path: str = ""
-    cores: int = 0
-    gpus: int = 0
-    memory: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def node_amount(share: Any) -> NodeAmount:
-    """A NodeAmount from a matcher's per-node share (a fluxnetes.match.NodeShare or alike, read
-    by attribute); a missing or empty amount counts as 0."""
-    return NodeAmount(
-        name=str(share.name),
-        path=str(getattr(share, "path", "") or ""),
-        cores=int(getattr(share, "cores", 0) or 0),
-        gpus=int(getattr(share, "gpus", 0) or 0),
-        memory=int(getattr(share, "memory", 0) or 0),
-        extra=dict(getattr(share, "extra", None) or {}),
-    )
-
-
-@dataclass(frozen=True)
-class AllocationRecord:
-    job_id: int
-    at: int
-    duration: int
-    revision: int
-    r: dict[str, Any]
-    nodes: tuple[NodeAmount, ...]
 
 
 @dataclass(frozen=True)
@@ -611,7 +580,7 @@ class Store:
 
     def start_many(
         self,
-        starts: Sequence[tuple[int, int, int, dict[str, Any], list[NodeAmount]]],
+        starts: Sequence[allocations.Start],
         now: int,
     ) -> None:
         """``start`` for many jobs in one transaction: (job id, at, duration, R, nodes)."""
@@ -631,71 +600,40 @@ class Store:
             )
 
     @staticmethod
-    def _write_allocations(
-        s: Session, allocs: Sequence[tuple[int, int, int, dict[str, Any], list[NodeAmount]]]
-    ) -> None:
-        if not allocs:
-            return
-        ids = [a[0] for a in allocs]
-        # a requeued job may have an old, released allocation: replace it
-        s.execute(delete(AllocationNode).where(AllocationNode.job_id.in_(ids)))
-        s.execute(delete(Allocation).where(Allocation.job_id.in_(ids)))
-        s.execute(
-            insert(ALLOCATIONS),
-            [
-                {"job_id": j, "at": at, "duration": d, "r": r, "revision": 0, "released_time": None}
-                for j, at, d, r, _ in allocs
-            ],
-        )
-        s.execute(
-            insert(ALLOCATION_NODES),
-            [
-                {
-                    "job_id": j,
-                    "node": n.name,
-                    "path": n.path,
-                    "cores": n.cores,
-                    "gpus": n.gpus,
-                    "memory": n.memory,
-                    "extra": dict(n.extra),
-                }
-                for j, _, _, _, nodes in allocs
-                for n in nodes
-            ],
-        )
+    def _write_allocations(s: Session, allocs: Sequence[allocations.Start]) -> None:
+        allocations.write(s, allocs)
 
     def release_nodes(self, job_id: int, nodes: Iterable[str], now: int, reason: str = "") -> int:
         """Partial release: the job gives back what it holds on ``nodes`` (its pods there
         ended). Returns how many nodes it still holds; releasing the last node completes the
         job (running -> completed) in the same transaction."""
-        names = set(nodes)
         with self.session() as s:
             job = self._lock_job(s, job_id)
             if job.state != JobState.RUNNING.value:
                 raise SubmissionError(
                     f"job {job_id}: partial release needs state running, job is {job.state}"
                 )
-            s.execute(
-                delete(AllocationNode).where(
-                    AllocationNode.job_id == job_id, AllocationNode.node.in_(names)
-                )
-            )
-            s.execute(
-                update(Allocation)
-                .where(Allocation.job_id == job_id)
-                .values(revision=Allocation.revision + 1)
-            )
-            left = s.scalar(
-                select(func.count())
-                .select_from(AllocationNode)
-                .where(AllocationNode.job_id == job_id)
-            )
-            assert left is not None
+            left = allocations.drop(s, job_id, nodes)
             if left == 0:
                 self._set_state(s, job, JobState.COMPLETED, now, reason or "all pods finished")
             else:
                 job.updated_time = now
             return left
+
+    def shrink_nodes(self, job_id: int, left: Iterable[NodeAmount], now: int) -> bool:
+        """Partial release within nodes: some of the job's pods on a node ended while others
+        of it run on there, so it holds less of that node. ``left``: what it still holds on
+        each such node (absolute amounts: a repeated write changes nothing more). One
+        transaction. False (and nothing changed) if the job is no longer running: its end,
+        which released everything, was written first. A node not held, or an amount above
+        what is held, raises AllocationError."""
+        with self.session() as s:
+            job = self._lock_job(s, job_id)
+            if job.state != JobState.RUNNING.value:
+                return False
+            allocations.shrink(s, job_id, list(left))
+            job.updated_time = now
+            return True
 
     # ----------------------------------------------------------------- cycle support
 
@@ -729,37 +667,13 @@ class Store:
 
     @staticmethod
     def live_revisions(s: Session) -> dict[int, int]:
-        rows = s.execute(
-            select(Allocation.job_id, Allocation.revision).where(Allocation.released_time.is_(None))
-        )
-        return {r.job_id: r.revision for r in rows}
+        return allocations.live_revisions(s)
 
     @staticmethod
     def load_allocations(
         s: Session, job_ids: Iterable[int] | None = None
     ) -> list[AllocationRecord]:
-        q = select(Allocation).where(Allocation.released_time.is_(None))
-        nq = (
-            select(AllocationNode)
-            .join(Allocation, Allocation.job_id == AllocationNode.job_id)
-            .where(Allocation.released_time.is_(None))
-            .order_by(AllocationNode.job_id, AllocationNode.id)
-        )
-        if job_ids is not None:
-            ids = list(job_ids)
-            q = q.where(Allocation.job_id.in_(ids))
-            nq = nq.where(AllocationNode.job_id.in_(ids))
-        nodes: dict[int, list[NodeAmount]] = {}
-        for n in s.scalars(nq):
-            nodes.setdefault(n.job_id, []).append(
-                NodeAmount(n.node, n.path, n.cores, n.gpus, n.memory, dict(n.extra or {}))
-            )
-        return [
-            AllocationRecord(
-                a.job_id, a.at, a.duration, a.revision, a.r, tuple(nodes.get(a.job_id, ()))
-            )
-            for a in s.scalars(q.order_by(Allocation.job_id))
-        ]
+        return allocations.load(s, job_ids)
 
     def persist_decisions(
         self,
@@ -767,7 +681,7 @@ class Store:
         now: int,
         *,
         loaded: Sequence[JobRecord],
-        started: Sequence[tuple[int, int, int, dict[str, Any], list[NodeAmount]]],
+        started: Sequence[allocations.Start],
         reserved: dict[int, int],
         unsatisfiable: dict[int, str],
         failed: dict[int, str] | None = None,
@@ -918,6 +832,7 @@ def _record_from_obj(job: Job) -> JobRecord:
 
 
 __all__ = [
+    "AllocationError",
     "AllocationRecord",
     "EventRecord",
     "IntegrityError",

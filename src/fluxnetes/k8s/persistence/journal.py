@@ -2,8 +2,9 @@
 
 With a store, every group enters it (submission with its jobspec, size, duration, priority
 and submit time) and every decision of the operator is a store transition with its event
-(pending, reserved, running with the allocation's per-node amounts, partial releases,
-completed / failed / cancelled / unsatisfiable). After a restart the controller reads the live
+(pending, reserved, running with the allocation's per-node amounts, partial releases: nodes
+given back whole and, ``release_part``, what a group still holds of a node where some of its
+pods ended, completed / failed / cancelled / unsatisfiable). After a restart the controller reads the live
 jobs back (``live_jobs``, ``allocations``): the queue resumes in the store's order (priority,
 then submit time), allocations the FluxJob status did not record yet are restored, and
 everything is reconciled with the cluster (FluxJobs, bound pods; objects gone -> cancelled).
@@ -15,7 +16,8 @@ would refuse as illegal are bridged through the legal path (e.g. a job that comp
 its start was still being written is started, then completed) or skipped when the store is
 already in a terminal state. A completion found after a restart with no allocation known (its
 pods gone too) ends the row as cancelled, saying so: a live row would be queued again.
-The crash points ``store-<state>`` / ``store-release`` come right before such a write
+Partial releases queued one after the other go out in one transaction (a burst of ended pods).
+The crash points ``store-<state>`` / ``store-release`` / ``store-release-part`` come right before such a write
 (crashpoints.py): a restart test stops the operator there, the store behind the cluster.
 """
 
@@ -84,6 +86,10 @@ class Journal:
     # has closed another replica may lead and write, so nothing queued before goes out
     fence: Callable[[], Any] | None = None
     dropped: int = 0
+    # the partial releases queued last, not taken by the worker yet: a new one joins them
+    # (one transaction for a burst of ended pods); any other write closes it (order kept)
+    _shrinks: _Shrinks | None = None
+    _tail: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         from fluxnetes.store import Store
@@ -118,6 +124,11 @@ class Journal:
                     log.warning("store write failed: %s", exc)
                     break
 
+    def _put(self, op: Callable[[], None] | None) -> None:
+        with self._tail:
+            self._shrinks = None  # a later partial release must not be written before ``op``
+            self._q.put(op)
+
     def _fenced(self, op: Callable[[], None]) -> bool:
         """The fence has closed: this write (and every later one) is dropped, never sent late.
         The next leader reads the store and the cluster back (exact recovery) as after a crash."""
@@ -130,7 +141,7 @@ class Journal:
         return True
 
     def close(self) -> None:
-        self._q.put(None)
+        self._put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -142,7 +153,7 @@ class Journal:
             done.set()
 
         mark.unfenced = True  # type: ignore[attr-defined]  # a marker, not a write
-        self._q.put(mark)
+        self._put(mark)
         return done.wait(timeout)
 
     # ------------------------------------------------------------------ reads (at start)
@@ -163,7 +174,7 @@ class Journal:
         def op() -> None:
             self._ids.pop(key, None)
 
-        self._q.put(op)
+        self._put(op)
 
     def tracked(self) -> int:
         """How many groups the journal keeps an id for (memory stays bounded: tests)."""
@@ -173,7 +184,7 @@ class Journal:
     def record(self, rec: GroupRecord, now: int) -> None:
         """Bring the group's store row to ``rec.phase`` (submitting it the first time)."""
         self._crash_point(f"store-{_STATE[rec.phase]}", rec)
-        self._q.put(lambda: self._record(rec, now))
+        self._put(lambda: self._record(rec, now))
 
     def _crash_point(self, point: str, rec: GroupRecord) -> None:
         """Right before the store is told (crashpoints.py: a restart test may stop here, the
@@ -190,7 +201,7 @@ class Journal:
             if cur not in TERMINAL:
                 self.store.transition(store_id, JobState.CANCELLED, now, reason)
 
-        self._q.put(op)
+        self._put(op)
 
     def release_nodes(self, rec: GroupRecord, nodes: Sequence[str], now: int, reason: str) -> None:
         self._crash_point("store-release", rec)
@@ -200,7 +211,25 @@ class Journal:
             if jid is not None and str(self.store.get(jid).state) == "running":
                 self.store.release_nodes(jid, nodes, now, reason)
 
-        self._q.put(op)
+        self._put(op)
+
+    def release_part(self, rec: GroupRecord, left: Share, now: int) -> None:
+        """Part of the group's share of one node given back (one of its pods there ended while
+        others of it run on there): the store records ``left``, what the group still holds on
+        that node, so a restart lays the group out with it (not the node's amount at its
+        start: a leak until the group ends). Releases queued one after the other (no other
+        write between) go out together, in one transaction."""
+        from fluxnetes.store import NodeAmount
+
+        self._crash_point("store-release-part", rec)
+        amount = NodeAmount(name=left.node, cores=left.cores, gpus=left.gpus, memory=left.memory,
+                            extra=dict(left.extra))
+        with self._tail:
+            if self._shrinks is not None and self._shrinks.add(rec, amount, now):
+                return  # joined the burst queued last: written with it
+            self._shrinks = _Shrinks(self)
+            self._shrinks.add(rec, amount, now)
+            self._q.put(self._shrinks.write)
 
     def _id(self, rec: GroupRecord) -> int:
         from fluxnetes.store import JobState, Submission
@@ -264,3 +293,39 @@ class Journal:
                 step(target, rec.reason)
         else:  # pending, failed, cancelled: legal from every live state
             step(target, rec.reason)
+
+
+class _Shrinks:
+    """Partial releases written in one transaction: per group, per node, the latest amount
+    left (absolute amounts: the latest says it all, and a retried write changes nothing)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._left: dict[tuple[str, str, str], tuple[GroupRecord, dict[str, Any]]] = {}
+        self._taken = False
+        self._now = 0
+
+    def add(self, rec: GroupRecord, amount: Any, now: int) -> bool:
+        """Join this batch (under the journal's tail lock); False once the worker took it."""
+        if self._taken:
+            return False
+        self._left.setdefault(rec.key, (rec, {}))[1][amount.name] = amount
+        self._now = max(self._now, now)
+        return True
+
+    def write(self) -> None:
+        from fluxnetes.store import AllocationError
+
+        j = self._journal
+        with j._tail:
+            self._taken = True
+        store = j.store
+        with store.batch():  # one transaction (retried whole while the store is away)
+            for key, (rec, left) in self._left.items():
+                jid = j._ids.get(key) or rec.store_id
+                if jid is None:
+                    continue  # never recorded (its writes failed): nothing to shrink
+                try:
+                    store.shrink_nodes(jid, list(left.values()), self._now)
+                except AllocationError as exc:  # the store already says less (a bug otherwise)
+                    log.warning("store: partial release of %s/%s not written: %s", rec.namespace, rec.name, exc)

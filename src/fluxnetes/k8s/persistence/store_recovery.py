@@ -84,8 +84,20 @@ class StoreRecovery:
             return False
         g.phase, g.reason = Phase.RUNNING, reason
         g.held, g.alloc = {s.node: s for s in held}, held
-        g.slots = shares.slots_per_node(held, g.spec.size, cores_for(g.spec.request.cpu_millis), g.spec.exclusive)
+        per_pod = cores_for(g.spec.request.cpu_millis)
+        g.slots = shares.slots_per_node(held, g.spec.size, per_pod, g.spec.exclusive)
         g.slot_pod, g.released = [None] * len(g.slots), set()
+        covered = _covered_slots(g, held, per_pod)
+        if covered is not None and len(covered) < g.spec.size:
+            # pods of it ended before the crash (the store records what it held at its last
+            # write): only the slots its amounts hold stay open, the others are given back. Laid
+            # out over all of ``size`` instead, an open slot without a share would take a new
+            # pod of the group onto room the graph gives to others (overbooking). Which slots
+            # ended is not known here: the highest are given back (a live pod at one of them
+            # counts as foreign: its node charged, never double-booked).
+            g.slots = covered + [covered[-1] if covered else held[0].node] * (g.spec.size - len(covered))
+            g.slot_pod = [None] * len(g.slots)
+            g.released = set(range(len(covered), g.spec.size))
         g.start, g.resumed, g.fj_dirty, g.recovered = alloc.at, True, True, True
         g.expected_start = None
         g.jobid = self._side.cluster.matcher.next_jobid
@@ -232,3 +244,12 @@ class StoreRecovery:
         self._store_only.clear()
         self._store_allocs = {}  # only needed to take rows over during the replay
         self._stored_state = {}
+
+
+def _covered_slots(g: Group, held: list[shares.Share], per_pod: int) -> list[str] | None:
+    """The node of each slot ``held`` gives room to (a pod's cores each), when fluxnetes derived
+    the group's jobspec from its pods' requests (one set, not exclusive); None otherwise (a
+    user's jobspec says nothing of a pod's share)."""
+    if g.spec.exclusive or g.spec.jobspec or g.sets or per_pod <= 0 or not held:
+        return None
+    return sorted(s.node for s in held for _ in range(s.cores // per_pod))

@@ -223,6 +223,11 @@ class Allocation:
                 self._ctx.journal.release_nodes(self._side.status.group_record(g), [node], self._ctx.now(), "its pods ended")
         else:
             g.held[node] = rest
+            if self._ctx.journal is not None and not part.empty:
+                # what it holds on the node now, or a restart from the store would lay the
+                # group out with the node's old amount (the ended pod's cores held until the
+                # group ends)
+                self._ctx.journal.release_part(self._side.status.group_record(g), rest, self._ctx.now())
         if not g.held:
             self.release_all(g)
         elif not part.empty:
