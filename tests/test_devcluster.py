@@ -38,9 +38,9 @@ from fluxnetes.devcluster import (
     toolchain,
 )
 from fluxnetes.devcluster import pki as pkimod
-from fluxnetes.devcluster.cluster import ClusterState
 from fluxnetes.devcluster.nodes import is_ready
 from fluxnetes.devcluster.paths import BINARIES
+from fluxnetes.devcluster.state import ClusterState
 from helpers import cli_app
 
 
@@ -325,13 +325,13 @@ def test_dev_cluster_help_lists_the_commands() -> None:
 
 
 def test_untaint_patch_only_lifts_not_ready_and_guards_concurrent_changes() -> None:
-    from fluxnetes.devcluster.cluster import _untaint_request
+    from fluxnetes.devcluster.readiness import untaint_request
 
     taints = [
         {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
         {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
     ]
-    req = _untaint_request({"metadata": {"name": "n1"}, "spec": {"taints": taints}})
+    req = untaint_request({"metadata": {"name": "n1"}, "spec": {"taints": taints}})
     assert (req.method, req.path) == ("PATCH", "/api/v1/nodes/n1")
     assert req.content_type == "application/json-patch+json"
     assert req.body == [
