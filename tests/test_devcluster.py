@@ -227,6 +227,23 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
     popen.wait(5)
 
 
+def test_a_wait_names_the_process_that_exited_with_its_log(tmp_path: Path) -> None:
+    popen, alive = procs.spawn(
+        "sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "a.log",
+        cwd=tmp_path,
+    )
+    log = tmp_path / "d.log"
+    log.write_text("starting\nfatal: bad flag\n")
+    dead = procs.ProcessRecord("kwok", alive.pid, alive.start_ticks - 1, str(log))  # pid reused
+    try:
+        procs.raise_if_exited([alive], "the nodes")  # all running: no error
+        with pytest.raises(ClusterError, match=r"(?s)kwok exited while waiting for the nodes.*bad flag"):
+            procs.raise_if_exited([alive, dead], "the nodes")
+    finally:
+        procs.stop([alive], timeout=5)
+        popen.wait(5)
+
+
 def test_state_file_round_trip() -> None:
     st = ClusterState(
         dir="/x",

@@ -478,12 +478,7 @@ class Cluster:
     ) -> None:
         """Poll `check` until true; fail early, with its log, if a component died meanwhile."""
         while True:
-            for rec in self.state.processes:
-                if not procs.is_running(rec):
-                    raise ClusterError(
-                        f"{rec.name} exited while waiting for {what}; end of {rec.log}:\n"
-                        f"{procs.log_tail(rec.log)}"
-                    )
+            procs.raise_if_exited(self.state.processes, what)
             if check():
                 return
             if time.monotonic() > deadline:

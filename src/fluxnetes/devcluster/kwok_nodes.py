@@ -97,12 +97,7 @@ class KwokNodes:
         client = self._client
 
         def check_alive() -> None:
-            for rec in self._processes():
-                if not procs.is_running(rec):
-                    raise ClusterError(
-                        f"{rec.name} exited while waiting for {what}; end of {rec.log}:\n"
-                        f"{procs.log_tail(rec.log)}"
-                    )
+            procs.raise_if_exited(self._processes(), what)
 
         async def creating() -> None:
             if reqs:
