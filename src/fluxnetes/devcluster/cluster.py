@@ -12,6 +12,10 @@ with ``"kueue"`` / ``"coscheduling"`` the peers bench/peers.py measures.
 Everything the cluster owns lives in one directory (state.json, kubeconfig, pki/, logs/);
 etcd's data lives on /dev/shm (or the temp dir). `Cluster.attach(dir)` finds a running
 cluster again from its state file, which is how `fluxnetes dev cluster down/status` work.
+
+The options and the state file are in state.py, the admin client (kubectl, HTTPS) in
+client.py, the kwok nodes in kwok_nodes.py (module map: README.md); this module runs the
+processes.
 """
 
 from __future__ import annotations
@@ -438,6 +442,7 @@ class Cluster:
         self.stop_component(name, kill=kill)
         self.start_component(name, timeout=timeout)
 
+    # -- waiting until a component serves, failing early when one exited ----------------------
     def _wait_component(self, name: str, deadline: float) -> None:
         ports = self.state.ports
         if name == "etcd":
