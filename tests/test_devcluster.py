@@ -38,9 +38,9 @@ from fluxnetes.devcluster import (
     toolchain,
 )
 from fluxnetes.devcluster import pki as pkimod
-from fluxnetes.devcluster.cluster import ClusterState
 from fluxnetes.devcluster.nodes import is_ready
 from fluxnetes.devcluster.paths import BINARIES
+from fluxnetes.devcluster.state import ClusterState
 from helpers import cli_app
 
 
@@ -227,6 +227,23 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
     popen.wait(5)
 
 
+def test_a_wait_names_the_process_that_exited_with_its_log(tmp_path: Path) -> None:
+    popen, alive = procs.spawn(
+        "sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "a.log",
+        cwd=tmp_path,
+    )
+    log = tmp_path / "d.log"
+    log.write_text("starting\nfatal: bad flag\n")
+    dead = procs.ProcessRecord("kwok", alive.pid, alive.start_ticks - 1, str(log))  # pid reused
+    try:
+        procs.raise_if_exited([alive], "the nodes")  # all running: no error
+        with pytest.raises(ClusterError, match=r"(?s)kwok exited while waiting for the nodes.*bad flag"):
+            procs.raise_if_exited([alive, dead], "the nodes")
+    finally:
+        procs.stop([alive], timeout=5)
+        popen.wait(5)
+
+
 def test_state_file_round_trip() -> None:
     st = ClusterState(
         dir="/x",
@@ -325,13 +342,13 @@ def test_dev_cluster_help_lists_the_commands() -> None:
 
 
 def test_untaint_patch_only_lifts_not_ready_and_guards_concurrent_changes() -> None:
-    from fluxnetes.devcluster.cluster import _untaint_request
+    from fluxnetes.devcluster.readiness import untaint_request
 
     taints = [
         {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
         {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
     ]
-    req = _untaint_request({"metadata": {"name": "n1"}, "spec": {"taints": taints}})
+    req = untaint_request({"metadata": {"name": "n1"}, "spec": {"taints": taints}})
     assert (req.method, req.path) == ("PATCH", "/api/v1/nodes/n1")
     assert req.content_type == "application/json-patch+json"
     assert req.body == [

@@ -15,9 +15,9 @@ from aiohttp import web
 
 from fluxnetes.devcluster import components, procs, readiness, toolchain
 from fluxnetes.devcluster.apicalls import Request, send_all
-from fluxnetes.devcluster.cluster import start_timeout
 from fluxnetes.devcluster.nodes import NOT_READY_TAINT
 from fluxnetes.devcluster.pki import ClusterPKI
+from fluxnetes.devcluster.state import start_timeout
 
 PORTS = {"etcd": 1, "etcd_peer": 2, "apiserver": 3, "controller_manager": 4, "scheduler": 5}
 

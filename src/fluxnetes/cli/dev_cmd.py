@@ -192,7 +192,7 @@ def _pod_seconds(text: str | None) -> int:
 def down(directory: DirOption = None) -> None:
     """Stop every process of the dev cluster (by pid) and delete its etcd data."""
     from fluxnetes.devcluster import Cluster, ClusterError
-    from fluxnetes.devcluster.cluster import dir_lock
+    from fluxnetes.devcluster.state import dir_lock
 
     try:
         cluster = Cluster.attach(directory)

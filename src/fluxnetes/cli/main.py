@@ -21,7 +21,7 @@ app = typer.Typer(
 # module path (relative to fluxnetes.cli) of each command group, in help order
 _COMMAND_MODULES: tuple[str, ...] = (
     "match_cmd",
-    "simulate_cmd",
+    "simulate.command",
     "dev_cmd",
     "run_cmd",
     "ctl",

@@ -6,14 +6,9 @@ Kubeflow Trainer; the peers Kueue and scheduler-plugins' coscheduling) from
 hack/build-addons.sh; every process listens on 127.0.0.1 only.
 """
 
-from fluxnetes.devcluster.cluster import (
-    Cluster,
-    ClusterOptions,
-    ClusterStatus,
-    free_ports,
-    port_open,
-)
+from fluxnetes.devcluster.cluster import Cluster
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
+from fluxnetes.devcluster.net import free_ports, port_open
 from fluxnetes.devcluster.nodes import (
     GPU_RESOURCE,
     RACK_LABEL,
@@ -22,6 +17,7 @@ from fluxnetes.devcluster.nodes import (
     NodeSpecError,
 )
 from fluxnetes.devcluster.paths import k8s_home, toolchain
+from fluxnetes.devcluster.state import ClusterOptions, ClusterStatus
 
 __all__ = [
     "GPU_RESOURCE",

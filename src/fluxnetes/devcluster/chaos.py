@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fluxnetes.devcluster.cluster import Cluster, ClusterOptions
+from fluxnetes.devcluster.cluster import Cluster
 from fluxnetes.devcluster.components import TIMED_POD_ANNOTATION
 from fluxnetes.devcluster.invariants import Checker, Poller, Violation
 from fluxnetes.devcluster.nodes import DEV_NODE_LABEL, RACK_LABEL, ZONE_LABEL, NodeShape
@@ -44,6 +44,7 @@ from fluxnetes.devcluster.soak_stream import (
     _belongs,
     _container,
 )
+from fluxnetes.devcluster.state import ClusterOptions
 
 FAULT_KINDS = ("leader-kill", "node-replace", "postgres-restart", "apiserver-restart", "job-delete")
 # job-delete: a running Job is deleted while a finalizer keeps its pods Terminating this long

@@ -12,211 +12,56 @@ with ``"kueue"`` / ``"coscheduling"`` the peers bench/peers.py measures.
 Everything the cluster owns lives in one directory (state.json, kubeconfig, pki/, logs/);
 etcd's data lives on /dev/shm (or the temp dir). `Cluster.attach(dir)` finds a running
 cluster again from its state file, which is how `fluxnetes dev cluster down/status` work.
+
+The options and the state file are in state.py, the admin client (kubectl, HTTPS) in
+client.py, the kwok nodes in kwok_nodes.py (module map: README.md); this module runs the
+processes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import json
-import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fluxnetes.devcluster import addons as addon_defs
-from fluxnetes.devcluster import components, procs, readiness, realnode, services
-from fluxnetes.devcluster.apicalls import Request, http_ok, run_async, send_all, urlopen
+from fluxnetes.devcluster import components, procs, realnode, services
+from fluxnetes.devcluster.apicalls import http_ok
+from fluxnetes.devcluster.client import ClusterClient
 from fluxnetes.devcluster.components import COMPONENTS, PORT_NAMES, SERVICE_IP, kubeconfig_doc
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
-from fluxnetes.devcluster.nodes import (
-    RACK_LABEL,
-    ZONE_LABEL,
-    NodeShape,
-    is_ready,
-)
+from fluxnetes.devcluster.kwok_nodes import KwokNodes
+from fluxnetes.devcluster.net import advertise_address, free_ports, insecure_context, port_open
+from fluxnetes.devcluster.nodes import NodeShape, is_ready
 from fluxnetes.devcluster.paths import Toolchain, default_cluster_dir, missing_message, toolchain
 from fluxnetes.devcluster.pki import ClusterPKI, write_cluster_pki, write_serving_cert
-
-STATE_FILE = "state.json"
-STATE_VERSION = 1
-
-
-@dataclass
-class ClusterOptions:
-    nodes: NodeShape = field(default_factory=NodeShape)
-    dir: Path | None = None  # default: $FLUXNETES_DEV_DIR or ~/.cache/fluxnetes/dev
-    k8s_home: Path | None = None  # default: $FLUXNETES_K8S_HOME or ~/.cache/fluxnetes/k8s
-    advertise_address: str | None = None  # default: first non-loopback IPv4 of `hostname -I`
-    # seconds for the whole start, nodes Ready included; None: start_timeout(node count)
-    timeout: float | None = None
-    data_root: Path | None = None  # parent of etcd's data dir; default /dev/shm (else $TMPDIR)
-    die_with_parent: bool = False  # tests: processes end when the starting process dies
-    log: Callable[[str], None] | None = None  # progress messages (the CLI prints them)
-    # Job pods annotated components.TIMED_POD_ANNOTATION="20s" run that long (default: at once)
-    timed_pods: bool = False
-    # seconds Job pods without that annotation run (0: at once); > 0 implies timed_pods
-    pod_duration: float = 0.0
-    # controllers of multi-role workload kinds to run (devcluster/addons.py): jobset, mpi, lws,
-    # trainer (addons.parse() gives the order and what each requires)
-    addons: tuple[str, ...] = ()
-    # real kubelet nodes beside the kwok ones (realnode.py; 0, 1 or 2; needs root and
-    # hack/build-realnode.sh)
-    real_nodes: int = 0
-    # Services (services.py: kube-proxy, the API server reachable from pods); needs real nodes
-    services: bool = False
-
-
-def start_timeout(nodes: int) -> float:
-    """Default seconds for `up`: 300, plus 0.1 s per node above 1,000 (700 s for 5,000 nodes,
-    which took 282 s on a loaded 2-core machine: docs/scale.md)."""
-    return 300.0 + 0.1 * max(0, nodes - 1000)
-
+from fluxnetes.devcluster.state import (
+    ClusterOptions,
+    ClusterState,
+    ClusterStatus,
+    ProcessStatus,
+    cleanup,
+    data_root,
+    dir_lock,
+    load_state,
+    start_timeout,
+    write_state,
+)
 
 # every process the cluster may run, in start order (stopped in reverse)
 ALL_COMPONENTS: tuple[str, ...] = (*COMPONENTS, *addon_defs.COMPONENTS)
-
-
-@dataclass
-class ClusterState:
-    """What state.json holds: enough to find, check and stop the cluster from another process."""
-
-    dir: str
-    kubeconfig: str
-    api_url: str
-    ports: dict[str, int]
-    advertise_address: str
-    data_dir: str
-    processes: list[procs.ProcessRecord] = field(default_factory=list)
-    nodes: dict[str, Any] = field(default_factory=dict)
-    started_at: str = ""
-    version: int = STATE_VERSION
-    timed_pods: bool = False
-    die_with_parent: bool = False
-    addons: list[str] = field(default_factory=list)
-    pod_duration: float = 0.0
-    # slot, node names, dirs, cgroups of the real nodes (realnode.py); empty without them
-    real_nodes: dict[str, Any] = field(default_factory=dict)
-    # the API server's listen address: 127.0.0.1, or with Services one pods reach (services.py)
-    api_host: str = "127.0.0.1"
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> ClusterState:
-        raw = json.loads(text)
-        if raw.get("version") != STATE_VERSION:
-            raise ClusterError(f"state file version {raw.get('version')!r} is not {STATE_VERSION}")
-        raw["processes"] = [procs.ProcessRecord(**p) for p in raw.get("processes", [])]
-        return cls(**raw)
-
-
-@dataclass(frozen=True)
-class ProcessStatus:
-    name: str
-    pid: int
-    running: bool
-    log: str
-    rss_mib: float | None = None  # resident memory now (None when stopped)
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    dir: Path
-    api_url: str
-    kubeconfig: Path
-    processes: list[ProcessStatus]
-    api_ready: bool
-    nodes_total: int
-    nodes_ready: int
-
-    @property
-    def healthy(self) -> bool:
-        return self.api_ready and all(p.running for p in self.processes)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free TCP ports on 127.0.0.1 (all held open at once while choosing)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def insecure_context() -> ssl.SSLContext:
-    """For the schedulers' and controller-manager's health only: their serving certificates are
-    self-signed (each made its own in its --cert-dir)."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    """True when something accepts TCP connections on host:port."""
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def advertise_address() -> str:
-    """A non-loopback IPv4 of this machine. kube-apiserver rejects loopback for
-    --advertise-address; it only lands in the `kubernetes` Service endpoints and is never dialled.
-    """
-    env = os.environ.get("FLUXNETES_ADVERTISE_ADDRESS")
-    if env:
-        return env
-    try:
-        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    for word in out.split():
-        if "." in word and not word.startswith("127."):
-            return word
-    raise ClusterError(
-        "no non-loopback IPv4 address found with `hostname -I` (kube-apiserver needs one for "
-        "--advertise-address); set FLUXNETES_ADVERTISE_ADDRESS to any address of this machine"
-    )
-
-
-def _data_root() -> str | None:
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-
-
-@contextlib.contextmanager
-def dir_lock(directory: Path) -> Iterator[None]:
-    """One `up`/`down` at a time per cluster directory."""
-    with (directory / ".lock").open("w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ClusterError(
-                f"another `fluxnetes dev cluster` command is using {directory}"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class Cluster:
@@ -231,7 +76,11 @@ class Cluster:
         self.state = state
         self.tools = tools
         self._popens = popens or {}
-        self._ssl: ssl.SSLContext | None = None
+        self.client = ClusterClient(
+            state.api_url, self.pki, tools.binary("kubectl"), self.kubeconfig,
+            self.dir / "kubectl-cache",
+        )
+        self.nodes = KwokNodes(self.client, lambda: self.state.processes)
         # seconds spent in each phase of `up` (control_plane, create_nodes, nodes_ready)
         self.timings: dict[str, float] = {}
 
@@ -268,40 +117,18 @@ class Cluster:
         timeout: float = 120.0,
     ) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl against this cluster; raises ClusterError on failure if check."""
-        argv = [
-            str(self.tools.binary("kubectl")),
-            f"--kubeconfig={self.kubeconfig}",
-            f"--cache-dir={self.dir / 'kubectl-cache'}",
-            *args,
-        ]
-        try:
-            res = subprocess.run(
-                argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise ClusterError(f"kubectl {' '.join(args)} timed out after {timeout:.0f} s") from exc
-        if check and res.returncode != 0:
-            raise ClusterError(
-                f"kubectl {' '.join(args)} failed (exit {res.returncode}): {res.stderr.strip()}"
-            )
-        return res
+        return self.client.kubectl(*args, input=input, check=check, timeout=timeout)
 
     def kubectl_json(self, *args: str, timeout: float = 120.0) -> Any:
-        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
+        return self.client.kubectl_json(*args, timeout=timeout)
 
     def ssl_context(self) -> ssl.SSLContext:
         """TLS context trusting the cluster CA and presenting the admin client certificate."""
-        if self._ssl is None:
-            ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
-            ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
-            self._ssl = ctx
-        return self._ssl
+        return self.client.ssl_context()
 
     def api_get(self, path: str, timeout: float = 10.0) -> Any:
         """GET a JSON document from the apiserver as admin (e.g. '/api/v1/nodes')."""
-        req = urllib.request.Request(self.api_url + path, headers={"Accept": "application/json"})
-        with urlopen(req, self.ssl_context(), timeout) as resp:
-            return json.loads(resp.read())
+        return self.client.api_get(path, timeout)
 
     def api_call(
         self,
@@ -313,16 +140,37 @@ class Cluster:
     ) -> Any:
         """One request as admin; returns the decoded JSON answer (None when empty). HTTP errors
         raise urllib.error.HTTPError (its `code` says which), connection errors OSError."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.api_url + path,
-            data=data,
-            method=method,
-            headers={"Accept": "application/json", "Content-Type": content_type},
-        )
-        with urlopen(req, self.ssl_context(), timeout) as resp:
-            raw = resp.read()
-        return json.loads(raw) if raw else None
+        return self.client.api_call(method, path, body, content_type, timeout)
+
+    # -- kwok nodes (kwok_nodes.py) --------------------------------------------------------------
+    def create_nodes(
+        self,
+        shape: NodeShape,
+        timeout: float = 300.0,
+        log: Callable[[str], None] | None = None,
+        concurrency: int = 32,
+    ) -> list[str]:
+        """Create `shape.count` kwok nodes (concurrent API calls) and wait until all are Ready."""
+        created = self.nodes.create(shape, timeout, log, concurrency)
+        self.timings["create_nodes"] = created.create_s
+        self.timings["nodes_ready"] = created.ready_s
+        return created.names
+
+    def add_node(
+        self,
+        shape: NodeShape,
+        name: str,
+        zone: str | None = None,
+        rack: str | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        """Create one more kwok node of `shape` named `name` (in `zone`/`rack`, default those of
+        node 0 of the shape) and wait until it is Ready."""
+        self.nodes.add(shape, name, zone, rack, timeout)
+
+    def delete_node(self, name: str) -> bool:
+        """Delete a Node object (its kwok node disappears with it). False if it was not there."""
+        return self.nodes.delete(name)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
@@ -354,7 +202,7 @@ class Cluster:
         directory = (opts.dir or default_cluster_dir()).expanduser().resolve()
         directory.mkdir(parents=True, exist_ok=True)
         with dir_lock(directory):
-            previous = _load_state(directory)
+            previous = load_state(directory)
             if previous is not None:
                 running = [p for p in previous.processes if procs.is_running(p)]
                 if running:
@@ -365,7 +213,7 @@ class Cluster:
                     )
                 services.stop(cls(previous, tools))  # a crashed run's rules,
                 realnode.stop(cls(previous, tools))  # interfaces, mounts
-                _cleanup(directory, previous)
+                cleanup(directory, previous)
             started = time.monotonic()
             # with Services the API server listens on the real nodes' interface: claimed first
             slot = services.claim() if opts.services else None
@@ -411,7 +259,7 @@ class Cluster:
         kubeconfig = directory / "kubeconfig"
         kubeconfig.write_text(yaml.safe_dump(kubeconfig_doc(api_url, pki), sort_keys=False))
         kubeconfig.chmod(0o600)
-        root = str(opts.data_root) if opts.data_root else _data_root()
+        root = str(opts.data_root) if opts.data_root else data_root()
         data_dir = tempfile.mkdtemp(prefix="fluxnetes-etcd-", dir=root)
         state = ClusterState(
             dir=str(directory),
@@ -478,7 +326,7 @@ class Cluster:
         others = [p for p in st.processes if p.name != rec.name]
         # keep start order (ALL_COMPONENTS), so `down` stops them in reverse
         st.processes = sorted([*others, rec], key=lambda p: _start_order(p.name))
-        _save_state(st)  # saved after every spawn: `down` can always find them
+        write_state(st)  # saved after every spawn: `down` can always find them
         return rec
 
     # -- for realnode.py: processes beyond the control plane, the state file, waiting ----------
@@ -489,7 +337,7 @@ class Cluster:
         return self._record(popen, rec)
 
     def save_state(self) -> None:
-        _save_state(self.state)
+        write_state(self.state)
 
     def wait_for(self, what: str, check: Callable[[], bool], deadline: float,
                  interval: float = 0.2) -> None:
@@ -535,7 +383,7 @@ class Cluster:
         keys = [addon_defs.port_key(n, k) for n in new for k in addon_defs.ADDONS[n].port_kinds]
         st.ports.update(zip(keys, free_ports(len(keys)), strict=True))
         st.addons = [n for n in addon_defs.ADDON_NAMES if n in {*st.addons, *new}]
-        _save_state(st)
+        write_state(st)
         crds = [f"--filename={f}" for n in new for f in addon_defs.crd_files(n, home)]
         if crds:
             say(f"installing the CRDs of {', '.join(new)}")
@@ -594,35 +442,7 @@ class Cluster:
         self.stop_component(name, kill=kill)
         self.start_component(name, timeout=timeout)
 
-    def delete_node(self, name: str) -> bool:
-        """Delete a Node object (its kwok node disappears with it). False if it was not there."""
-        req = Request("DELETE", f"/api/v1/nodes/{name}", {}, f"deleting node {name}",
-                      ignore=frozenset({404}))
-        existed = self._exists(f"/api/v1/nodes/{name}")
-        self._send([req], 1)
-        return existed
-
-    def add_node(
-        self,
-        shape: NodeShape,
-        name: str,
-        zone: str | None = None,
-        rack: str | None = None,
-        timeout: float = 120.0,
-    ) -> None:
-        """Create one more kwok node of `shape` named `name` (in `zone`/`rack`, default those of
-        node 0 of the shape) and wait until it is Ready."""
-        body = shape.manifest(0)
-        labels = body["metadata"]["labels"]
-        body["metadata"]["name"] = labels["kubernetes.io/hostname"] = name
-        if zone is not None:
-            labels[ZONE_LABEL] = zone
-        if rack is not None:
-            labels[RACK_LABEL] = rack
-        self._wait_nodes({name}, time.monotonic() + timeout, 1,
-                         create=[Request("POST", "/api/v1/nodes", body, f"creating node {name}")],
-                         what=f"node {name} to be Ready")
-
+    # -- waiting until a component serves, failing early when one exited ----------------------
     def _wait_component(self, name: str, deadline: float) -> None:
         ports = self.state.ports
         if name == "etcd":
@@ -648,14 +468,10 @@ class Cluster:
             self._wait_for(name, lambda: False, min(deadline, time.monotonic() + 1.0), quiet=True)
 
     def _api_ok(self, path: str) -> bool:
-        return http_ok(self.api_url + path, self.ssl_context())
+        return self.client.api_ok(path)
 
-    def _exists(self, path: str) -> bool:
-        try:
-            self.api_get(path)
-        except (urllib.error.URLError, OSError):
-            return False
-        return True
+    def _exists(self, path: str) -> bool:  # bench/realnode_pod_start.py uses it too
+        return self.client.exists(path)
 
     def _wait_for(
         self,
@@ -667,12 +483,7 @@ class Cluster:
     ) -> None:
         """Poll `check` until true; fail early, with its log, if a component died meanwhile."""
         while True:
-            for rec in self.state.processes:
-                if not procs.is_running(rec):
-                    raise ClusterError(
-                        f"{rec.name} exited while waiting for {what}; end of {rec.log}:\n"
-                        f"{procs.log_tail(rec.log)}"
-                    )
+            procs.raise_if_exited(self.state.processes, what)
             if check():
                 return
             if time.monotonic() > deadline:
@@ -685,76 +496,12 @@ class Cluster:
                 raise ClusterError(f"timed out waiting for {what}{logs}")
             time.sleep(interval)
 
-    def create_nodes(
-        self,
-        shape: NodeShape,
-        timeout: float = 300.0,
-        log: Callable[[str], None] | None = None,
-        concurrency: int = 32,
-    ) -> list[str]:
-        """Create `shape.count` kwok nodes (concurrent API calls) and wait until all are Ready.
-
-        A watch of the dev nodes follows them from before the first create, so their not-ready
-        taints are lifted while the others are still being created (readiness.py)."""
-        shape.validate()
-        say = log or (lambda _msg: None)
-        bodies = shape.manifests()
-        reqs = [
-            Request("POST", "/api/v1/nodes", b, f"creating node {b['metadata']['name']}")
-            for b in bodies
-        ]
-        names = {b["metadata"]["name"] for b in bodies}
-        if reqs:
-            say(f"creating {len(reqs)} nodes (and waiting for them to be Ready)")
-        started = time.monotonic()
-        created = self._wait_nodes(names, time.monotonic() + timeout, concurrency,
-                                   create=reqs, what=f"{len(names)} nodes to be Ready")
-        self.timings["create_nodes"] = created - started
-        self.timings["nodes_ready"] = time.monotonic() - created
-        return sorted(names)
-
-    def _send(self, reqs: list[Request], concurrency: int) -> None:
-        run_async(lambda: send_all(self.api_url, self.ssl_context(), reqs, concurrency))
-
-    def _wait_nodes(self, names: set[str], deadline: float, concurrency: int, *,
-                    create: list[Request] | None = None, what: str) -> float:
-        """Send `create` (at most `concurrency` at once) while watching `names` until all are
-        Ready and untainted; returns when the creates ended (monotonic). Fails early, with its
-        log, if a component dies; at `deadline` with the nodes still waiting and kwok's log."""
-        reqs = create or []
-
-        def check_alive() -> None:
-            for rec in self.state.processes:
-                if not procs.is_running(rec):
-                    raise ClusterError(
-                        f"{rec.name} exited while waiting for {what}; end of {rec.log}:\n"
-                        f"{procs.log_tail(rec.log)}"
-                    )
-
-        async def creating() -> None:
-            if reqs:
-                await send_all(self.api_url, self.ssl_context(), reqs, concurrency)
-
-        try:
-            return run_async(lambda: readiness.wait_ready(
-                self.api_url, self.ssl_context(), names, deadline=deadline,
-                concurrency=concurrency, check_alive=check_alive, meanwhile=creating))
-        except readiness.NotReadyYet as exc:
-            shown = ", ".join(sorted(exc.waiting)[:3])
-            logs = "".join(
-                f"\n--- {r.name} ({r.log}):\n{procs.log_tail(r.log, 8)}"
-                for r in self.state.processes if r.name == "kwok"
-            )
-            raise ClusterError(
-                f"timed out waiting for {what}: {len(exc.waiting)} not Ready (e.g. {shown}); "
-                f"a bigger cluster needs a longer --timeout{logs}"
-            ) from None
 
     @classmethod
     def attach(cls, directory: Path | None = None, k8s_home: Path | None = None) -> Cluster:
         """The cluster recorded in `directory` (it may be partly or wholly stopped)."""
         d = (directory or default_cluster_dir()).expanduser().resolve()
-        state = _load_state(d)
+        state = load_state(d)
         if state is None:
             raise ClusterError(f"no dev cluster in {d} (start one with `fluxnetes dev cluster up`)")
         return cls(state, toolchain(k8s_home))
@@ -793,7 +540,7 @@ class Cluster:
         for popen in self._popens.values():
             with contextlib.suppress(Exception):
                 popen.wait(timeout=1)
-        _cleanup(self.dir, self.state)
+        cleanup(self.dir, self.state)
         if left:
             raise ClusterError("the real nodes left behind (remove by hand):\n  " + "\n  ".join(left))
         return killed
@@ -806,37 +553,8 @@ class Cluster:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-_untaint_request = readiness.untaint_request
-
-
 def _start_order(name: str) -> int:
     # real nodes' processes (realnode.py) start last
     return ALL_COMPONENTS.index(name) if name in ALL_COMPONENTS else len(ALL_COMPONENTS)
 
 
-def _load_state(directory: Path) -> ClusterState | None:
-    path = directory / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return ClusterState.from_json(path.read_text())
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ClusterError(
-            f"unreadable state file {path}: {exc}; delete it if no cluster runs"
-        ) from exc
-
-
-def _save_state(state: ClusterState) -> None:
-    path = Path(state.dir) / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(state.to_json())
-    tmp.replace(path)
-
-
-def _cleanup(directory: Path, state: ClusterState) -> None:
-    """Forget a stopped cluster: etcd data, state file and the now useless kubeconfig."""
-    if state.data_dir and Path(state.data_dir).name.startswith("fluxnetes-etcd-"):
-        shutil.rmtree(state.data_dir, ignore_errors=True)
-    for name in (STATE_FILE, "kubeconfig"):
-        with contextlib.suppress(FileNotFoundError):
-            (directory / name).unlink()

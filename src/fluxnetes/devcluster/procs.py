@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fluxnetes.devcluster.errors import ClusterError
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -139,6 +141,17 @@ def signal_and_wait(proc: subprocess.Popen[bytes] | None, sig: int, timeout: flo
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def raise_if_exited(records: Iterable[ProcessRecord], what: str) -> None:
+    """ClusterError naming the first of `records` no longer running, with the end of its log:
+    a wait for `what` fails at once instead of at its deadline."""
+    for rec in records:
+        if not is_running(rec):
+            raise ClusterError(
+                f"{rec.name} exited while waiting for {what}; end of {rec.log}:\n"
+                f"{log_tail(rec.log)}"
+            )
 
 
 def log_tail(path: str | Path, lines: int = 15) -> str:

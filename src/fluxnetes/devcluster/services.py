@@ -160,7 +160,7 @@ def _dir(cluster: Cluster) -> Path:
 
 def start(cluster: Cluster, deadline: float) -> None:
     """Route the Service range to flxd<slot>, start kube-proxy, wait until it synced."""
-    from fluxnetes.devcluster.cluster import free_ports
+    from fluxnetes.devcluster.net import free_ports
 
     st = cluster.state
     slot = int(st.real_nodes["slot"])

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from fluxnetes.devcluster import procs
-from fluxnetes.devcluster.cluster import Cluster, free_ports
+from fluxnetes.devcluster.cluster import Cluster
 from fluxnetes.devcluster.errors import ClusterError
+from fluxnetes.devcluster.net import free_ports
 
 OPERATOR_NAMESPACE = "fluxnetes-chaos"
 LEASE = "fluxnetes-leader"
