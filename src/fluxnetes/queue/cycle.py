@@ -189,6 +189,10 @@ class Scheduler:
         # passed) and the time of the last pinned cycle
         self._ends: list[int] = []
         self._last_now: int | None = None
+        # no reservation held starts before this (a lower bound: lowered as reservations are
+        # recorded, made exact when reached; a cancelled one only leaves it low), so a cycle
+        # finds the reservations due now without looking at every one of them
+        self._due_from = UNTIL_RELEASED
 
     @property
     def policy(self) -> QueuePolicy:
@@ -284,8 +288,13 @@ class Scheduler:
         for job, res in result.started:
             self.running[job.id] = _Running(res, cores_of(res))
             self._count(job.id, res)
+        at_least = self._due_from
         for job, res in result.reserved:
             self.reservations[job.id] = res
+            at = int(res.at)
+            if at < at_least:
+                at_least = at
+        self._due_from = at_least
         self.matcher_calls += result.matcher_calls
 
     def _prefix(self, order: Sequence[QueuedJob]) -> int | None:
@@ -327,9 +336,12 @@ class Scheduler:
         counted = self._policy.reservation_style == "counted"
         passed = counted and self._end_passed(now)
         reservations = self.reservations
-        due = [job.id for job in order[:prefix or 0]
-               if job.id in reservations and int(reservations[job.id].at) <= now] \
-            if reservations and any(int(res.at) <= now for res in reservations.values()) else []
+        due: list[str] = []
+        if reservations and self._due_from <= now:
+            due = [job.id for job in order[:prefix or 0]
+                   if job.id in reservations and int(reservations[job.id].at) <= now]
+            # (exact again: the earliest start held now)
+            self._due_from = min(int(res.at) for res in reservations.values())
         if (
             prefix is not None
             and walk is not None
