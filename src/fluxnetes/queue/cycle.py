@@ -381,7 +381,14 @@ class Scheduler:
                 self._released = False
                 return result
         self.full_cycles += 1
-        if self.reservations:  # (a set of the whole queue only when there is one)
+        # reservations of jobs no longer pending are dropped. When every job walked last
+        # time is still pending (prefix == its number) and each reservation's job is one of
+        # them, none is to drop: checked against that list (a reservation or a few: easy's
+        # head) instead of building a set of the whole queue in every cycle
+        walked = walk.order if walk is not None and prefix is not None \
+            and prefix == len(walk.order) else None
+        if self.reservations and (walked is None
+                                  or not all(job_id in walked for job_id in self.reservations)):
             pending_ids = {job.id for job in order}
             for job_id in [j for j in self.reservations if j not in pending_ids]:
                 self._cancel_reservation(job_id)
@@ -654,7 +661,8 @@ class Scheduler:
         if self.profile is not None and span is not None:
             # keep its window in the calendars, but no longer count its cores as held now
             start, end, cores = span
-            self.profile.add(job_id, start, end - start, cores, shares_of(running.result))
+            self.profile.add(job_id, start, end - start, cores,
+                             shares_of(running.result) if self.profile.per_node else ())
         if self._freed is not None:  # parked jobs (pinned) may use these nodes now
             self._freed.update(name for name, _ in shares_of(running.result))
         return True
