@@ -125,8 +125,10 @@ def main() -> int:
             env=dict(os.environ, PYTHONPATH=str(before_src)), check=True, capture_output=True,
             text=True)
         manifest_before = json.loads(proc.stdout.strip().splitlines()[-1])
+        commit = subprocess.run(["git", "-C", args.before, "rev-parse", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
         before_build = {"hash": manifest_before.get("hash"),
-                        "modules": manifest_before.get("modules")}
+                        "modules": manifest_before.get("modules"), "commit": commit or None}
     # (side, source tree, native): "pure"/"native" are this tree; "before_*" the --before one
     sides: list[tuple[str, Path, bool]] = [("pure", ROOT / "src", False),
                                            ("native", ROOT / "src", True)]
