@@ -10,6 +10,11 @@ derived as count oracle time / the count/pyss ratio issue #32 measured in paired
 Both builds must give the same schedule (start time and placement of every job).
 
     .venv/bin/python bench/sim_native.py [--rounds 3] [--limit N] [--out FILE]
+        [--before OLD_TREE] [--calls]
+
+``--before``: a second source tree (e.g. ``git worktree add /tmp/before <commit>``) run the
+same way, pure and native, in the same alternation (before/after in one run, same load).
+``--calls``: Python calls per job of each tree (one cProfile'd pure run each).
 
 Writes bench/results/sim_native.json (parameters, modules compiled, build time, machine
 load, per-policy CPU seconds, speedup and derived ratio to the reference).
@@ -54,6 +59,16 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
         t0 = time.process_time()
         run_policy(workload, policy, engine="count")
         out["count_cpu_seconds"] = round(time.process_time() - t0, 3)
+    if task.get("profile"):  # Python calls per job (cProfile: counts, not times)
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        run_policy(workload, policy, engine="queue")
+        prof.disable()
+        calls = sum(v[1] for v in pstats.Stats(prof).stats.values())  # type: ignore[attr-defined]
+        return {"python_calls_per_job": round(calls / len(workload.jobs), 1)}
     t0 = time.process_time()
     run, summary = run_policy(workload, policy, engine="queue")
     out["cpu_seconds"] = round(time.process_time() - t0, 3)
@@ -65,8 +80,8 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_worker(task: dict[str, Any], native_on: bool) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONHASHSEED="0",
+def run_worker(task: dict[str, Any], native_on: bool, src: Path = ROOT / "src") -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(src), PYTHONHASHSEED="0",
                FLUXNETES_NATIVE="1" if native_on else "0")
     proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(task)], env=env,
                           check=True, capture_output=True, text=True)
@@ -80,6 +95,10 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "sim_native.json"))
     parser.add_argument("--fresh-build", action="store_true",
                         help="build into a new temporary cache first (times a cold build)")
+    parser.add_argument("--before", help="also run this source tree (e.g. a git worktree of "
+                        "an older commit), pure and native, alternating with this one")
+    parser.add_argument("--calls", action="store_true",
+                        help="also count Python calls per job (one cProfile'd pure run per tree)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -95,17 +114,40 @@ def main() -> int:
     build_dir = native.build()
     manifest = native.read_manifest(build_dir) or {}
     fresh = round(time.monotonic() - t0, 1)
+    before_src: Path | None = None
+    before_build: dict[str, Any] = {}
+    if args.before:
+        before_src = Path(args.before).resolve() / "src"
+        # the older tree's own native build (cached by its source hash like this one's)
+        proc = subprocess.run(
+            [sys.executable, "-c", "import json; from fluxnetes import native; "
+             "d = native.build(); print(json.dumps(native.read_manifest(d) or {}))"],
+            env=dict(os.environ, PYTHONPATH=str(before_src)), check=True, capture_output=True,
+            text=True)
+        manifest_before = json.loads(proc.stdout.strip().splitlines()[-1])
+        commit = subprocess.run(["git", "-C", args.before, "rev-parse", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        before_build = {"hash": manifest_before.get("hash"),
+                        "modules": manifest_before.get("modules"), "commit": commit or None}
+    # (side, source tree, native): "pure"/"native" are this tree; "before_*" the --before one
+    sides: list[tuple[str, Path, bool]] = [("pure", ROOT / "src", False),
+                                           ("native", ROOT / "src", True)]
+    if before_src is not None:
+        sides = [("before_pure", before_src, False), *sides[:1],
+                 ("before_native", before_src, True), *sides[1:]]
     results: dict[str, Any] = {}
     for policy in POLICIES:
-        cpu: dict[str, list[float]] = {"pure": [], "native": [], "count": []}
+        cpu: dict[str, list[float]] = {name: [] for name, _src, _n in sides}
+        cpu["count"] = []
         loads: list[float] = []
-        digests: dict[str, set[str]] = {"pure": set(), "native": set()}
-        bsld: dict[str, set[float]] = {"pure": set(), "native": set()}
-        builds: dict[str, set[str]] = {"pure": set(), "native": set()}
+        digests: dict[str, set[str]] = {name: set() for name, _src, _n in sides}
+        bsld: dict[str, set[float]] = {name: set() for name, _src, _n in sides}
+        builds: dict[str, set[str]] = {name: set() for name, _src, _n in sides}
+        calls: dict[str, float] = {}
         for r in range(args.rounds):
-            for side in (("pure", "native") if r % 2 == 0 else ("native", "pure")):
+            for side, src, native_on in (sides if r % 2 == 0 else sides[::-1]):
                 task = {"policy": policy, "limit": args.limit or None, "count": side == "pure"}
-                res = run_worker(task, side == "native")
+                res = run_worker(task, native_on, src)
                 cpu[side].append(res["cpu_seconds"])
                 if "count_cpu_seconds" in res:
                     cpu["count"].append(res["count_cpu_seconds"])
@@ -113,24 +155,48 @@ def main() -> int:
                 digests[side].add(res["schedule_digest"])
                 bsld[side].add(res["mean_bsld"])
                 builds[side].add(res["build"])
+        if args.calls:
+            for side, src, native_on in sides:
+                if not native_on:
+                    res = run_worker({"policy": policy, "limit": args.limit or None,
+                                      "profile": True}, False, src)
+                    calls[side] = res["python_calls_per_job"]
         # paired: each native run against the pure run of the same round
         ratios = [p / n for p, n in zip(cpu["pure"], cpu["native"], strict=True)]
-        pure_med, native_med = statistics.median(cpu["pure"]), statistics.median(cpu["native"])
         count_med = statistics.median(cpu["count"])
         pyss = count_med / COUNT_OVER_PYSS[policy]
+        med = {side: statistics.median(cpu[side]) for side, _src, _n in sides}
         results[policy] = {
             "cpu_seconds": cpu,
+            "median_cpu_seconds": {side: round(v, 3) for side, v in med.items()},
             "speedup_native_over_pure_median_of_pairs": round(statistics.median(ratios), 2),
-            "pure_over_pyss_derived": round(pure_med / pyss, 2),
-            "native_over_pyss_derived": round(native_med / pyss, 2),
+            "pure_over_pyss_derived": round(med["pure"] / pyss, 2),
+            "native_over_pyss_derived": round(med["native"] / pyss, 2),
             "pyss_seconds_derived": round(pyss, 3),
-            "same_schedule": len(digests["pure"] | digests["native"]) == 1,
-            "mean_bsld": sorted(bsld["pure"] | bsld["native"]),
+            "same_schedule": len(set().union(*digests.values())) == 1,
+            "mean_bsld": sorted(set().union(*bsld.values())),
             "builds": {k: sorted(v) for k, v in builds.items()},
             "load_average_1min_per_run": loads,
         }
+        if before_src is not None:
+            results[policy]["before_pure_over_pyss_derived"] = round(med["before_pure"] / pyss, 2)
+            results[policy]["before_native_over_pyss_derived"] = round(
+                med["before_native"] / pyss, 2)
+            results[policy]["after_over_before_median_of_pairs"] = {
+                kind: round(statistics.median(
+                    a / b for a, b in zip(cpu[kind], cpu["before_" + kind], strict=True)), 2)
+                for kind in ("pure", "native")}
+        if calls:
+            results[policy]["python_calls_per_job"] = calls
         print(policy, {k: v for k, v in results[policy].items()
-                       if k not in ("load_average_1min_per_run", "builds")}, flush=True)
+                       if k not in ("load_average_1min_per_run", "builds", "cpu_seconds")},
+              flush=True)
+    out = Path(args.out)
+    previous: Any = None
+    if out.exists():  # the figures this run replaces (their own "previous" dropped)
+        previous = json.loads(out.read_text())
+        if isinstance(previous, dict):
+            previous.pop("previous", None)
     payload = {
         "benchmark": "sim_native",
         "parameters": {
@@ -153,12 +219,14 @@ def main() -> int:
                          "cold_build_this_run": args.fresh_build,
                          "build_call_seconds_this_run": fresh},
         "results": results,
+        "before": {"source": str(args.before), "native_build": before_build} if args.before
+        else None,
+        "previous": previous,
         "machine_info": {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
                          "platform": platform.platform(), "load_average_at_start": load_start,
                          "load_average_at_end": os.getloadavg()},
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out}")

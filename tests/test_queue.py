@@ -194,3 +194,23 @@ def test_adopted_allocation_is_released_and_counted() -> None:
     assert [(j.id, r.at) for j, r in result.reserved] == [("new", 100)]
     assert sched.release("old") and "old" not in sched.running
     assert [j.id for j, _ in sched.cycle([QueuedJob("new", Spec(1, 10), 5)], now=6).started] == ["new"]
+
+
+def test_counted_reservation_of_a_job_gone_from_the_queue_is_dropped() -> None:
+    # a caller that drops a reserved job from the pending list without withdraw (the full
+    # cycle's check, which skips building a set of the queue when every job walked last
+    # time is still there): its reservation goes before the walk, so its room is free to
+    # the jobs walked in that very cycle
+    sched = Scheduler(FakeMatcher(2), QueuePolicy.parse("easy", None, "counted"),
+                      capacity_cores=2, incremental=True)
+    assert [j.id for j, _ in sched.cycle([QueuedJob("run", Spec(2, 100), 0, min_cores=2)],
+                                         now=0).started] == ["run"]
+    head = QueuedJob("head", Spec(2, 50), 1, min_cores=2)
+    assert [(j.id, r.at) for j, r in sched.cycle([head], now=1).reserved] == [("head", 100)]
+    other = QueuedJob("other", Spec(2, 200), 2, min_cores=2)  # (would overlap head's)
+    assert sched.cycle([head, other], now=2).blocked == [other]
+    assert set(sched.reservations) == {"head"}
+    assert sched.release("run")  # (ends early: the next cycle is a full walk)
+    result = sched.cycle([other], now=3)
+    assert [j.id for j, _ in result.started] == ["other"]
+    assert sched.reservations == {}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from fluxnetes.graph.model import UP
@@ -143,6 +144,8 @@ class FirstFit:
         # each node's current order key (_key of its weight), kept to avoid recomputing it
         self.nkey = [_key(MAXW, nv.v.uniq_id) for nv in nodes]
         self.names = [nv.v.name for nv in nodes]
+        # (node name, 1) per node, built once: a one-core node's share in every answer
+        self.unit_shares = [(name, 1) for name in self.names]
         # node indexes follow uniq ids (tree order): shares come out in pick order
         self.by_index = all(nodes[i].v.uniq_id < nodes[i + 1].v.uniq_id for i in range(n - 1))
         # one-core nodes under the root, indexes in uniq id order (KTH-SP2's machine, any
@@ -237,7 +240,8 @@ class FirstFit:
             if count > len(ukeys):
                 return None
             top = _U - 1
-            return [(i, _CORE0) for i in sorted([top - k % _U for k in ukeys[:count]])]
+            # (zip builds the pairs in C: this runs once per job, over every node it takes)
+            return list(zip(sorted([top - k % _U for k in ukeys[:count]]), repeat(_CORE0)))
         if kind == SLOTS:
             if count > self.free_cores():
                 return None
@@ -470,6 +474,9 @@ class FirstFit:
 
     def shares(self, picks: list[tuple[int, list[int]]]) -> tuple[tuple[str, int], ...]:
         """(node name, cores) per node, by node uniq id (``MatchResult.core_shares``)."""
+        if self.unit:  # (one core per node: each pick holds its node's one core)
+            unit_shares = self.unit_shares
+            return tuple([unit_shares[i] for i, _p in picks])
         if self.by_index:
             names = self.names
             return tuple([(names[i], len(p)) for i, p in picks])
@@ -514,6 +521,7 @@ class CountedResult(MatchResult):
                  picks: list[tuple[int, list[int]]]) -> None:
         super().__init__(MatchStatus.ALLOCATED, jobid, at, duration, "", None, None, queue, None)
         self._core_shares = shares
+        self._cores = sum(len(p) for _i, p in picks) if not ff.unit else len(picks)
         self._ff: FirstFit | None = ff
         self._kind = kind
         self._picks = picks

@@ -470,6 +470,39 @@ class Planner:
         times = self._points()
         sched = self._sched
         n = len(times)
+        if rec is not None and rec[0] == before and before + duration <= rec[1] <= self._end:
+            # the span asking starts at ``before`` (a reservation asking whether it can move
+            # earlier): a window starting before it holds none of the span's points before
+            # ``before`` and only the span's points after (it ends inside the span), so the
+            # scan compares with two limits instead of finding the span's points and
+            # subtracting per point
+            high = limit + c
+            k = bisect_right(times, t) - 1
+            cand = t
+            while True:
+                if sched[k] > limit:  # (times[k] <= cand < before)
+                    k += 1
+                else:
+                    wend = cand + duration
+                    mid = wend if wend < before else before
+                    j = k + 1
+                    while j < n and times[j] < mid:
+                        if sched[j] > limit:
+                            break
+                        j += 1
+                    else:
+                        while j < n and times[j] < wend:
+                            if sched[j] > high:
+                                break
+                            j += 1
+                        else:
+                            return True
+                    k = j + 1
+                if k >= n:
+                    return False
+                cand = times[k]
+                if cand >= before:
+                    return False
         # the excluded span's points: sched[lo:hi] count it (first_fit shifts exactly these)
         lo = hi = 0
         if c:

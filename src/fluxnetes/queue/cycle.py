@@ -189,6 +189,10 @@ class Scheduler:
         # passed) and the time of the last pinned cycle
         self._ends: list[int] = []
         self._last_now: int | None = None
+        # no reservation held starts before this (a lower bound: lowered as reservations are
+        # recorded, made exact when reached; a cancelled one only leaves it low), so a cycle
+        # finds the reservations due now without looking at every one of them
+        self._due_from = UNTIL_RELEASED
 
     @property
     def policy(self) -> QueuePolicy:
@@ -284,8 +288,13 @@ class Scheduler:
         for job, res in result.started:
             self.running[job.id] = _Running(res, cores_of(res))
             self._count(job.id, res)
+        at_least = self._due_from
         for job, res in result.reserved:
             self.reservations[job.id] = res
+            at = int(res.at)
+            if at < at_least:
+                at_least = at
+        self._due_from = at_least
         self.matcher_calls += result.matcher_calls
 
     def _prefix(self, order: Sequence[QueuedJob]) -> int | None:
@@ -327,9 +336,12 @@ class Scheduler:
         counted = self._policy.reservation_style == "counted"
         passed = counted and self._end_passed(now)
         reservations = self.reservations
-        due = [job.id for job in order[:prefix or 0]
-               if job.id in reservations and int(reservations[job.id].at) <= now] \
-            if reservations and any(int(res.at) <= now for res in reservations.values()) else []
+        due: list[str] = []
+        if reservations and self._due_from <= now:
+            due = [job.id for job in order[:prefix or 0]
+                   if job.id in reservations and int(reservations[job.id].at) <= now]
+            # (exact again: the earliest start held now)
+            self._due_from = min(int(res.at) for res in reservations.values())
         if (
             prefix is not None
             and walk is not None
@@ -369,7 +381,14 @@ class Scheduler:
                 self._released = False
                 return result
         self.full_cycles += 1
-        if self.reservations:  # (a set of the whole queue only when there is one)
+        # reservations of jobs no longer pending are dropped. When every job walked last
+        # time is still pending (prefix == its number) and each reservation's job is one of
+        # them, none is to drop: checked against that list (a reservation or a few: easy's
+        # head) instead of building a set of the whole queue in every cycle
+        walked = walk.order if walk is not None and prefix is not None \
+            and prefix == len(walk.order) else None
+        if self.reservations and (walked is None
+                                  or not all(job_id in walked for job_id in self.reservations)):
             pending_ids = {job.id for job in order}
             for job_id in [j for j in self.reservations if j not in pending_ids]:
                 self._cancel_reservation(job_id)
@@ -642,7 +661,8 @@ class Scheduler:
         if self.profile is not None and span is not None:
             # keep its window in the calendars, but no longer count its cores as held now
             start, end, cores = span
-            self.profile.add(job_id, start, end - start, cores, shares_of(running.result))
+            self.profile.add(job_id, start, end - start, cores,
+                             shares_of(running.result) if self.profile.per_node else ())
         if self._freed is not None:  # parked jobs (pinned) may use these nodes now
             self._freed.update(name for name, _ in shares_of(running.result))
         return True

@@ -118,6 +118,12 @@ class CoreProfile:
                     return True
         return False
 
+    @property
+    def per_node(self) -> bool:
+        """Does it keep per-node calendars (``node_cores`` given)? Only then does ``add``
+        read a placement's shares."""
+        return bool(self._node_cap)
+
     def span(self, key: Hashable) -> tuple[int, int, int] | None:
         """(start, end, cores) of a recorded span (end FOREVER: until removed)."""
         return self._root.get(key)

@@ -72,6 +72,14 @@ def shares_of(result: Any) -> list[tuple[str, int]]:
     return [(str(share.name), int(share.cores)) for share in result.nodes]
 
 
+def share_tuple(result: Any) -> tuple[tuple[str, int], ...]:
+    """``shares_of`` as a tuple: the result's own when it keeps one (no copy)."""
+    known = getattr(result, "core_shares", None)
+    if isinstance(known, tuple):
+        return known
+    return tuple(shares_of(result))
+
+
 def cores_of(result: Any) -> int:
     """Cores a match result holds, summed over its nodes."""
     held = getattr(result, "cores_held", None)  # (fluxnetes.match results keep the sum)

@@ -288,7 +288,9 @@ def _walk(
         if status == "ALLOCATED":
             result.started.append((job, answer))
             if profile is not None:
-                profile.add(job.id, now, duration, cores_of(answer), shares_of(answer), running=True)
+                # (shares only for per-node calendars: a copy of every node held otherwise)
+                profile.add(job.id, now, duration, cores_of(answer),
+                            shares_of(answer) if profile.per_node else (), running=True)
                 free_now = None
             continue
         if status == "RESERVED":

@@ -124,7 +124,7 @@ def simulate(
     # the queue (and the matcher behind it) is imported here, not at module level: the
     # count oracle shares this module's types and never needs them
     from fluxnetes.queue import QueuedJob
-    from fluxnetes.queue.protocol import cores_of, shares_of
+    from fluxnetes.queue.protocol import cores_of, share_tuple
 
     ordered = sorted(jobs, key=lambda j: j.submit)  # stable: trace order at one instant
     outcomes = {job.id: JobOutcome(job) for job in ordered}
@@ -167,7 +167,7 @@ def simulate(
             outcome = outcomes[queued.id]
             outcome.start = now
             outcome.cores = cores_of(allocation)
-            outcome.shares = tuple(shares_of(allocation))
+            outcome.shares = share_tuple(allocation)
             state["busy"] += outcome.cores
             held = plan.pop(queued.id, None)
             if held is not None and held[0] == now and planned:
