@@ -44,8 +44,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "operator_bench.json"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 
 
-def job_body(name: str, size: int) -> dict[str, Any]:
-    return {
+def job_body(name: str, size: int, scheduler: str | None = None) -> dict[str, Any]:
+    """A Job of ``size`` pods; ``scheduler``: its pod template's ``schedulerName``."""
+    body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
@@ -67,9 +68,13 @@ def job_body(name: str, size: int) -> dict[str, Any]:
             },
         },
     }
+    if scheduler:
+        body["spec"]["template"]["spec"]["schedulerName"] = scheduler
+    return body
 
 
-async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float) -> dict[str, Any]:
+async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float,
+                       scheduler: str | None = None) -> dict[str, Any]:
     """Create ``jobs`` Jobs of ``size`` pods in ``ns``; wait until jobs*size pods were bound."""
     total = jobs * size
     bound: set[str] = set()
@@ -129,7 +134,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     async def create(i: int) -> None:
         async with sem:
             create_sent[f"j{i}"] = time.monotonic()
-            await kube.create(JOBS, job_body(f"j{i}", size), ns)
+            await kube.create(JOBS, job_body(f"j{i}", size, scheduler), ns)
             create_done[f"j{i}"] = time.monotonic()
 
     await asyncio.gather(*(create(i) for i in range(jobs)))
@@ -528,7 +533,10 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 if jobs <= 0:
                     continue
                 ns = f"bench-{uuid.uuid4().hex[:6]}"
-                labels = {"fluxnetes.io/enabled": "true"} if mode else {}
+                # a --named variant: a namespace not opted in (no webhook call), the Jobs'
+                # pod template naming fluxnetes as its scheduler (the operator still binds them)
+                named = label.removeprefix("fluxnetes_") in args.named
+                labels = {"fluxnetes.io/enabled": "true"} if mode and not named else {}
                 body = {
                     "apiVersion": "v1",
                     "kind": "Namespace",
@@ -550,7 +558,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                     prof = asyncio.ensure_future(profile_windows(args, cluster, stem, run_over))
                 spy = _spy(args, op, f"{label}-{name}-{len(per_round.get(name, {}).get(label, []))}") \
                     if args.profile_operator and op is not None else None
-                r = await run_workload(kube, ns, jobs, size, args.timeout)
+                r = await run_workload(kube, ns, jobs, size, args.timeout, "fluxnetes" if named else None)
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)  # it writes its file and exits
                     await asyncio.get_running_loop().run_in_executor(None, spy.wait, 60)
@@ -677,6 +685,9 @@ def main() -> None:
     )
     ap.add_argument("--idle-seconds", type=float, default=5, help="length of the idle windows (no workload) "
                     "sampled before and after each run for the baseline-corrected CPU per pod (0: none)")
+    ap.add_argument("--named", action="append", default=[], metavar="LABEL",
+                    help="run the variant of that label without the webhook: its namespace not opted in, "
+                    "the Jobs' pod template with schedulerName: fluxnetes (repeatable)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
@@ -705,6 +716,7 @@ def main() -> None:
             "variants": dict(v.partition("=")[::2] for v in args.variant) or None,
             "variant_src": dict(v.partition("=")[::2] for v in args.variant_src) or None,
             "variant_args": dict(v.partition("=")[::2] for v in args.variant_args) or None,
+            "named_no_webhook": args.named or None,
         },
         "machine": {
             "cpu_count": os.cpu_count(),
