@@ -44,8 +44,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "operator_bench.json"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 
 
-def job_body(name: str, size: int) -> dict[str, Any]:
-    return {
+def job_body(name: str, size: int, scheduler: str | None = None) -> dict[str, Any]:
+    """A Job of ``size`` pods; ``scheduler``: its pod template's ``schedulerName``."""
+    body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
@@ -67,9 +68,13 @@ def job_body(name: str, size: int) -> dict[str, Any]:
             },
         },
     }
+    if scheduler:
+        body["spec"]["template"]["spec"]["schedulerName"] = scheduler
+    return body
 
 
-async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float) -> dict[str, Any]:
+async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float,
+                       scheduler: str | None = None) -> dict[str, Any]:
     """Create ``jobs`` Jobs of ``size`` pods in ``ns``; wait until jobs*size pods were bound."""
     total = jobs * size
     bound: set[str] = set()
@@ -129,7 +134,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     async def create(i: int) -> None:
         async with sem:
             create_sent[f"j{i}"] = time.monotonic()
-            await kube.create(JOBS, job_body(f"j{i}", size), ns)
+            await kube.create(JOBS, job_body(f"j{i}", size, scheduler), ns)
             create_done[f"j{i}"] = time.monotonic()
 
     await asyncio.gather(*(create(i) for i in range(jobs)))
@@ -181,6 +186,8 @@ def _round_digest(r: dict[str, Any]) -> dict[str, Any]:
         "cpu_seconds": {**r.get("component_cpu_seconds", {}),
                         **({"operator": r["operator_cpu_seconds"]} if "operator_cpu_seconds" in r else {})},
         "api_writes_per_pod": r.get("api_writes_per_pod"),
+        "cpu_ms_per_pod_raw": r.get("cpu_ms_per_pod_raw"),
+        "cpu_ms_per_pod_corrected": r.get("cpu_ms_per_pod_corrected"),
     }
 
 
@@ -453,6 +460,33 @@ def _cpu_seconds(op: subprocess.Popen[bytes] | None) -> float:
         return 0.0
 
 
+async def idle_rates(cluster: Cluster, op: subprocess.Popen[bytes] | None, seconds: float) -> dict[str, float]:
+    """CPU seconds per second of each component (and the operator, webhook included) while the
+    cluster is idle (same nodes, no workload): the background a run's CPU figures include
+    (node Lease renewals, controllers' resyncs, the operator's own timers)."""
+    t0, comp0, op0 = time.monotonic(), _component_cpu(cluster), _cpu_seconds(op)
+    await asyncio.sleep(seconds)
+    dt, comp1 = time.monotonic() - t0, _component_cpu(cluster)
+    rates = {k: (comp1.get(k, 0.0) - comp0.get(k, 0.0)) / dt for k in COMPONENTS}
+    if op is not None:
+        rates["operator"] = (_cpu_seconds(op) - op0) / dt
+    return rates
+
+
+def baseline_corrected(r: dict[str, Any], idle: list[dict[str, float]], seconds: float, pods: int) -> None:
+    """Adds to run ``r`` the idle CPU rates (mean of the windows before and after it) and each
+    component's CPU ms per pod with that rate x the run's ``seconds`` subtracted, beside the raw
+    figure: a slower run no longer looks costlier per pod for the background it sat through."""
+    rates = {k: statistics.mean(w.get(k, 0.0) for w in idle) for k in idle[0]}
+    raw = {**r["component_cpu_seconds"], **({"operator": r["operator_cpu_seconds"]}
+                                           if "operator_cpu_seconds" in r else {})}
+    r["idle_cpu_rates"] = {k: round(v, 4) for k, v in rates.items()}
+    r["measured_seconds"] = round(seconds, 2)
+    r["cpu_ms_per_pod_raw"] = {k: round(1000 * v / pods, 2) for k, v in raw.items()}
+    r["cpu_ms_per_pod_corrected"] = {k: round(1000 * (v - rates.get(k, 0.0) * seconds) / pods, 2)
+                                     for k, v in raw.items()}
+
+
 def _rss_mb(op: subprocess.Popen[bytes]) -> float | None:
     """The operator's resident memory now (MB), its webhook process included."""
     import psutil
@@ -499,7 +533,10 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 if jobs <= 0:
                     continue
                 ns = f"bench-{uuid.uuid4().hex[:6]}"
-                labels = {"fluxnetes.io/enabled": "true"} if mode else {}
+                # a --named variant: a namespace not opted in (no webhook call), the Jobs'
+                # pod template naming fluxnetes as its scheduler (the operator still binds them)
+                named = label.removeprefix("fluxnetes_") in args.named
+                labels = {"fluxnetes.io/enabled": "true"} if mode and not named else {}
                 body = {
                     "apiVersion": "v1",
                     "kind": "Namespace",
@@ -507,9 +544,11 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 }
                 await kube.create(NAMESPACES, body)
                 await asyncio.sleep(1)
+                idle = [await idle_rates(cluster, op, args.idle_seconds)] if args.idle_seconds > 0 else []
                 load = os.getloadavg()[0]
                 cpu0 = _cpu_seconds(op)
                 comp0 = _component_cpu(cluster)
+                t_cpu0 = time.monotonic()
                 req0 = await api_requests(kube)
                 lat0 = await latency_sums(kube)
                 prof = None
@@ -519,7 +558,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                     prof = asyncio.ensure_future(profile_windows(args, cluster, stem, run_over))
                 spy = _spy(args, op, f"{label}-{name}-{len(per_round.get(name, {}).get(label, []))}") \
                     if args.profile_operator and op is not None else None
-                r = await run_workload(kube, ns, jobs, size, args.timeout)
+                r = await run_workload(kube, ns, jobs, size, args.timeout, "fluxnetes" if named else None)
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)  # it writes its file and exits
                     await asyncio.get_running_loop().run_in_executor(None, spy.wait, 60)
@@ -527,6 +566,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 if prof is not None:
                     r["pprof_files"] = await prof
                 comp1 = _component_cpu(cluster)
+                t_cpu1 = time.monotonic()
                 req1 = await api_requests(kube)
                 r["apiserver_latency"] = latency_means(lat0, await latency_sums(kube))
                 pods = jobs * size
@@ -549,7 +589,6 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                     r["operator_cpu_seconds"] = round(_cpu_seconds(op) - cpu0, 2)  # incl. webhook process
                     r["operator_cpu_ms_per_pod"] = round(1000 * r["operator_cpu_seconds"] / pods, 2)
                     r["operator_rss_mb"] = _rss_mb(op)
-                print(label, name, r, flush=True)
                 per_round.setdefault(name, {}).setdefault(label, []).append(r)
                 await kube.delete(NAMESPACES, ns)
                 # the next run starts on a quiet cluster: the namespace controller deleting
@@ -557,6 +596,10 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 # (10,000 Jobs took over 300 s to go at 5,000 nodes; recorded with the run)
                 r["namespace_deleted_s"] = await wait_gone(kube, ns, max(300.0, 0.15 * pods))
                 await asyncio.sleep(2)
+                if idle:  # the idle window after the run, once its namespace is gone
+                    idle.append(await idle_rates(cluster, op, args.idle_seconds))
+                    baseline_corrected(r, idle, t_cpu1 - t_cpu0, pods)
+                print(label, name, r, flush=True)
         for name, labels in per_round.items():
             for label, rs in labels.items():
                 ordered = sorted(rs, key=lambda x: x["pods_per_second"] or 0.0)  # (None: timed out)
@@ -565,6 +608,11 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                     median["pods_per_second_rounds"] = [x["pods_per_second"] for x in rs]
                     median["load_average_1m_rounds"] = [x["load_average_1m_before"] for x in rs]
                     median["rounds"] = [_round_digest(x) for x in rs]
+                    for kind in ("raw", "corrected"):  # each component's median over the rounds
+                        per = [x[f"cpu_ms_per_pod_{kind}"] for x in rs if f"cpu_ms_per_pod_{kind}" in x]
+                        if per:
+                            median[f"cpu_ms_per_pod_{kind}_median"] = {
+                                k: round(statistics.median(p[k] for p in per), 2) for k in per[0]}
                 results.setdefault(name, {})[label] = median
         results["apiserver_webhook_latency"] = await apiserver_webhook_view(kube)
     finally:
@@ -635,6 +683,11 @@ def main() -> None:
         help="extra `fluxnetes run` arguments for the --variant-src of that label, e.g. "
         "--variant-args 'after=--fluxjobs waiting'",
     )
+    ap.add_argument("--idle-seconds", type=float, default=5, help="length of the idle windows (no workload) "
+                    "sampled before and after each run for the baseline-corrected CPU per pod (0: none)")
+    ap.add_argument("--named", action="append", default=[], metavar="LABEL",
+                    help="run the variant of that label without the webhook: its namespace not opted in, "
+                    "the Jobs' pod template with schedulerName: fluxnetes (repeatable)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
@@ -658,10 +711,12 @@ def main() -> None:
             "gang_size": 10,
             "webhook_requests": args.webhook_requests,
             "rounds": args.rounds,
+            "idle_seconds": args.idle_seconds,
             "job_modes": args.job_modes if not args.variant else None,
             "variants": dict(v.partition("=")[::2] for v in args.variant) or None,
             "variant_src": dict(v.partition("=")[::2] for v in args.variant_src) or None,
             "variant_args": dict(v.partition("=")[::2] for v in args.variant_args) or None,
+            "named_no_webhook": args.named or None,
         },
         "machine": {
             "cpu_count": os.cpu_count(),
