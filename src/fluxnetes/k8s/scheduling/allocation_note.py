@@ -16,6 +16,7 @@ as before, from what is placed)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +44,12 @@ def encode(jobid: object, slots: Sequence[str], held: Sequence[Share]) -> str | 
     """The note for an allocation (None: none is written, see the module's doc)."""
     if len(slots) < 2 or list(slots) != sorted(slots):
         return None
-    by_node = {s.node: s for s in held}
-    if set(slots) - set(by_node):
+    count = Counter(slots)
+    if set(count) - {s.node for s in held}:
         return None
     rows: list[list[Any]] = []
     for s in sorted(held, key=lambda s: s.node):
-        row: list[Any] = [s.node, s.cores, s.gpus, s.memory, slots.count(s.node)]
+        row: list[Any] = [s.node, s.cores, s.gpus, s.memory, count[s.node]]
         if s.extra:
             row.append(dict(s.extra))
         rows.append(row)
@@ -66,13 +67,13 @@ def decode(text: str) -> PlacedAllocation | None:
         for row in rows:
             node, cores, gpus, memory, count = str(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4])
             extra = {str(k): int(v) for k, v in (row[5] if len(row) > 5 else {}).items()}
-            if count < 0 or node in slots:
-                return None
+            if count < 0 or (held and node <= held[-1].node):
+                return None  # nodes in order, each once (as ``encode`` writes them)
             held.append(Share(node, cores, gpus, memory, extra))
             slots.extend([node] * count)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
-    if len(slots) < 2 or len({s.node for s in held}) != len(held):
+    if len(slots) < 2:
         return None
     return PlacedAllocation(jobid, tuple(slots), tuple(held))
 
@@ -88,17 +89,17 @@ def held_after(alloc: PlacedAllocation, released: set[int]) -> list[Share]:
     one in slot order, as the operator gives back a slot (allocation.py ``release_slot``: a
     node's share split evenly over the slots still on it; the last slot takes the rest)."""
     held = {s.node: s for s in alloc.shares}
-    done: set[int] = set()
+    left = Counter(alloc.slots)  # slots not given back yet, per node
     for slot in sorted(released):
         if not 0 <= slot < len(alloc.slots):
             continue
         node = alloc.slots[slot]
-        left = sum(1 for i, n in enumerate(alloc.slots) if n == node and i not in done)
-        done.add(slot)
+        on_node = left[node]
+        left[node] -= 1
         share = held.get(node)
         if share is None:
             continue
-        rest = share - (share if left <= 1 else share.split(left))
+        rest = share - (share if on_node <= 1 else share.split(on_node))
         if rest.empty:
             held.pop(node)
         else:
