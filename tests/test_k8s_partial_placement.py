@@ -65,6 +65,8 @@ def one_allocation(cluster: Any, ns: str, selector: str, size: int) -> list[str]
         ann = p["metadata"].get("annotations") or {}
         slot, node = int(ann["fluxnetes.io/slot"]), p["spec"]["nodeName"]
         assert slot not in slots, f"slot {slot} placed twice"
+        index = ann.get("batch.kubernetes.io/job-completion-index")
+        assert index is None or int(index) == slot, (p["metadata"]["name"], index, slot)  # a Job's pod: its index's slot
         slots[slot] = node
         note = json.loads(ann["fluxnetes.io/allocation"])
         layout = tuple(n for row in note["n"] for n in [row[0]] * row[4])
