@@ -10,6 +10,7 @@ from typing import Any
 
 from fluxnetes.k8s import names
 from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling import allocation_note
 from fluxnetes.k8s.scheduling.placement import ANN_SLOT
 from test_k8s_prune import RecordingKube, bound, finished, make_controller, pod, settle, started_job
 
@@ -53,7 +54,10 @@ def test_pods_get_one_slot_each_pinned_to_its_node_and_release_their_share() -> 
             term = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
             assert term["matchFields"][0]["values"] == [g.slots[slot]]
             ann = next(o["value"] for o in ops if o["path"] == "/metadata/annotations")
-            assert ann == {names.ANN_FLUXJOB: "g", ANN_SLOT: str(slot)}
+            # (the group's whole allocation rides on each of its placements: allocation_note.py)
+            note = allocation_note.encode(g.jobid, g.slots, g.alloc)
+            assert note is not None
+            assert ann == {names.ANN_FLUXJOB: "g", ANN_SLOT: str(slot), names.ANN_ALLOCATION: note}
         before = sum(s.cores for s in g.held.values())
         c.handle(("Pod", "MODIFIED", finished(bound(pods[0], g.slots[g.slot_pod.index("pod-g-0")]))))
         assert g.phase == Phase.RUNNING and len(g.released) == 1

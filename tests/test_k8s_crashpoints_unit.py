@@ -71,6 +71,20 @@ def test_placed_window_drops_writes_and_exits_once_every_pod_is_placed() -> None
         hook("pod-placed", "ns/a", {"pod": "u2", "size": 2})
 
 
+def test_placed_in_part_window_places_k_pods_then_exits() -> None:
+    hook = make_hook("placed:2@ns/a", _exit)
+    assert hook("pod-place", "ns/a", {"pod": "u1"}) is False  # not allocated yet: not this window's
+    hook("allocated", "ns/a", {})
+    assert hook("fluxjob-write", "ns/a", {}) is True
+    assert hook("pod-place", "ns/a", {"pod": "u1"}) is False
+    assert hook("pod-place", "ns/a", {"pod": "u2"}) is False
+    assert hook("pod-place", "ns/a", {"pod": "u3"}) is True  # held back: stays gated
+    assert hook("pod-place", "ns/a", {"pod": "u1"}) is False  # (a retry of a placed one)
+    hook("pod-placed", "ns/a", {"pod": "u1", "size": 4})
+    with pytest.raises(Exited, match="placed"):
+        hook("pod-placed", "ns/a", {"pod": "u2", "size": 4})
+
+
 def test_fluxjob_running_window_holds_placement_until_running_is_written() -> None:
     hook = make_hook("fluxjob-running", _exit)
     assert hook("placement", "ns/a", {}) is True

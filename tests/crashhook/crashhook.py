@@ -5,7 +5,9 @@ points that stop at once (``allocated``, ``fluxjob-created``, ``resumed``, ``sto
 or one of the windows made of several points:
 
 - ``placed``: once the group is allocated its FluxJob writes are dropped; the operator exits
-  when every pod of the group is placed (the FluxJob status is not written);
+  when every pod of the group is placed (the FluxJob status is not written); ``placed:<k>``:
+  the same, once ``k`` of its pods are placed, the placement of any other held back (a
+  group placed in part);
 - ``fluxjob-running``: placement is held back (no pod placed, the Job not resumed); the
   operator exits once a FluxJob status saying Running is written.
 
@@ -41,8 +43,10 @@ def exit_now(point: str, facts: dict[str, Any]) -> None:
 def make_hook(spec: str, exit: Callable[[str, dict[str, Any]], None] = exit_now) -> crashpoints.Hook:
     """The hook for ``FLUXNETES_DEBUG_EXIT_AT=spec``; ``exit`` is called where the process ends."""
     want, _, target = spec.partition("@")
+    want, _, count = want.partition(":")  # placed:<k>: exit once k pods are placed
     allocated: set[str] = set()
     placed: dict[str, set[Any]] = {}
+    placing: dict[str, set[Any]] = {}
 
     def hook(point: str, qid: str, facts: dict[str, Any]) -> bool:
         if target and qid != target:
@@ -52,10 +56,15 @@ def make_hook(spec: str, exit: Callable[[str, dict[str, Any]], None] = exit_now)
                 allocated.add(qid)
             elif point == "fluxjob-write":
                 return qid in allocated  # the FluxJob status is not written
+            elif point == "pod-place" and qid in allocated and count:
+                started = placing.setdefault(qid, set())
+                if facts.get("pod") not in started and len(started) >= int(count):
+                    return True  # only the first k pods are placed
+                started.add(facts.get("pod"))
             elif point == "pod-placed" and qid in allocated:
                 pods = placed.setdefault(qid, set())
                 pods.add(facts.get("pod"))
-                if len(pods) >= int(facts.get("size") or 0):
+                if len(pods) >= (int(count) if count else int(facts.get("size") or 0)):
                     exit(want, facts)
             return False
         if want == "fluxjob-running":

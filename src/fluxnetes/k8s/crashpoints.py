@@ -10,6 +10,8 @@ like a SIGKILL, inside a crash window. The points, with the facts each passes:
   placed, the Job not resumed);
 - ``placement`` (before the group's Job is resumed and its pods placed): a hook that answers
   True holds the group's placement back (no pod of the operator is placed after that);
+- ``pod-place`` (``pod``: uid): one of its pods is about to be placed; a hook that answers
+  True holds that placement back (the pod stays gated);
 - ``pod-placed`` (``pod``: uid, ``size``: the group's pods): one of its pods was placed;
 - ``fluxjob-write``: a FluxJob status write is due; a hook that answers True drops it;
 - ``fluxjob-created``: the FluxJob object was just created (with the group's status of that

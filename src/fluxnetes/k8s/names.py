@@ -29,6 +29,10 @@ LABEL_ENABLED = f"{DOMAIN}/enabled"
 LABEL_JOBID = f"{DOMAIN}/jobid"
 # annotation set by the operator on a placed pod: the FluxJob that placed it
 ANN_FLUXJOB = f"{DOMAIN}/fluxjob"
+# annotation set by the operator on each placed pod of a multi-pod group, in the same write:
+# the group's whole allocation (k8s/scheduling/allocation_note.py), so a restart after some
+# but not all of its pods were placed knows every slot
+ANN_ALLOCATION = f"{DOMAIN}/allocation"
 
 ANN_DURATION = f"{DOMAIN}/duration"
 ANN_JOBSPEC = f"{DOMAIN}/jobspec"

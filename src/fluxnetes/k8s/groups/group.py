@@ -53,6 +53,8 @@ class Group:
     store_uid: str = ""
     store_id: int | None = None
     alloc: list[shares.Share] = field(default_factory=list)  # what it was given when it started
+    # (job id, the allocation note its placements carry: scheduling/allocation_note.py), made once
+    alloc_note: tuple[Any, str | None] | None = None
     note: str = ""  # said again with its next start (e.g. why it was matched again)
     recovered: bool = False  # its allocation was made before a restart (pods carry older job ids)
     # a multi-role workload's pod sets (jobspec.podsets.PodSet; empty: one set, as for a Job)

@@ -24,7 +24,7 @@ from fluxnetes.k8s.names import SCALE_SEP
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time, _terminal
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.resources import GPU, PodResources
-from fluxnetes.k8s.scheduling import shares
+from fluxnetes.k8s.scheduling import allocation_note, shares
 from fluxnetes.k8s.scheduling.placement import ANN_SLOT, assigned_node, placed_jobid
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
@@ -311,11 +311,14 @@ class Recovery:
             g = self._side.book.groups.get(key)
             if (g is not None and (g.phase == Phase.RUNNING or g.phase.final)) or (g is None and key in final):
                 continue
-            if all(_terminal(p) for p in members):
-                continue  # nothing is held any more
+            note = placed_note(members)
+            if all(_terminal(p) for p in members) and (note is None or len(note.slots) <= len(members)):
+                continue  # nothing is held any more (no slot of its allocation waits for a pod)
             if g is None:
-                g = self.group_of_placed(key, members)
+                g = self.group_of_placed(key, members, note)
             if g is None or (g.phase != Phase.PROVISIONAL and g.phase not in QUEUED):
+                continue
+            if note is not None and self.adopt_annotated(g, members, note):
                 continue
             if self.adopt_placed(g, members):
                 continue
@@ -330,8 +333,11 @@ class Recovery:
                             "its slots known; they count as foreign pods and the group is matched again",
                             g.qid)
 
-    def group_of_placed(self, key: tuple[str, str], pods: list[dict[str, Any]]) -> Group | None:
-        """The group of pods placed before a crash that came before its FluxJob was created."""
+    def group_of_placed(self, key: tuple[str, str], pods: list[dict[str, Any]],
+                        note: allocation_note.PlacedAllocation | None = None) -> Group | None:
+        """The group of pods placed before a crash that came before its FluxJob was created.
+        ``note``: the allocation its placed pods carry (its size is the group's, whatever
+        slots were placed before the crash)."""
         pod = min(pods, key=lambda p: str(_meta(p).get("name", "")))
         owner = controller_of(_meta(pod))
         okind = kind_of(owner.kind) if owner else None
@@ -348,7 +354,12 @@ class Recovery:
         except GroupError:
             return None
         scale_n = key[1][len(spec.name + SCALE_SEP):] if key[1].startswith(spec.name + SCALE_SEP) else ""
-        if spec.key != key and key[0] == spec.namespace and scale_n.isdigit() and spec.owner is not None:
+        if note is not None and spec.owner is not None and (spec.key == key or (
+                key[0] == spec.namespace and scale_n.isdigit())):
+            # the whole allocation is known: the group was placed at its size (a scale group's
+            # pods carry the base group's spec)
+            spec = replace(spec, name=key[1], size=len(note.slots))
+        elif spec.key != key and key[0] == spec.namespace and scale_n.isdigit() and spec.owner is not None:
             # a scale group of a replicated workload (its pods carry the base group's spec):
             # its size is what its placed pods' slots say (adopt_placed checks they are all known)
             slots = [_slot_of(p) for p in pods]
@@ -417,22 +428,67 @@ class Recovery:
             held = self._side.accounting.shares_of_pods(g, list(live.values()))
             if stored is not None and not _same_use(held, stored):
                 return False
+        # (a slot given back before the crash, whose pod is gone: no node known, none held)
+        layout = [str(assigned_node(live[i] if i in live else ended[i]) or "") if i in live or i in ended else ""
+                  for i in range(size)]
+        return self._adopted(g, live, layout, held, list(held), {i for i in range(size) if i not in live},
+                             "allocated before the restart (recovered from its placed pods)" if stored is None
+                             else "allocated before the restart (recovered from its placed pods and the store)")
+
+    def adopt_annotated(self, g: Group, pods: list[dict[str, Any]], note: allocation_note.PlacedAllocation) -> bool:
+        """The group's whole allocation, from the note its placed pods carry (every slot's
+        node, every node's share: allocation_note.py), when a crash came after some but not
+        all of its pods were placed and before any record of it. The slots of its live pods
+        are theirs, those of ended pods given back, the others wait for the pods not placed
+        yet (``reconcile`` assigns them; a group whose pods are gone gives them back there).
+        False (the other rules apply) when the pods disagree with the note or a node of it
+        is gone or down."""
+        if g.sets or (g.spec.jobspec and len(note.slots) != g.spec.size):
+            return False
+        live: dict[int, dict[str, Any]] = {}
+        ended: set[int] = set()
+        for p in pods:
+            if placed_jobid(p) != note.jobid:
+                if not _terminal(p):
+                    return False  # a live pod of another allocation: not one allocation
+                continue
+            slot = _slot_of(p)
+            if slot is None or not 0 <= slot < len(note.slots) or assigned_node(p) != note.slots[slot]:
+                return False
+            if _terminal(p):
+                ended.add(slot)
+            elif slot in live:
+                return False
+            else:
+                live[slot] = p
+        ended -= set(live)
+        if any(n not in self._side.cluster.nodes or self._side.cluster.node_down.get(n, False) for n in note.slots):
+            return False  # a node is gone or down: the node-loss rules apply to foreign pods
+        if len(note.slots) != g.spec.size:
+            g.spec = replace(g.spec, size=len(note.slots))
+            g.jobspec = self._side.book.make_jobspec(g)
+        held = allocation_note.held_after(note, ended)
+        return self._adopted(g, live, list(note.slots), held, list(note.shares), ended,
+                             "allocated before the restart (recovered from its placed pods' allocation note)")
+
+    def _adopted(self, g: Group, live: Mapping[int, dict[str, Any]], slots: list[str], held: list[shares.Share],
+                 alloc: list[shares.Share], released: set[int], reason: str) -> bool:
+        """Record an allocation taken back from placed pods: the group runs with ``slots``,
+        holds ``held`` (``alloc``: what it was given), its ``live`` pods in their slots."""
         jobid = self._side.cluster.matcher.next_jobid
-        start = min((_parse_time(_meta(p).get("creationTimestamp")) or self._ctx.now()) for p in live.values())
+        start = min(((_parse_time(_meta(p).get("creationTimestamp")) or self._ctx.now()) for p in live.values()),
+                    default=self._ctx.now())
         try:
             self._side.cluster.matcher.update_allocate(jobid, shares.to_match(held), at=start, duration=g.spec.duration)
         except Exception as exc:
             log.error("%s: its placed pods could not be recorded (%s)", g.qid, exc)
             return False
-        g.phase, g.reason = Phase.RUNNING, ("allocated before the restart (recovered from its placed pods)" if stored is None
-                                            else "allocated before the restart (recovered from its placed pods and the store)")
+        g.phase, g.reason = Phase.RUNNING, reason
         g.jobid, g.start, g.expected_start = jobid, start, None
-        g.held, g.alloc = {s.node: s for s in held}, list(held)
-        # (a slot given back before the crash, whose pod is gone: no node known, none held)
-        g.slots = [str(assigned_node(live[i] if i in live else ended[i]) or "") if i in live or i in ended else ""
-                   for i in range(size)]
-        g.slot_pod = [None] * size
-        g.released = {i for i in range(size) if i not in live}
+        g.held, g.alloc = {s.node: s for s in held}, alloc
+        g.slots = slots
+        g.slot_pod = [None] * len(slots)
+        g.released = released
         for slot, p in live.items():
             uid = str(_meta(p).get("uid", ""))
             g.slot_pod[slot] = uid
@@ -543,6 +599,25 @@ def _slot_of(pod: Mapping[str, Any]) -> int | None:
         return int((_meta(pod).get("annotations") or {}).get(ANN_SLOT, ""))
     except ValueError:
         return None
+
+
+def placed_note(pods: Sequence[Mapping[str, Any]]) -> allocation_note.PlacedAllocation | None:
+    """The allocation the placed pods of a group carry (allocation_note.py): the note of its
+    live pods' allocation (of its ended pods' when none is live); None when they carry none
+    or live pods carry notes of different allocations."""
+    notes: dict[str, allocation_note.PlacedAllocation] = {}
+    live: set[str] = set()
+    for p in pods:
+        note = allocation_note.of_pod(p)
+        if note is None or placed_jobid(p) != note.jobid:
+            continue
+        if notes.setdefault(note.jobid, note) != note:
+            return None  # two pods of one allocation that disagree: neither is trusted
+        if not _terminal(p):
+            live.add(note.jobid)
+    if len(live) == 1:
+        return notes[live.pop()]
+    return notes.popitem()[1] if not live and len(notes) == 1 else None
 
 
 def _same_use(held: Sequence[shares.Share], stored: Any) -> bool:

@@ -58,8 +58,10 @@ def affinity_ops(spec: Mapping[str, Any], node: str) -> JsonPatch:
     return ops
 
 
-def place_patch(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: str, slot: int) -> JsonPatch | None:
-    """JSON patch pinning ``pod`` to ``node`` and removing fluxnetes' gate; None if not gated."""
+def place_patch(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: str, slot: int,
+                allocation: str | None = None) -> JsonPatch | None:
+    """JSON patch pinning ``pod`` to ``node`` and removing fluxnetes' gate; None if not gated.
+    ``allocation``: the group's allocation note (allocation_note.py), written with the rest."""
     spec = pod.get("spec") or {}
     gates = spec.get("schedulingGates") or []
     index = next((i for i, g in enumerate(gates) if g.get("name") == names.GATE), None)
@@ -72,6 +74,8 @@ def place_patch(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: st
         {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
     ]
     notes = {names.ANN_FLUXJOB: fluxjob, ANN_SLOT: str(slot)}
+    if allocation is not None:
+        notes[names.ANN_ALLOCATION] = allocation
     if not meta.get("annotations"):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
     else:
@@ -83,15 +87,18 @@ def place_patch(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: st
     return ops
 
 
-def binding(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: str, slot: int) -> dict[str, Any]:
+def binding(pod: Mapping[str, Any], node: str, *, jobid: object, fluxjob: str, slot: int,
+            allocation: str | None = None) -> dict[str, Any]:
     """The Binding of a pod held by fluxnetes' scheduler name (placement ``bind``) to ``node``.
     Its annotations land on the pod (the API server copies them), so the pod says which
     FluxJob, matcher job and slot placed it, as the affinity patch does with a label."""
     meta = pod.get("metadata") or {}
+    notes = {names.ANN_FLUXJOB: fluxjob, ANN_SLOT: str(slot), names.LABEL_JOBID: str(jobid)}
+    if allocation is not None:
+        notes[names.ANN_ALLOCATION] = allocation
     return {"apiVersion": "v1", "kind": "Binding",
             "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                         "annotations": {names.ANN_FLUXJOB: fluxjob, ANN_SLOT: str(slot),
-                                         names.LABEL_JOBID: str(jobid)}},
+                         "annotations": notes},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
 
 

@@ -1,0 +1,251 @@
+"""Unit level (no cluster): a multi-pod group placed in part when the leader died, before any
+record of its allocation (no FluxJob status, no store). The first life is played for real (the
+group allocated, its pods' placement patches recorded), then only some of the patches are
+applied to the pods and a new operator starts over them (test_k8s_recovery_unit's
+``restart``). The whole allocation comes back from the note the placed pods carry
+(k8s/scheduling/allocation_note.py); the other pods are placed on the slots left for them.
+The real control plane version: tests/test_k8s_partial_placement.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling import allocation_note
+from fluxnetes.k8s.scheduling.placement import ANN_SLOT, assigned_node, place_patch
+from fluxnetes.k8s.scheduling.shares import Share
+from test_k8s_prune import bound, finished, job, pod, settle
+from test_k8s_recovery_unit import Kube, controller, restart, resumed, used
+
+
+class PatchKube(Kube):
+    """Kube that keeps each pod's placement patch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches: dict[str, list[dict[str, Any]]] = {}
+
+    async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None, *,
+                    sub: str | None = None, **kw: Any) -> dict[str, Any]:
+        if res.plural == "pods":
+            self.patches[name] = body
+        return await super().patch(res, name, body, namespace, sub=sub, **kw)
+
+
+def apply_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON patch ops the placement sends (test, add, remove) applied to a copy of ``obj``."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent: Any = out
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        if op["op"] == "test":
+            assert (parent[int(last)] if isinstance(parent, list) else parent[last]) == op["value"]
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        elif isinstance(parent, list):
+            parent.append(op["value"]) if last == "-" else parent.insert(int(last), op["value"])
+        else:
+            parent[last] = op["value"]
+    return out
+
+
+def big(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod (or a Job's template) asking for 16 cpu: one pod a node."""
+    out = copy.deepcopy(obj)
+    spec = out["spec"]["template"]["spec"] if out["kind"] == "Job" else out["spec"]
+    spec["containers"][0]["resources"]["requests"]["cpu"] = "16"
+    return out
+
+
+async def first_life(kube: PatchKube, owner: dict[str, Any] | None, ps: list[dict[str, Any]],
+                     key: tuple[str, str]) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """The group allocated and every pod's placement sent: (its slots' nodes, the patches)."""
+    c = controller(kube)
+    c.reconciled = True
+    if owner is not None:
+        c.handle((owner["kind"], "ADDED", owner))
+    for p in ps:
+        c.handle(("Pod", "ADDED", p))
+    await settle(c)
+    await settle(c)
+    g = c.groups[key]
+    assert g.phase == Phase.RUNNING and len(kube.patches) == len(ps)
+    return list(g.slots), dict(kube.patches)
+
+
+def placed_by(p: dict[str, Any], patch: list[dict[str, Any]], ended: bool = False) -> dict[str, Any]:
+    """``p`` once its placement patch was applied and kube-scheduler bound it."""
+    out = apply_patch(p, patch)
+    out = bound(out | {"spec": {**out["spec"], "schedulingGates": []}}, str(assigned_node(out)))
+    return finished(out) if ended else out
+
+
+def test_job_placed_in_part_comes_back_whole() -> None:
+    """A Job of 4 pods of 16 cpu (the whole cluster): 2 placed (running, or ended as kwok
+    makes them), the leader dies. The next one knows all 4 slots: the 2 gated pods are placed
+    on the nodes their slots name, the graph holds what the live pods and the waiting slots
+    hold, once, the group is never matched again. (Was: the group at size 2, its other
+    pods waiting for a group that never formed.)"""
+    async def main() -> None:
+        for ended in (False, True):
+            kube = PatchKube()
+            j = big(job("g", 4))
+            ps = [big(pod(f"g-{i}", owner=j)) for i in range(4)]
+            slots, patches = await first_life(kube, j, ps, ("ns", "job-g"))
+            assert len(set(slots)) == 4
+            two = [placed_by(p, patches[p["metadata"]["name"]], ended) for p in ps[:2]]
+            for p in two:  # the whole allocation on each placed pod, in its one patch
+                note = allocation_note.of_pod(p)
+                assert note is not None and list(note.slots) == slots
+            pods_now = two + ps[2:]
+            kube2 = PatchKube()
+            kube2.pods = pods_now
+            c = restart(kube2, [resumed(j)], [], pods_now)
+            g = c.groups[("ns", "job-g")]
+            assert g.phase == Phase.RUNNING and g.spec.size == 4, (ended, g.phase, g.spec.size)
+            assert g.slots == slots
+            await settle(c)
+            assert sorted(kube2.patches) == ["g-2", "g-3"], (ended, sorted(kube2.patches))
+            for p in ps[2:]:
+                again = apply_patch(p, kube2.patches[p["metadata"]["name"]])
+                slot = int(again["metadata"]["annotations"][ANN_SLOT])
+                assert assigned_node(again) == slots[slot] and slot in (2, 3)
+            held = {n: 16 for n in slots} if not ended else {n: 16 for n in slots[2:]}
+            assert used(c) == held and c.cluster.foreign_node == {}
+            assert len(c.cluster.matcher.jobs) == 1  # never matched a second time
+            await settle(c)
+            assert len(c.cluster.matcher.jobs) == 1
+
+    asyncio.run(main())
+
+
+def label_group(n: int) -> list[dict[str, Any]]:
+    labels = {names.LABEL_GROUP: "lg", names.LABEL_GROUP_SIZE: str(n)}
+    return [big(pod(f"lg-{i}", labels=labels)) for i in range(n)]
+
+
+def test_label_group_placed_in_part_its_last_pod_placed_or_its_slot_given_back() -> None:
+    """A label group of 3: 2 placed, the leader dies. The third pod gets the third slot's
+    node; if it was deleted meanwhile, that slot is given back (nothing held for it)."""
+    async def main() -> None:
+        for deleted in (False, True):
+            kube = PatchKube()
+            ps = label_group(3)
+            slots, patches = await first_life(kube, None, ps, ("ns", "lg"))
+            two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+            pods_now = two if deleted else two + ps[2:]
+            kube2 = PatchKube()
+            kube2.pods = pods_now
+            c = restart(kube2, [], [], pods_now)
+            g = c.groups[("ns", "lg")]
+            await settle(c)
+            assert g.phase == Phase.RUNNING and g.slots == slots
+            if deleted:
+                assert kube2.patches == {} and used(c) == {slots[0]: 16, slots[1]: 16}
+            else:
+                last = apply_patch(ps[2], kube2.patches["lg-2"])
+                assert assigned_node(last) == slots[2] and used(c) == {n: 16 for n in slots}
+            check = await c.accounting.accounting_check()
+            assert check is not None and check["ok"], check
+
+    asyncio.run(main())
+
+
+def test_job_deleted_after_a_partial_placement_gives_everything_back() -> None:
+    """The Job of a group placed in part is deleted after the restart: the slots waiting for
+    pods are given back at once, the placed pods' as they go; nothing held at the end."""
+    async def main() -> None:
+        kube = PatchKube()
+        j = big(job("d", 4))
+        ps = [big(pod(f"d-{i}", owner=j)) for i in range(4)]
+        _, patches = await first_life(kube, j, ps, ("ns", "job-d"))
+        two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+        kube2 = PatchKube()
+        kube2.pods = two + ps[2:]
+        c = restart(kube2, [resumed(j)], [], two + ps[2:])
+        g = c.groups[("ns", "job-d")]
+        assert g.phase == Phase.RUNNING and len(g.slots) == 4
+        c.handle(("Job", "DELETED", resumed(j)))
+        await settle(c)
+        for p in two + ps[2:]:
+            c.handle(("Pod", "DELETED", p))
+        await settle(c)
+        assert used(c) == {} and g.phase.final
+
+    asyncio.run(main())
+
+
+def test_a_pod_that_disagrees_with_the_note_is_not_trusted() -> None:
+    """A placed pod on another node than its slot's in the note (or two notes of one
+    allocation that differ): the note is not used (the rules from before apply)."""
+    async def main() -> None:
+        kube = PatchKube()
+        ps = label_group(3)
+        slots, patches = await first_life(kube, None, ps, ("ns", "lg"))
+        two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+        other = next(n for n in ("n0", "n1", "n2", "n3") if n not in slots)
+        two[1]["spec"]["nodeName"] = other
+        kube2 = PatchKube()
+        kube2.pods = two + ps[2:]
+        c = restart(kube2, [], [], two + ps[2:])
+        g = c.groups[("ns", "lg")]
+        assert g.phase != Phase.RUNNING or g.reason != ("allocated before the restart "
+                                                        "(recovered from its placed pods' allocation note)")
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- the note itself
+
+
+def test_note_round_trip_and_its_bounds() -> None:
+    held = [Share("n1", 8, 0, 1024), Share("n0", 16, 2, 2048, {"example.com/fpga": 1})]
+    text = allocation_note.encode(7, ["n0", "n0", "n1"], held)
+    assert text is not None
+    note = allocation_note.decode(text)
+    assert note == allocation_note.PlacedAllocation("7", ("n0", "n0", "n1"), (held[1], held[0]))
+    assert allocation_note.encode(7, ["n0"], held[1:]) is None  # one pod: its own slot says it
+    assert allocation_note.encode(7, ["n1", "n0"], held) is None  # not an allocation's layout
+    assert allocation_note.encode(7, ["n0", "n9"], held) is None  # a slot on a node not held
+    many = [Share(f"node-with-a-long-name-{i:04d}", 1) for i in range(200)]
+    assert allocation_note.encode(1, sorted(s.node for s in many), many) is None  # over MAX_CHARS
+    for bad in ("", "{", "[]", '{"j": 1}', '{"j": 1, "n": [["a", 1, 0, 0, "x"]]}',
+                '{"j": 1, "n": [["a", 1, 0, 0, 1], ["a", 1, 0, 0, 1]]}', '{"j": 1, "n": [["a", 1, 0, 0, 1]]}'):
+        assert allocation_note.decode(bad) is None, bad
+
+
+def test_held_after_gives_back_as_release_slot_does() -> None:
+    note = allocation_note.PlacedAllocation("1", ("n0", "n0", "n0", "n1"), (Share("n0", 12), Share("n1", 4)))
+    assert allocation_note.held_after(note, set()) == [Share("n0", 12), Share("n1", 4)]
+    assert allocation_note.held_after(note, {0}) == [Share("n0", 8), Share("n1", 4)]
+    assert allocation_note.held_after(note, {0, 3}) == [Share("n0", 8)]
+    assert allocation_note.held_after(note, {0, 1, 2}) == [Share("n1", 4)]
+
+
+def test_single_pod_groups_carry_no_note() -> None:
+    """Issue 31's rate: a group of one pod gets nothing more in its one placement write."""
+    async def main() -> None:
+        kube = PatchKube()
+        j = job("one", 1)
+        p = pod("one-0", owner=j)
+        c: Controller = controller(kube)
+        c.reconciled = True
+        c.handle(("Job", "ADDED", j))
+        c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        await settle(c)
+        ops = kube.patches["one-0"]
+        assert not any(names.ANN_ALLOCATION in json.dumps(op) for op in ops)
+        assert ops == place_patch(p, str(assigned_node(apply_patch(p, ops))), jobid=c.groups[("ns", "job-one")].jobid,
+                                  fluxjob="job-one", slot=0)
+
+    asyncio.run(main())
