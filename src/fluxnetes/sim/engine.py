@@ -222,16 +222,18 @@ def simulate(
         return None
 
     i = 0
-    while i < n or ends or (pending and next_due() is not None):
+    # the next reservation due, as found at the end of the last instant (nothing changes
+    # between two instants, and the queue can only fill up within one: while it is not
+    # empty this is next_due(), without asking again)
+    at: int | None = None
+    while i < n or ends or (pending and at is not None):
         # the next instant: the next submission, end or reservation due (explicit, not a
         # generator: this runs once per instant)
         nxt = ordered[i].submit if i < n else None
         if ends and (nxt is None or ends[0][0] < nxt):
             nxt = ends[0][0]
-        if due and pending:
-            at = next_due()
-            if at is not None and (nxt is None or at < nxt):
-                nxt = at
+        if pending and at is not None and (nxt is None or at < nxt):
+            nxt = at
         assert nxt is not None  # (the loop runs while one of the three exists)
         now = nxt
         while windows and windows[0][0] <= now:
