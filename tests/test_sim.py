@@ -339,6 +339,36 @@ def test_observer_sees_every_event() -> None:
                           ("reject", "2", 1), ("end", "1", 10)]
 
 
+def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
+    # fcfs asks the core profile what is free once, then keeps the count itself: J1 is
+    # killed at its time limit (its window expires at 5), J2 ends early (3), J3 (3 cores)
+    # waits for both, J4 follows it, J5 waits for J4. A count off by one either way
+    # would start J3 at 3 (too high) or after 5 (too low).
+    import copy
+
+    from fluxnetes.match import Matcher
+
+    machine = machine_from_size(4, 1)
+    jobs = [SimJob("1", 0, 10, 5, 2), SimJob("2", 0, 3, 10, 2), SimJob("3", 1, 4, 4, 3),
+            SimJob("4", 2, 2, 2, 1), SimJob("5", 6, 1, 1, 1)]
+    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                          QueuePolicy.parse("fcfs", reservation_style="counted"),
+                          capacity_cores=machine.total_cores)
+    asked: list[int] = []
+    original = scheduler.free_now
+
+    def free_now(now: int) -> int | None:
+        asked.append(now)
+        return original(now)
+
+    scheduler.free_now = free_now  # type: ignore[method-assign]
+    run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
+                   min_cores_for=machine.min_cores)
+    assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
+        "1": (0, 5), "2": (0, 3), "3": (5, 9), "4": (5, 7), "5": (7, 8)}
+    assert len(asked) == 1
+
+
 def test_counted_needs_a_core_profile() -> None:
     from fluxnetes.match import Matcher
 

@@ -640,7 +640,12 @@ class Scheduler:
             self.matcher_calls += 1
         if self.profile is not None:
             self.profile.remove(job_id)
-        self.freed(self._uncount(job_id) or None)
+        if job_id in self._counted:  # (pinned: its nodes are freed, parked jobs may wake)
+            self.freed(self._uncount(job_id) or None)
+        else:  # (counted once per job: what `freed(None)` and `_uncount` would do, inline)
+            self._finite.discard(job_id)
+            self._released = True
+            self._freed = None
         return True
 
     def expire(self, job_id: str) -> bool:
@@ -657,12 +662,14 @@ class Scheduler:
         running.expired = True
         self.matcher.cancel(running.result.jobid)
         self.matcher_calls += 1
-        span = self.profile.span(job_id) if self.profile is not None else None
-        if self.profile is not None and span is not None:
-            # keep its window in the calendars, but no longer count its cores as held now
+        profile = self.profile
+        # with per-node calendars: keep its window there, but no longer count its cores as
+        # held now on its nodes (re-added without `running`). Without them the profile holds
+        # the root span only, and re-adding the same span would change nothing
+        span = profile.span(job_id) if profile is not None and profile.per_node else None
+        if profile is not None and span is not None:
             start, end, cores = span
-            self.profile.add(job_id, start, end - start, cores,
-                             shares_of(running.result) if self.profile.per_node else ())
+            profile.add(job_id, start, end - start, cores, shares_of(running.result))
         if self._freed is not None:  # parked jobs (pinned) may use these nodes now
             self._freed.update(name for name, _ in shares_of(running.result))
         return True

@@ -147,15 +147,23 @@ def simulate(
     queue: list[QueuedJob] = []
     key_of: dict[str, tuple[int, int, int]] = {}
     samples: list[Sample] = []
-    state = {"busy": 0, "done": 0, "decision": 0}
+    # "free": fcfs's gate, the cores free now in the core profile, kept in step with what
+    # changes it (starts, expired windows, releases) instead of asked at every event; -1:
+    # unknown (ask the profile). With no reservations (fcfs) the profile holds the running
+    # jobs' windows only, and these are the only events that move the count at `now`
+    state = {"busy": 0, "done": 0, "decision": 0, "free": -1}
+    expired: set[str] = set()  # jobs whose window ended while running (cores already free)
     n = len(ordered)
     report_every = max(1, n // 200)
     next_report = report_every
 
     def run_cycle(now: int) -> None:
         if head_gate and queue:
-            free = scheduler.free_now(now)
-            if free is not None and free < queue[0].cores:
+            free = state["free"]
+            if free < 0:
+                known = scheduler.free_now(now)
+                free = state["free"] = -1 if known is None else known
+            if 0 <= free < queue[0].cores:
                 return
         walk = queue
         if reorder is not None and len(walk) > 1:
@@ -169,6 +177,8 @@ def simulate(
             outcome.cores = cores_of(allocation)
             outcome.shares = share_tuple(allocation)
             state["busy"] += outcome.cores
+            if state["free"] >= 0:
+                state["free"] -= outcome.cores
             held = plan.pop(queued.id, None)
             if held is not None and held[0] == now and planned:
                 decision = held[1]
@@ -212,28 +222,35 @@ def simulate(
         return None
 
     i = 0
-    while i < n or ends or (pending and next_due() is not None):
+    # the next reservation due, as found at the end of the last instant (nothing changes
+    # between two instants, and the queue can only fill up within one: while it is not
+    # empty this is next_due(), without asking again)
+    at: int | None = None
+    while i < n or ends or (pending and at is not None):
         # the next instant: the next submission, end or reservation due (explicit, not a
         # generator: this runs once per instant)
         nxt = ordered[i].submit if i < n else None
         if ends and (nxt is None or ends[0][0] < nxt):
             nxt = ends[0][0]
-        if due and pending:
-            at = next_due()
-            if at is not None and (nxt is None or at < nxt):
-                nxt = at
+        if pending and at is not None and (nxt is None or at < nxt):
+            nxt = at
         assert nxt is not None  # (the loop runs while one of the three exists)
         now = nxt
         while windows and windows[0][0] <= now:
             # jobs at their planned end end at this instant (never past their estimate):
             # free in the plan from its first event on, so free in the matcher too
-            scheduler.expire(heapq.heappop(windows)[1])
+            job_id = heapq.heappop(windows)[1]
+            if scheduler.expire(job_id):
+                expired.add(job_id)
+                if state["free"] >= 0:
+                    state["free"] += outcomes[job_id].cores
         while i < n and ordered[i].submit == now:
             job = ordered[i]
             i += 1
             if observer is not None:
                 observer.on_submit(job, now)
-            cores = min_cores_for(job) if min_cores_for else job.procs
+            least = min_cores_for(job) if min_cores_for else 0
+            cores = least if min_cores_for else job.procs
             if cores > total_cores:
                 reason = f"needs {cores} cores; the whole graph has {total_cores}"
                 outcomes[job.id].rejected = reason
@@ -243,7 +260,7 @@ def simulate(
                 continue
             queued = QueuedJob(id=job.id, jobspec=jobspec_for(job), submit_time=job.submit,
                                priority=job.priority,
-                               min_cores=min_cores_for(job) if min_cores_for else 0)
+                               min_cores=least)
             pending[job.id] = queued
             key = (-job.priority, job.submit, i)
             key_of[job.id] = key
@@ -263,6 +280,10 @@ def simulate(
             job_id = heapq.heappop(ends)[3]
             scheduler.release(job_id)
             outcome = outcomes[job_id]
+            if job_id in expired:
+                expired.discard(job_id)
+            elif state["free"] >= 0:
+                state["free"] += outcome.cores
             outcome.end = now
             state["busy"] -= outcome.cores
             state["done"] += 1
