@@ -35,7 +35,6 @@ from fluxnetes.match.jobmeta import (
     JobEntry,
     Meta,
 )
-from fluxnetes.match.multiset import MinMultiset
 from fluxnetes.match.placement import (
     descendants,
     holdings_from_r,
@@ -58,11 +57,8 @@ from fluxnetes.match.results import (
     JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
 )
 from fluxnetes.match.satcache import SAT_CACHE_MAX, SatAnswers
+from fluxnetes.match.spans import SAT_SAFE_END, JobSpans
 from fluxnetes.match.vstate import VState
-
-# spans ending after this could overlap a satisfiability walk's window
-# [FAR - duration - 1, FAR - 1) (duration <= GRAPH_END); spans end by GRAPH_END normally
-SAT_SAFE_END = FAR - GRAPH_END - 1
 
 # policy name -> (high, node_centric, stop_on_1, node_exclusive)   (fluxion-spec §4.1)
 POLICIES: dict[str, tuple[bool, bool, bool, bool]] = {
@@ -133,23 +129,15 @@ class Matcher:
         self._static_policy = policy not in _ENGINE_EXTRAS
         self._slot_idx: dict[Any, SlotIndex] = {}
         self._node_idx: dict[Any, NodeIndex] = {}
-        self._span_dirty = False
-        self._max_at = -1
-        self._min_end = GRAPH_END + 1
         # ``fast_fail``: the failing path's shortcuts (see match/README.md "Failing
         # matches"); False runs the unoptimised path (tests compare both, the benchmark
         # measures both). Answers are the same either way.
         self.fast_fail = True
-        # every recorded job's [at, end); the starts (negated: the latest is the least) and
-        # the ends as multisets: "all active at now" from the latest start and earliest end
-        self._spans: dict[int, tuple[int, int]] = {}
-        self._starts = MinMultiset()
-        self._ends = MinMultiset()
+        # every recorded job's [at, end) and which are reservations (match/spans.py)
+        self._book = JobSpans()
         # satisfiability answers (the far-future walk) per request, valid while the graph's
         # structure and properties stay (and, under `first`, its child order): _sat_walk
         self._sat = SatAnswers(self.engine)
-        self._late: set[int] = set()  # jobs with spans reaching the satisfiability window
-        self._reserved: set[int] = set()  # jobs recorded as reservations
         # slot hosts per set of slot element types, for the reservation search's bound
         self._resv_hosts: dict[frozenset[str], ReserveHosts] = {}
         # `first` on per-node counters (match/firstfit.py) until an operation they do not
@@ -171,11 +159,12 @@ class Matcher:
 
     def reservation_count(self) -> int:
         """How many recorded jobs are reservations."""
-        return len(self._reserved)
+        return len(self._book.reserved)
 
     def earliest_end(self) -> int | None:
         """The earliest end of a recorded job's window (None: no job is recorded)."""
-        return self._ends.min() if self._ends else None
+        ends = self._book.ends
+        return ends.min() if ends else None
 
     @property
     def next_jobid(self) -> int:
@@ -349,7 +338,8 @@ class Matcher:
             return MatchResult(MatchStatus.UNSATISFIABLE, -1, now, 0, self._unsat_reason(js))
         d = duration if now + duration <= GRAPH_END else GRAPH_END - now
         # _all_active(now, d), inline (asked on every allocation)
-        starts, ends = self._starts, self._ends
+        book = self._book
+        starts, ends = book.starts, book.ends
         if self.fast_fail:
             active = (not starts or -starts.min() <= now) and (not ends or now < ends.min())
         else:
@@ -367,12 +357,12 @@ class Matcher:
         ff.commit(jid, kind, picks, now, end)
         res = CountedResult(jid, now, d, js.queue, ff.shares(picks), ff, kind, picks)
         self._ff_res[jid] = res
-        self._note_span(now, end)
-        if jid in self._spans or end > SAT_SAFE_END:
-            self._track(jid, now, end, False)
-        else:  # _track for a job id seen for the first time, inline
-            self._reserved.discard(jid)
-            self._spans[jid] = (now, end)
+        book.note(now, end)
+        if jid in book.spans or end > SAT_SAFE_END:
+            book.track(jid, now, end, False)
+        else:  # JobSpans.track for a job id seen for the first time, inline
+            book.reserved.discard(jid)
+            book.spans[jid] = (now, end)
             starts.add(-now)
             ends.add(end)
         stats = self.stats
@@ -421,11 +411,11 @@ class Matcher:
         request while nothing it depends on changes, or counted where that is exact
         (match/pristine.py), else ``walk()``.
 
-        At the far future every span has ended (unless a job in ``_late`` reaches there), so
-        the walk sees the empty graph: its answer depends on the structure, the vertices'
-        properties/names/ranks and the request (and under ``first`` on the child order,
-        which commits change) - _sat_changed() forgets the answers when those change."""
-        if not self.fast_fail or self._late:
+        At the far future every span has ended (unless a job in ``JobSpans.late`` reaches
+        there), so the walk sees the empty graph: its answer depends on the structure, the
+        vertices' properties/names/ranks and the request (and under ``first`` on the child
+        order, which commits change) - _sat_changed() forgets the answers when those change."""
+        if not self.fast_fail or self._book.late:
             return walk()
         return self._sat.answer(js, duration, walk, lambda: self._pristine_sat(js, x_types))
 
@@ -538,8 +528,8 @@ class Matcher:
         rec = JobRecord(jid, at, d, reserved, None, None, entries, js.queue, res)
         self._jobs[jid] = rec
         self._touched([e.vs for e in entries])
-        self._note_span(at, at + d)
-        self._track(jid, at, at + d, reserved)
+        self._book.note(at, at + d)
+        self._book.track(jid, at, at + d, reserved)
         if self.engine.first:
             self._sat.forget_walks()  # the update pass reordered children (by_outedges)
         self.stats["succeeded"] += 1
@@ -561,48 +551,11 @@ class Matcher:
         for ni in self._node_idx.values():
             ni.touch(changed)
 
-    def _note_span(self, at: int, end: int) -> None:
-        if at > self._max_at:
-            self._max_at = at
-        if end < self._min_end:
-            self._min_end = end
-
-    def _track(self, jid: int, at: int, end: int, reserved: bool) -> None:
-        """Job ``jid`` holds [at, end) from now on (replacing what it held)."""
-        if reserved:
-            self._reserved.add(jid)
-        else:
-            self._reserved.discard(jid)
-        old = self._spans.get(jid)
-        if old == (at, end):
-            return
-        if old is not None:
-            self._untrack(jid)
-        self._spans[jid] = (at, end)
-        self._starts.add(-at)
-        self._ends.add(end)
-        if end > SAT_SAFE_END:
-            self._late.add(jid)
-
-    def _untrack(self, jid: int) -> None:
-        self._reserved.discard(jid)
-        old = self._spans.pop(jid, None)
-        if old is None:
-            return
-        self._starts.remove(-old[0])
-        self._ends.remove(old[1])
-        self._late.discard(jid)
-
     def _all_active(self, now: int, duration: int) -> bool:
         """Has every recorded job started by ``now`` and not ended at ``now``?"""
         if self.fast_fail:
-            starts, ends = self._starts, self._ends
-            return (not starts or -starts.min() <= now) and (not ends or now < ends.min())
-        if self._span_dirty:
-            self._max_at = max((r.at for r in self._jobs.values()), default=-1)
-            self._min_end = min((r.end for r in self._jobs.values()), default=GRAPH_END + 1)
-            self._span_dirty = False
-        return self._max_at <= now < self._min_end
+            return self._book.all_active(now)
+        return self._book.all_active_recorded(now, self._jobs)
 
     def _try_fast(self, js: Jobspec, jid: int, now: int, duration: int, x_types: set[str]) -> MatchResult | None:
         """The static policies' answer from indexes (None: not applicable, use the walk)."""
@@ -660,15 +613,15 @@ class Matcher:
         if ff is not None and jobid in ff.jobs:
             ff.release(jobid)
             self._ff_res.pop(jobid, None)
-            self._untrack(jobid)
+            self._book.untrack(jobid)
             return
         rec = self._jobs.pop(jobid, None)
         if rec is None:
             raise MatchError(f"job {jobid} not found")
         self.engine.remove_entries(jobid, rec.entries, rec.reserved)
         self._touched([e.vs for e in rec.entries])
-        self._span_dirty = True
-        self._untrack(jobid)
+        self._book.dirty = True
+        self._book.untrack(jobid)
 
     def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
         """Release part of a job; returns True when nothing is left (the job is gone)."""
@@ -685,10 +638,10 @@ class Matcher:
             raise MatchError("release must be an R/JGF mapping or a list of NodeShare")
         self.engine.remove_entries(jobid, rec.entries, rec.reserved)
         self._touched([e.vs for e in rec.entries])
-        self._span_dirty = True
+        self._book.dirty = True
         if not any(holdings.values()):
             del self._jobs[jobid]
-            self._untrack(jobid)
+            self._book.untrack(jobid)
             return True
         self._record(rec, {u: a for u, a in holdings.items() if a > 0})
         return False
@@ -734,8 +687,8 @@ class Matcher:
                                     amount > 0, fc))
         rec.entries = entries
         self._touched(entries_vs := [e.vs for e in entries])
-        self._note_span(rec.at, rec.at + rec.duration)
-        self._track(jid, rec.at, rec.at + rec.duration, rec.reserved)
+        self._book.note(rec.at, rec.at + rec.duration)
+        self._book.track(jid, rec.at, rec.at + rec.duration, rec.reserved)
         verts = postorder(self.engine, entries_vs, holdings)
         rec.vertices = verts
         rec.nodes = node_shares(verts)
@@ -830,7 +783,7 @@ class Matcher:
                 self._record(rec, left)
             else:
                 del self._jobs[jid]
-                self._untrack(jid)
+                self._book.untrack(jid)
         detach_subtree(self.graph, eng, v, top, gone)
         self._capacity = self.graph.summary()
         self._slot_idx.clear()
@@ -876,5 +829,6 @@ class Matcher:
     def check_invariants(self) -> None:
         """free + allocated == capacity everywhere, and every job's state is exactly recorded."""
         self._leave_counters()
-        check_invariants(self.engine, self._jobs, self._reserved, self._ends.sorted(), self.split_pools)
+        book = self._book
+        check_invariants(self.engine, self._jobs, book.reserved, book.ends.sorted(), self.split_pools)
 
