@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from fluxnetes.graph.model import UP, GraphError, ResourceGraph, gc_paused
+from fluxnetes.graph.model import UP, GraphError, ResourceGraph
 from fluxnetes.jobspec.model import Jobspec, exclusive_types, parse_jobspec
 from fluxnetes.match.counts import calc_count
 from fluxnetes.match.edits import (
@@ -22,8 +22,9 @@ from fluxnetes.match.edits import (
     set_vertex_status,
 )
 from fluxnetes.match.engine import Engine
-from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
+from fluxnetes.match.fast import SlotIndex, node_shape, slot_shape
 from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
+from fluxnetes.match.indexes import Indexes
 from fluxnetes.match.invariants import check_invariants
 from fluxnetes.match.jobmeta import (
     AT_ALLOC,
@@ -127,8 +128,7 @@ class Matcher:
         # static policies' order only (not `locality`/`variation`): _static_policy.
         self._fast_policy = not s1 and not nx and tie_break == "stable"
         self._static_policy = policy not in _ENGINE_EXTRAS
-        self._slot_idx: dict[Any, SlotIndex] = {}
-        self._node_idx: dict[Any, NodeIndex] = {}
+        self._idx = Indexes(self.engine)
         # ``fast_fail``: the failing path's shortcuts (see match/README.md "Failing
         # matches"); False runs the unoptimised path (tests compare both, the benchmark
         # measures both). Answers are the same either way.
@@ -452,11 +452,7 @@ class Matcher:
         slot, elems = shape
         if slot.count.min != slot.count.max:
             return None
-        key = tuple((e.type, e.count) for e in elems)
-        idx = self._slot_idx.get(key)
-        if idx is None:
-            with gc_paused():
-                idx = self._slot_idx[key] = SlotIndex(self.engine, frozenset(e.type for e in elems), elems)
+        idx = self._idx.slot_index(elems)
         constraint = js.constraint
 
         def at_time(when: int) -> list[tuple[VState, int]] | None:
@@ -527,7 +523,7 @@ class Matcher:
         res = MatchResult(status, jid, at, d, "", None, None, js.queue, emitted)
         rec = JobRecord(jid, at, d, reserved, None, None, entries, js.queue, res)
         self._jobs[jid] = rec
-        self._touched([e.vs for e in entries])
+        self._idx.touch([e.vs for e in entries])
         self._book.note(at, at + d)
         self._book.track(jid, at, at + d, reserved)
         if self.engine.first:
@@ -545,12 +541,6 @@ class Matcher:
         return out
 
     # ------------------------------------------------------------------ fast paths
-    def _touched(self, changed: list[VState]) -> None:
-        for si in self._slot_idx.values():
-            si.touch(changed)
-        for ni in self._node_idx.values():
-            ni.touch(changed)
-
     def _all_active(self, now: int, duration: int) -> bool:
         """Has every recorded job started by ``now`` and not ended at ``now``?"""
         if self.fast_fail:
@@ -566,11 +556,7 @@ class Matcher:
         used: SlotIndex | None = None
         if shape is not None and not x_types:
             slot, elems = shape
-            key = tuple((e.type, e.count) for e in elems)
-            idx = self._slot_idx.get(key)
-            if idx is None:
-                with gc_paused():  # (many small objects at once: no full collections meanwhile)
-                    idx = self._slot_idx[key] = SlotIndex(eng, frozenset(e.type for e in elems), elems)
+            idx = self._idx.slot_index(elems)
             members = idx.select(slot, js.constraint)
             if members is None:
                 return MatchResult(MatchStatus.BUSY, jid)
@@ -581,11 +567,7 @@ class Matcher:
             if nshape is None or x_types != {"node"}:
                 return None
             node_req, slot, elems = nshape
-            key2 = (slot.count, tuple((e.type, e.count) for e in elems))
-            nidx = self._node_idx.get(key2)
-            if nidx is None:
-                with gc_paused():
-                    nidx = self._node_idx[key2] = NodeIndex(eng, slot, elems)
+            nidx = self._idx.node_index(slot, elems)
             nodes = nidx.select(node_req, js.constraint)
             if nodes is None:
                 return MatchResult(MatchStatus.BUSY, jid)
@@ -619,7 +601,7 @@ class Matcher:
         if rec is None:
             raise MatchError(f"job {jobid} not found")
         self.engine.remove_entries(jobid, rec.entries, rec.reserved)
-        self._touched([e.vs for e in rec.entries])
+        self._idx.touch([e.vs for e in rec.entries])
         self._book.dirty = True
         self._book.untrack(jobid)
 
@@ -637,7 +619,7 @@ class Matcher:
         else:
             raise MatchError("release must be an R/JGF mapping or a list of NodeShare")
         self.engine.remove_entries(jobid, rec.entries, rec.reserved)
-        self._touched([e.vs for e in rec.entries])
+        self._idx.touch([e.vs for e in rec.entries])
         self._book.dirty = True
         if not any(holdings.values()):
             del self._jobs[jobid]
@@ -686,7 +668,7 @@ class Matcher:
             entries.append(JobEntry(u, amount if amount else (u.v.size if u.parent is not None else 1),
                                     amount > 0, fc))
         rec.entries = entries
-        self._touched(entries_vs := [e.vs for e in entries])
+        self._idx.touch(entries_vs := [e.vs for e in entries])
         self._book.note(rec.at, rec.at + rec.duration)
         self._book.track(jid, rec.at, rec.at + rec.duration, rec.reserved)
         verts = postorder(self.engine, entries_vs, holdings)
@@ -732,10 +714,7 @@ class Matcher:
     def set_status(self, path_or_name: str, up: bool) -> None:
         self._leave_counters()
         set_vertex_status(self.graph, self.engine, path_or_name, up)
-        for si in self._slot_idx.values():
-            si.refresh_status()
-        for ni in self._node_idx.values():
-            ni.refresh_status()
+        self._idx.refresh_status()
 
     def set_property(self, path_or_name: str, key: str, value: str) -> None:
         """Set a vertex property (resource-query's ``set-property PATH KEY=VALUE``): later
@@ -744,16 +723,14 @@ class Matcher:
         set_vertex_property(self.graph, path_or_name, key, value)
         self._sat_changed()
         if self.engine.perf:  # `variation`'s scores are perf_class: the indexes' orders moved
-            self._slot_idx.clear()
-            self._node_idx.clear()
+            self._idx.clear()
 
     def add_subgraph(self, jgf_or_graph: Mapping[str, Any] | str | ResourceGraph) -> list[str]:
         """Attach vertices (JGF with the path from the root, or a graph); returns new paths."""
         self._leave_counters()
         new = attach_subgraph(self.graph, self.engine, jgf_or_graph)
         self._capacity = self.graph.summary()
-        self._slot_idx.clear()
-        self._node_idx.clear()
+        self._idx.clear()
         self._sat_changed()
         return new
 
@@ -786,8 +763,7 @@ class Matcher:
                 self._book.untrack(jid)
         detach_subtree(self.graph, eng, v, top, gone)
         self._capacity = self.graph.summary()
-        self._slot_idx.clear()
-        self._node_idx.clear()
+        self._idx.clear()
         self._sat_changed()
         return affected
 
