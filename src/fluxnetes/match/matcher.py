@@ -32,7 +32,6 @@ from fluxnetes.match.jobmeta import (
     AT_SAT,
     FAR,
     GRAPH_END,
-    Emitted,
     JobEntry,
     Meta,
 )
@@ -47,15 +46,14 @@ from fluxnetes.match.placement import (
 from fluxnetes.match.reasons import busy_reason, type_capacity, unsat_reason
 from fluxnetes.match.reserve import ReserveBound, ReserveHosts
 from fluxnetes.match.results import (
-    AllocVertex,
+    JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
+)
+from fluxnetes.match.results import (
     MatchError,
     MatchResult,
     MatchStatus,
     NodeShare,
     node_shares,
-)
-from fluxnetes.match.results import (
-    JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
 )
 from fluxnetes.match.satcache import SAT_CACHE_MAX, SatAnswers
 from fluxnetes.match.spans import SAT_SAFE_END, JobSpans
@@ -530,15 +528,6 @@ class Matcher:
             self._sat.forget_walks()  # the update pass reordered children (by_outedges)
         self.stats["succeeded"] += 1
         return res
-
-    def _alloc_vertices(self, emitted: list[Emitted]) -> list[AllocVertex]:
-        out = []
-        for e in emitted:
-            v = e.vs.v
-            p = v.parent
-            out.append(AllocVertex(v.uniq_id, v.path, v.type, v.basename, v.name, v.id, v.rank, v.unit,
-                                   v.properties, e.excl, e.needs, p.uniq_id if p is not None else -1))
-        return out
 
     # ------------------------------------------------------------------ fast paths
     def _all_active(self, now: int, duration: int) -> bool:
