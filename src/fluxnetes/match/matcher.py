@@ -32,7 +32,6 @@ from fluxnetes.match.jobmeta import (
     AT_SAT,
     FAR,
     GRAPH_END,
-    JobEntry,
     Meta,
 )
 from fluxnetes.match.placement import (
@@ -42,6 +41,7 @@ from fluxnetes.match.placement import (
     postorder,
     release_r,
     release_shares,
+    write_holdings,
 )
 from fluxnetes.match.reasons import busy_reason, type_capacity, unsat_reason
 from fluxnetes.match.reserve import ReserveBound, ReserveHosts
@@ -625,37 +625,8 @@ class Matcher:
 
     def _record(self, rec: JobRecord, holdings: dict[VState, int]) -> None:
         """(Re)write a job's state from exclusive holdings: own planners, tags, filters."""
-        eng = self.engine
-        jid, at, end = rec.jobid, rec.at, rec.at + rec.duration
-        counted: dict[VState, dict[str, int]] = {}
-        tagged: set[VState] = set()
-        for u, amount in holdings.items():
-            t = u.v.type
-            cnt = amount if (self.split_pools and u.v.size > 1 and not u.children) else u.v.size
-            p = u.parent
-            x: VState | None = u
-            while x is not None:
-                tagged.add(x)
-                x = x.parent
-            while p is not None:
-                if eng.is_pruning_type(t):
-                    d = counted.setdefault(p, {})
-                    d[t] = d.get(t, 0) + cnt
-                p = p.parent
-        entries: list[JobEntry] = []
-        for u in tagged:
-            amount = holdings.get(u, 0)
-            if amount:
-                eng._add_plan(u, jid, at, end, amount, rec.reserved)
-            if u.children or not amount:  # leaves: their planner spans are the tags
-                u.tag(jid, at, end)
-            fc = None
-            cnts = counted.get(u)
-            if u.ftypes and cnts:
-                fc = tuple(cnts.get(t, 0) for t in u.ftypes)
-                u.f_add(jid, at, end, fc)
-            entries.append(JobEntry(u, amount if amount else (u.v.size if u.parent is not None else 1),
-                                    amount > 0, fc))
+        jid = rec.jobid
+        entries = write_holdings(self.engine, rec, holdings, self.split_pools)
         rec.entries = entries
         self._idx.touch(entries_vs := [e.vs for e in entries])
         self._book.note(rec.at, rec.at + rec.duration)

@@ -3,7 +3,9 @@
 A *holding* is what a job holds in a vertex's own planner (``VState -> amount``). Adopting a
 known placement (``Matcher.update_allocate``: R/JGF or per-node amounts) reads one into
 holdings and checks it is free; releasing part of a job (``Matcher.partial_cancel``) zeroes the
-holdings a release names. Functions over explicit arguments: the matcher records the result.
+holdings a release names; ``write_holdings`` writes holdings into the engine (a placement
+adopted, what is left after a partial release). Functions over explicit arguments: the matcher
+records the result.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from fluxnetes.graph.model import GraphError, ResourceGraph, Vertex
 from fluxnetes.jobspec.constraints import expand_idset
 from fluxnetes.match.engine import Engine
+from fluxnetes.match.jobmeta import JobEntry
 from fluxnetes.match.results import AllocVertex, JobRecord, MatchError, NodeShare
 from fluxnetes.match.vstate import VState
 
@@ -164,6 +167,43 @@ def holdings_from_r(eng: Engine, graph: ResourceGraph, r: Mapping[str, Any], at:
                                 holdings[u] = u.v.size
         return holdings
     raise MatchError("placement: expected R with scheduling JGF, a JGF graph, or R_lite")
+
+
+def write_holdings(eng: Engine, rec: JobRecord, holdings: dict[VState, int],
+                   split_pools: bool) -> list[JobEntry]:
+    """Write a job's state from exclusive holdings into the engine (own planners, tags,
+    filters); returns its entries (the matcher records them)."""
+    jid, at, end = rec.jobid, rec.at, rec.at + rec.duration
+    counted: dict[VState, dict[str, int]] = {}
+    tagged: set[VState] = set()
+    for u, amount in holdings.items():
+        t = u.v.type
+        cnt = amount if (split_pools and u.v.size > 1 and not u.children) else u.v.size
+        p = u.parent
+        x: VState | None = u
+        while x is not None:
+            tagged.add(x)
+            x = x.parent
+        while p is not None:
+            if eng.is_pruning_type(t):
+                d = counted.setdefault(p, {})
+                d[t] = d.get(t, 0) + cnt
+            p = p.parent
+    entries: list[JobEntry] = []
+    for u in tagged:
+        amount = holdings.get(u, 0)
+        if amount:
+            eng._add_plan(u, jid, at, end, amount, rec.reserved)
+        if u.children or not amount:  # leaves: their planner spans are the tags
+            u.tag(jid, at, end)
+        fc = None
+        cnts = counted.get(u)
+        if u.ftypes and cnts:
+            fc = tuple(cnts.get(t, 0) for t in u.ftypes)
+            u.f_add(jid, at, end, fc)
+        entries.append(JobEntry(u, amount if amount else (u.v.size if u.parent is not None else 1),
+                                amount > 0, fc))
+    return entries
 
 
 def descendants(u: VState) -> list[VState]:
