@@ -50,6 +50,7 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.sim.engine",
     "fluxnetes.match.firstfit",
     "fluxnetes.match.matcher",
+    "fluxnetes.match.spans",
     "fluxnetes.match.results",
     "fluxnetes.plan.planner",
     "fluxnetes.jobspec.model",

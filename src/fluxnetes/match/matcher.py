@@ -8,48 +8,56 @@ the graph horizon (never assumed to end).
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Any
 
-from fluxnetes.graph.jgf import read_jgf
-from fluxnetes.graph.model import DOWN, UP, GraphError, ResourceGraph, Vertex, gc_paused
-from fluxnetes.jobspec.constraints import expand_idset
-from fluxnetes.jobspec.model import Jobspec, Resource, exclusive_types, parse_jobspec
+from fluxnetes.graph.model import UP, GraphError, ResourceGraph
+from fluxnetes.jobspec.model import Jobspec, exclusive_types, parse_jobspec
 from fluxnetes.match.counts import calc_count
+from fluxnetes.match.edits import (
+    attach_subgraph,
+    detach_subtree,
+    set_vertex_property,
+    set_vertex_status,
+)
 from fluxnetes.match.engine import Engine
-from fluxnetes.match.fast import NodeIndex, SlotIndex, node_shape, slot_shape
+from fluxnetes.match.fast import SlotIndex, node_shape, slot_shape
 from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
+from fluxnetes.match.indexes import Indexes
+from fluxnetes.match.invariants import check_invariants
 from fluxnetes.match.jobmeta import (
     AT_ALLOC,
     AT_RESERVE,
     AT_SAT,
     FAR,
     GRAPH_END,
-    Emitted,
-    JobEntry,
     Meta,
 )
-from fluxnetes.match.multiset import MinMultiset
-from fluxnetes.match.pristine import PristineSlots
+from fluxnetes.match.placement import (
+    descendants,
+    holdings_from_r,
+    holdings_from_shares,
+    postorder,
+    release_r,
+    release_shares,
+    write_holdings,
+)
+from fluxnetes.match.reasons import busy_reason, type_capacity, unsat_reason
 from fluxnetes.match.reserve import ReserveBound, ReserveHosts
 from fluxnetes.match.results import (
-    AllocVertex,
+    JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
+)
+from fluxnetes.match.results import (
     MatchError,
     MatchResult,
     MatchStatus,
     NodeShare,
     node_shares,
 )
-from fluxnetes.match.results import (
-    JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
-)
+from fluxnetes.match.satcache import SAT_CACHE_MAX, SatAnswers
+from fluxnetes.match.spans import SAT_SAFE_END, JobSpans
 from fluxnetes.match.vstate import VState
-from fluxnetes.plan import max_overlap
-
-# spans ending after this could overlap a satisfiability walk's window
-# [FAR - duration - 1, FAR - 1) (duration <= GRAPH_END); spans end by GRAPH_END normally
-SAT_SAFE_END = FAR - GRAPH_END - 1
 
 # policy name -> (high, node_centric, stop_on_1, node_exclusive)   (fluxion-spec §4.1)
 POLICIES: dict[str, tuple[bool, bool, bool, bool]] = {
@@ -118,26 +126,16 @@ class Matcher:
         # static policies' order only (not `locality`/`variation`): _static_policy.
         self._fast_policy = not s1 and not nx and tie_break == "stable"
         self._static_policy = policy not in _ENGINE_EXTRAS
-        self._slot_idx: dict[Any, SlotIndex] = {}
-        self._node_idx: dict[Any, NodeIndex] = {}
-        self._span_dirty = False
-        self._max_at = -1
-        self._min_end = GRAPH_END + 1
+        self._idx = Indexes(self.engine)
         # ``fast_fail``: the failing path's shortcuts (see match/README.md "Failing
         # matches"); False runs the unoptimised path (tests compare both, the benchmark
         # measures both). Answers are the same either way.
         self.fast_fail = True
-        # every recorded job's [at, end); the starts (negated: the latest is the least) and
-        # the ends as multisets: "all active at now" from the latest start and earliest end
-        self._spans: dict[int, tuple[int, int]] = {}
-        self._starts = MinMultiset()
-        self._ends = MinMultiset()
+        # every recorded job's [at, end) and which are reservations (match/spans.py)
+        self._book = JobSpans()
         # satisfiability answers (the far-future walk) per request, valid while the graph's
         # structure and properties stay (and, under `first`, its child order): _sat_walk
-        self._sat_cache: dict[Hashable, bool] = {}
-        self._pristine: dict[frozenset[str], PristineSlots] = {}
-        self._late: set[int] = set()  # jobs with spans reaching the satisfiability window
-        self._reserved: set[int] = set()  # jobs recorded as reservations
+        self._sat = SatAnswers(self.engine)
         # slot hosts per set of slot element types, for the reservation search's bound
         self._resv_hosts: dict[frozenset[str], ReserveHosts] = {}
         # `first` on per-node counters (match/firstfit.py) until an operation they do not
@@ -159,11 +157,12 @@ class Matcher:
 
     def reservation_count(self) -> int:
         """How many recorded jobs are reservations."""
-        return len(self._reserved)
+        return len(self._book.reserved)
 
     def earliest_end(self) -> int | None:
         """The earliest end of a recorded job's window (None: no job is recorded)."""
-        return self._ends.min() if self._ends else None
+        ends = self._book.ends
+        return ends.min() if ends else None
 
     @property
     def next_jobid(self) -> int:
@@ -320,7 +319,7 @@ class Matcher:
         assert ff is not None
         known = self._ff_shapes.get(id(js))
         if known is None or known[0] is not js:
-            if len(self._ff_shapes) >= _SAT_CACHE_MAX:
+            if len(self._ff_shapes) >= SAT_CACHE_MAX:
                 self._ff_shapes.clear()
             known = self._ff_shapes[id(js)] = (js, request_shape(js))
         shape = known[1]
@@ -337,7 +336,8 @@ class Matcher:
             return MatchResult(MatchStatus.UNSATISFIABLE, -1, now, 0, self._unsat_reason(js))
         d = duration if now + duration <= GRAPH_END else GRAPH_END - now
         # _all_active(now, d), inline (asked on every allocation)
-        starts, ends = self._starts, self._ends
+        book = self._book
+        starts, ends = book.starts, book.ends
         if self.fast_fail:
             active = (not starts or -starts.min() <= now) and (not ends or now < ends.min())
         else:
@@ -355,12 +355,12 @@ class Matcher:
         ff.commit(jid, kind, picks, now, end)
         res = CountedResult(jid, now, d, js.queue, ff.shares(picks), ff, kind, picks)
         self._ff_res[jid] = res
-        self._note_span(now, end)
-        if jid in self._spans or end > SAT_SAFE_END:
-            self._track(jid, now, end, False)
-        else:  # _track for a job id seen for the first time, inline
-            self._reserved.discard(jid)
-            self._spans[jid] = (now, end)
+        book.note(now, end)
+        if jid in book.spans or end > SAT_SAFE_END:
+            book.track(jid, now, end, False)
+        else:  # JobSpans.track for a job id seen for the first time, inline
+            book.reserved.discard(jid)
+            book.spans[jid] = (now, end)
             starts.add(-now)
             ends.add(end)
         stats = self.stats
@@ -401,7 +401,7 @@ class Matcher:
 
         ff.flush(commit)
         self._ff_res = {}
-        self._sat_cache.clear()
+        self._sat.forget_walks()
 
     # ------------------------------------------------------------------ satisfiability
     def _sat_walk(self, js: Jobspec, duration: int, x_types: set[str], walk: Callable[[], bool]) -> bool:
@@ -409,25 +409,13 @@ class Matcher:
         request while nothing it depends on changes, or counted where that is exact
         (match/pristine.py), else ``walk()``.
 
-        At the far future every span has ended (unless a job in ``_late`` reaches there), so
-        the walk sees the empty graph: its answer depends on the structure, the vertices'
-        properties/names/ranks and the request (and under ``first`` on the child order,
-        which commits change) - _sat_changed() forgets the answers when those change."""
-        if not self.fast_fail or self._late:
+        At the far future every span has ended (unless a job in ``JobSpans.late`` reaches
+        there), so the walk sees the empty graph: its answer depends on the structure, the
+        vertices' properties/names/ranks and the request (and under ``first`` on the child
+        order, which commits change) - _sat_changed() forgets the answers when those change."""
+        if not self.fast_fail or self._book.late:
             return walk()
-        key = _request_key(js, duration)
-        if key is None:
-            return walk()
-        hit = self._sat_cache.get(key)
-        if hit is not None:
-            return hit
-        ok = self._pristine_sat(js, x_types)
-        if ok is None:
-            ok = walk()
-        if len(self._sat_cache) >= _SAT_CACHE_MAX:
-            self._sat_cache.clear()
-        self._sat_cache[key] = ok
-        return ok
+        return self._sat.answer(js, duration, walk, lambda: self._pristine_sat(js, x_types))
 
     def _pristine_sat(self, js: Jobspec, x_types: set[str]) -> bool | None:
         """The walk's answer for ``slot[N] -> {leaves}`` from slot counts on the empty graph
@@ -439,20 +427,14 @@ class Matcher:
         if shape is None:
             return None
         slot, elems = shape
-        types = frozenset(e.type for e in elems)
-        ps = self._pristine.get(types)
-        if ps is None:
-            with gc_paused():
-                ps = self._pristine[types] = PristineSlots(self.engine, types)
-        total = ps.total(elems, js.constraint)
+        total = self._sat.slot_total(elems, js.constraint)
         if total is None:
             return None
         return calc_count(slot.count, total) > 0
 
     def _sat_changed(self) -> None:
         """The graph's structure or properties changed: satisfiability answers are stale."""
-        self._sat_cache.clear()
-        self._pristine.clear()
+        self._sat.forget()
         self._resv_hosts.clear()
 
     def _reserve_index(self, js: Jobspec, duration: int,
@@ -468,11 +450,7 @@ class Matcher:
         slot, elems = shape
         if slot.count.min != slot.count.max:
             return None
-        key = tuple((e.type, e.count) for e in elems)
-        idx = self._slot_idx.get(key)
-        if idx is None:
-            with gc_paused():
-                idx = self._slot_idx[key] = SlotIndex(self.engine, frozenset(e.type for e in elems), elems)
+        idx = self._idx.slot_index(elems)
         constraint = js.constraint
 
         def at_time(when: int) -> list[tuple[VState, int]] | None:
@@ -543,72 +521,20 @@ class Matcher:
         res = MatchResult(status, jid, at, d, "", None, None, js.queue, emitted)
         rec = JobRecord(jid, at, d, reserved, None, None, entries, js.queue, res)
         self._jobs[jid] = rec
-        self._touched([e.vs for e in entries])
-        self._note_span(at, at + d)
-        self._track(jid, at, at + d, reserved)
+        self._idx.touch([e.vs for e in entries])
+        self._book.note(at, at + d)
+        self._book.track(jid, at, at + d, reserved)
         if self.engine.first:
-            self._sat_cache.clear()  # the update pass reordered children (by_outedges)
+            self._sat.forget_walks()  # the update pass reordered children (by_outedges)
         self.stats["succeeded"] += 1
         return res
 
-    def _alloc_vertices(self, emitted: list[Emitted]) -> list[AllocVertex]:
-        out = []
-        for e in emitted:
-            v = e.vs.v
-            p = v.parent
-            out.append(AllocVertex(v.uniq_id, v.path, v.type, v.basename, v.name, v.id, v.rank, v.unit,
-                                   v.properties, e.excl, e.needs, p.uniq_id if p is not None else -1))
-        return out
-
     # ------------------------------------------------------------------ fast paths
-    def _touched(self, changed: list[VState]) -> None:
-        for si in self._slot_idx.values():
-            si.touch(changed)
-        for ni in self._node_idx.values():
-            ni.touch(changed)
-
-    def _note_span(self, at: int, end: int) -> None:
-        if at > self._max_at:
-            self._max_at = at
-        if end < self._min_end:
-            self._min_end = end
-
-    def _track(self, jid: int, at: int, end: int, reserved: bool) -> None:
-        """Job ``jid`` holds [at, end) from now on (replacing what it held)."""
-        if reserved:
-            self._reserved.add(jid)
-        else:
-            self._reserved.discard(jid)
-        old = self._spans.get(jid)
-        if old == (at, end):
-            return
-        if old is not None:
-            self._untrack(jid)
-        self._spans[jid] = (at, end)
-        self._starts.add(-at)
-        self._ends.add(end)
-        if end > SAT_SAFE_END:
-            self._late.add(jid)
-
-    def _untrack(self, jid: int) -> None:
-        self._reserved.discard(jid)
-        old = self._spans.pop(jid, None)
-        if old is None:
-            return
-        self._starts.remove(-old[0])
-        self._ends.remove(old[1])
-        self._late.discard(jid)
-
     def _all_active(self, now: int, duration: int) -> bool:
         """Has every recorded job started by ``now`` and not ended at ``now``?"""
         if self.fast_fail:
-            starts, ends = self._starts, self._ends
-            return (not starts or -starts.min() <= now) and (not ends or now < ends.min())
-        if self._span_dirty:
-            self._max_at = max((r.at for r in self._jobs.values()), default=-1)
-            self._min_end = min((r.end for r in self._jobs.values()), default=GRAPH_END + 1)
-            self._span_dirty = False
-        return self._max_at <= now < self._min_end
+            return self._book.all_active(now)
+        return self._book.all_active_recorded(now, self._jobs)
 
     def _try_fast(self, js: Jobspec, jid: int, now: int, duration: int, x_types: set[str]) -> MatchResult | None:
         """The static policies' answer from indexes (None: not applicable, use the walk)."""
@@ -619,11 +545,7 @@ class Matcher:
         used: SlotIndex | None = None
         if shape is not None and not x_types:
             slot, elems = shape
-            key = tuple((e.type, e.count) for e in elems)
-            idx = self._slot_idx.get(key)
-            if idx is None:
-                with gc_paused():  # (many small objects at once: no full collections meanwhile)
-                    idx = self._slot_idx[key] = SlotIndex(eng, frozenset(e.type for e in elems), elems)
+            idx = self._idx.slot_index(elems)
             members = idx.select(slot, js.constraint)
             if members is None:
                 return MatchResult(MatchStatus.BUSY, jid)
@@ -634,11 +556,7 @@ class Matcher:
             if nshape is None or x_types != {"node"}:
                 return None
             node_req, slot, elems = nshape
-            key2 = (slot.count, tuple((e.type, e.count) for e in elems))
-            nidx = self._node_idx.get(key2)
-            if nidx is None:
-                with gc_paused():
-                    nidx = self._node_idx[key2] = NodeIndex(eng, slot, elems)
+            nidx = self._idx.node_index(slot, elems)
             nodes = nidx.select(node_req, js.constraint)
             if nodes is None:
                 return MatchResult(MatchStatus.BUSY, jid)
@@ -652,47 +570,13 @@ class Matcher:
 
     # ------------------------------------------------------------------ reasons
     def _type_capacity(self, t: str, *, up_only: bool) -> int:
-        vs = self.graph.by_type.get(t, [])
-        if not up_only:
-            return sum(v.size for v in vs)
-        return sum(v.size for v in vs if self._is_up(v))
-
-    def _is_up(self, v: Vertex) -> bool:
-        x: Vertex | None = v
-        while x is not None:
-            if x.status != UP:
-                return False
-            x = x.parent
-        return True
+        return type_capacity(self.graph, t, up_only=up_only)
 
     def _unsat_reason(self, js: Jobspec) -> str:
-        for t, n in js.totals.items():
-            if t == "slot":
-                continue
-            cap = self._type_capacity(t, up_only=False)
-            if n > cap:
-                return f"needs {n} {t}, only {cap} exist in this graph"
-        from fluxnetes.queue.satisfy import Capacity  # the short resource, by the count questions
-
-        short = Capacity.of(self.graph).check(js)
-        if short is not None:
-            return short.text()
-        return "no part of this graph has the requested shape (per-node/per-slot counts, exclusivity or constraints)"
+        return unsat_reason(self.graph, js)
 
     def _busy_reason(self, js: Jobspec, now: int) -> str:
-        r = self.engine.root
-        for t, n in js.totals.items():
-            if t == "slot":
-                continue
-            if t in r.fidx:
-                free = r.f_avail(r.fidx[t], now, now + 1)
-            else:
-                free = self._type_capacity(t, up_only=True)
-            if n > free:
-                return f"needs {n} {t}, {free} free now"
-        down = self.graph.count("node") - self.engine.nodes_up
-        extra = f" ({down} node(s) down)" if down else ""
-        return f"resources are free in total but not in the requested shape/place now{extra}"
+        return busy_reason(self.graph, self.engine, js, now)
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, jobid: int) -> None:
@@ -700,15 +584,15 @@ class Matcher:
         if ff is not None and jobid in ff.jobs:
             ff.release(jobid)
             self._ff_res.pop(jobid, None)
-            self._untrack(jobid)
+            self._book.untrack(jobid)
             return
         rec = self._jobs.pop(jobid, None)
         if rec is None:
             raise MatchError(f"job {jobid} not found")
         self.engine.remove_entries(jobid, rec.entries, rec.reserved)
-        self._touched([e.vs for e in rec.entries])
-        self._span_dirty = True
-        self._untrack(jobid)
+        self._idx.touch([e.vs for e in rec.entries])
+        self._book.dirty = True
+        self._book.untrack(jobid)
 
     def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
         """Release part of a job; returns True when nothing is left (the job is gone)."""
@@ -718,17 +602,17 @@ class Matcher:
             raise MatchError(f"job {jobid} not found")
         holdings = self._holdings(rec)  # vstate -> amount held in its own planner
         if isinstance(release, list):
-            self._release_shares(rec, holdings, release)
+            release_shares(self.graph, rec, holdings, release)
         elif isinstance(release, Mapping):
-            self._release_r(holdings, release)
+            release_r(holdings, release)
         else:
             raise MatchError("release must be an R/JGF mapping or a list of NodeShare")
         self.engine.remove_entries(jobid, rec.entries, rec.reserved)
-        self._touched([e.vs for e in rec.entries])
-        self._span_dirty = True
+        self._idx.touch([e.vs for e in rec.entries])
+        self._book.dirty = True
         if not any(holdings.values()):
             del self._jobs[jobid]
-            self._untrack(jobid)
+            self._book.untrack(jobid)
             return True
         self._record(rec, {u: a for u, a in holdings.items() if a > 0})
         return False
@@ -736,107 +620,18 @@ class Matcher:
     def _holdings(self, rec: JobRecord) -> dict[VState, int]:
         return {e.vs: e.plan for e in rec.entries if e.plan > 0}
 
-    def _release_r(self, holdings: dict[VState, int], r: Mapping[str, Any]) -> None:
-        g = r.get("scheduling") if "scheduling" in r else (r if "graph" in r else None)
-        if isinstance(g, Mapping) and isinstance(g.get("graph"), Mapping):
-            nodes = g["graph"].get("nodes") or []
-            paths: set[str] = set()
-            for n in nodes:
-                try:
-                    paths.add(n["metadata"]["paths"]["containment"])
-                except (KeyError, TypeError):
-                    raise MatchError("release JGF: every vertex needs metadata.paths.containment") from None
-            for u in list(holdings):
-                if u.v.path in paths:
-                    holdings[u] = 0
-            return
-        ex = r.get("execution")
-        if isinstance(ex, Mapping) and isinstance(ex.get("R_lite"), list):
-            ranks: set[int] = set()
-            for ent in ex["R_lite"]:
-                ranks.update(expand_idset(str(ent.get("rank", ""))))
-            for u in list(holdings):
-                if u.v.rank in ranks:
-                    holdings[u] = 0
-            return
-        raise MatchError("release: expected R with scheduling JGF, a JGF graph, or R_lite")
 
-    def _release_shares(self, rec: JobRecord, holdings: dict[VState, int], shares: list[NodeShare]) -> None:
-        for sh in shares:
-            node = self._node_of_share(sh)
-            under = [u for u in holdings if _is_under(u.v, node)]
-            if not under:
-                raise MatchError(f"job {rec.jobid} holds nothing on {node.name}")
-            want = {"core": sh.cores, "gpu": sh.gpus, "memory": sh.memory, **sh.extra}
-            if not any(want.values()):
-                for u in under:
-                    holdings[u] = 0
-                continue
-            for t, amount in want.items():
-                if amount <= 0:
-                    continue
-                cands = sorted((u for u in under if u.v.type == t and holdings[u] > 0),
-                               key=lambda x: -x.v.uniq_id)
-                for u in cands:
-                    if amount <= 0:
-                        break
-                    take = min(amount, holdings[u])
-                    holdings[u] -= take
-                    amount -= take
-                if amount > 0:
-                    raise MatchError(f"job {rec.jobid} holds less {t} on {node.name} than asked to release")
-            # inner vertices (node/socket held whole) go when nothing below them is held
-            for u in sorted(under, key=lambda x: -x.v.path.count("/")):
-                below = [c for c in _descendants(u) if c in holdings]
-                if u.children and holdings[u] > 0 and below and not any(holdings[c] for c in below):
-                    holdings[u] = 0
 
-    def _node_of_share(self, sh: NodeShare) -> Vertex:
-        key = sh.path or sh.name
-        try:
-            v = self.graph.get(key)
-        except GraphError as exc:
-            raise MatchError(str(exc)) from None
-        return v
 
     def _record(self, rec: JobRecord, holdings: dict[VState, int]) -> None:
         """(Re)write a job's state from exclusive holdings: own planners, tags, filters."""
-        eng = self.engine
-        jid, at, end = rec.jobid, rec.at, rec.at + rec.duration
-        counted: dict[VState, dict[str, int]] = {}
-        tagged: set[VState] = set()
-        for u, amount in holdings.items():
-            t = u.v.type
-            cnt = amount if (self.split_pools and u.v.size > 1 and not u.children) else u.v.size
-            p = u.parent
-            x: VState | None = u
-            while x is not None:
-                tagged.add(x)
-                x = x.parent
-            while p is not None:
-                if eng.is_pruning_type(t):
-                    d = counted.setdefault(p, {})
-                    d[t] = d.get(t, 0) + cnt
-                p = p.parent
-        entries: list[JobEntry] = []
-        for u in tagged:
-            amount = holdings.get(u, 0)
-            if amount:
-                eng._add_plan(u, jid, at, end, amount, rec.reserved)
-            if u.children or not amount:  # leaves: their planner spans are the tags
-                u.tag(jid, at, end)
-            fc = None
-            cnts = counted.get(u)
-            if u.ftypes and cnts:
-                fc = tuple(cnts.get(t, 0) for t in u.ftypes)
-                u.f_add(jid, at, end, fc)
-            entries.append(JobEntry(u, amount if amount else (u.v.size if u.parent is not None else 1),
-                                    amount > 0, fc))
+        jid = rec.jobid
+        entries = write_holdings(self.engine, rec, holdings, self.split_pools)
         rec.entries = entries
-        self._touched(entries_vs := [e.vs for e in entries])
-        self._note_span(rec.at, rec.at + rec.duration)
-        self._track(jid, rec.at, rec.at + rec.duration, rec.reserved)
-        verts = _postorder(self.engine, entries_vs, holdings)
+        self._idx.touch(entries_vs := [e.vs for e in entries])
+        self._book.note(rec.at, rec.at + rec.duration)
+        self._book.track(jid, rec.at, rec.at + rec.duration, rec.reserved)
+        verts = postorder(self.engine, entries_vs, holdings)
         rec.vertices = verts
         rec.nodes = node_shares(verts)
 
@@ -859,9 +654,9 @@ class Matcher:
         if at + d > GRAPH_END:
             d = GRAPH_END - at
         if isinstance(placement, list):
-            holdings = self._holdings_from_shares(placement, at, at + d)
+            holdings = holdings_from_shares(self.engine, self.graph, placement, at, at + d, self.split_pools)
         elif isinstance(placement, Mapping):
-            holdings = self._holdings_from_r(placement, at, at + d)
+            holdings = holdings_from_r(self.engine, self.graph, placement, at, at + d, self.split_pools)
         else:
             raise MatchError("placement must be an R/JGF mapping or a list of NodeShare")
         if not holdings:
@@ -872,162 +667,32 @@ class Matcher:
         self._next_jobid = max(self._next_jobid, jobid + 1)
         return MatchResult(MatchStatus.ALLOCATED, jobid, at, d, "", rec.nodes, rec.vertices)
 
-    def _check_free(self, u: VState, amount: int, at: int, end: int) -> None:
-        if u.avail(at, end) < amount:
-            raise MatchError(f"{u.v.path}: only {u.avail(at, end)} of {u.v.size} free, cannot record {amount}")
-        pool = self.split_pools and u.v.size > 1 and not u.children
-        if not pool and u.x_busy(at, end):
-            raise MatchError(f"{u.v.path}: already used by another job")
 
-    def _holdings_from_shares(self, shares: list[NodeShare], at: int, end: int) -> dict[VState, int]:
-        eng = self.engine
-        holdings: dict[VState, int] = {}
-        for sh in shares:
-            node = self._node_of_share(sh)
-            nvs = eng.vs[node.idx]
-            want = {"core": sh.cores, "gpu": sh.gpus, "memory": sh.memory, **sh.extra}
-            leaves = [x for x in _descendants(nvs) if not x.children]
-            for t, amount in want.items():
-                if amount < 0:
-                    raise MatchError(f"{node.name}: {t} amount must be >= 0")
-                if amount == 0:
-                    continue
-                for u in leaves:
-                    if amount <= 0:
-                        break
-                    if u.v.type != t or u in holdings:
-                        continue
-                    pool = self.split_pools and u.v.size > 1
-                    free = u.avail(at, end)
-                    if not pool and (u.x_busy(at, end) or free < u.v.size):
-                        continue
-                    take = min(free, amount) if pool else u.v.size
-                    if take <= 0:
-                        continue
-                    holdings[u] = take
-                    amount -= take
-                if amount > 0:
-                    raise MatchError(f"{node.name}: not enough free {t} to record this placement")
-        return holdings
 
-    def _holdings_from_r(self, r: Mapping[str, Any], at: int, end: int) -> dict[VState, int]:
-        eng = self.engine
-        g = r.get("scheduling") if "scheduling" in r else (r if "graph" in r else None)
-        holdings: dict[VState, int] = {}
-        if isinstance(g, Mapping) and isinstance(g.get("graph"), Mapping):
-            for n in g["graph"].get("nodes") or []:
-                md = n.get("metadata") if isinstance(n, Mapping) else None
-                if not isinstance(md, Mapping):
-                    raise MatchError("placement JGF: vertex without metadata")
-                path = (md.get("paths") or {}).get("containment")
-                v = self.graph.by_path.get(path) if isinstance(path, str) else None
-                if v is None:
-                    raise MatchError(f"placement JGF: vertex {path!r} is not in the graph")
-                if md.get("type") != v.type:
-                    raise MatchError(f"placement JGF: {path} has type {md.get('type')!r}, graph says {v.type!r}")
-                if md.get("exclusive") is True:
-                    u = eng.vs[v.idx]
-                    amount = int(md.get("size", 1)) if self.split_pools and v.size > 1 else v.size
-                    self._check_free(u, amount, at, end)
-                    holdings[u] = amount
-            return holdings
-        ex = r.get("execution")
-        if isinstance(ex, Mapping) and isinstance(ex.get("R_lite"), list):
-            by_rank: dict[int, list[Vertex]] = {}
-            for v in self.graph.by_type.get("node", []):
-                by_rank.setdefault(v.rank, []).append(v)
-            for ent in ex["R_lite"]:
-                ranks = expand_idset(str(ent.get("rank", "")))
-                children = ent.get("children") or {}
-                for rank in ranks:
-                    for node in by_rank.get(rank, []):
-                        for t, ids in children.items():
-                            idl = set(expand_idset(str(ids)))
-                            for u in _descendants(eng.vs[node.idx]):
-                                if u.v.type == t and u.v.id in idl:
-                                    self._check_free(u, u.v.size, at, end)
-                                    holdings[u] = u.v.size
-            return holdings
-        raise MatchError("placement: expected R with scheduling JGF, a JGF graph, or R_lite")
 
     # ------------------------------------------------------------------ status / grow / shrink
     def set_status(self, path_or_name: str, up: bool) -> None:
         self._leave_counters()
-        try:
-            v = self.graph.get(path_or_name)
-        except GraphError as exc:
-            raise MatchError(str(exc)) from None
-        v.status = UP if up else DOWN
-        self.engine.nodes_up = sum(1 for n in self.graph.by_type.get("node", []) if n.status == UP)
-        for si in self._slot_idx.values():
-            si.refresh_status()
-        for ni in self._node_idx.values():
-            ni.refresh_status()
+        set_vertex_status(self.graph, self.engine, path_or_name, up)
+        self._idx.refresh_status()
 
     def set_property(self, path_or_name: str, key: str, value: str) -> None:
         """Set a vertex property (resource-query's ``set-property PATH KEY=VALUE``): later
         matches see it (``perf_class`` orders `variation`; constraints test properties)."""
         self._leave_counters()
-        if not key or "=" in key:
-            raise MatchError(f"set-property: property name {key!r} must be non-empty and without '='")
-        try:
-            v = self.graph.get(path_or_name)
-        except GraphError as exc:
-            raise MatchError(str(exc)) from None
-        # a new dict: results already returned keep the properties they were emitted with
-        v.properties = {**(v.properties or {}), key: str(value)}
+        set_vertex_property(self.graph, path_or_name, key, value)
         self._sat_changed()
         if self.engine.perf:  # `variation`'s scores are perf_class: the indexes' orders moved
-            self._slot_idx.clear()
-            self._node_idx.clear()
+            self._idx.clear()
 
     def add_subgraph(self, jgf_or_graph: Mapping[str, Any] | str | ResourceGraph) -> list[str]:
         """Attach vertices (JGF with the path from the root, or a graph); returns new paths."""
         self._leave_counters()
-        from fluxnetes.graph.jgf import write_jgf
-
-        before = set(self.graph.by_path)
-        src = write_jgf(jgf_or_graph) if isinstance(jgf_or_graph, ResourceGraph) else jgf_or_graph
-        try:
-            read_jgf(src if isinstance(src, str | bytes) else dict(src), graph=self.graph)
-        except GraphError as exc:
-            raise MatchError(f"add_subgraph: {exc}") from None
-        new = [p for p in self.graph.by_path if p not in before]
-        self._fresh_ranks(new)
-        eng = self.engine
-        tops = [self.graph.by_path[p] for p in new if self.graph.by_path[p].parent is not None
-                and self.graph.by_path[p].parent.path not in new]  # type: ignore[union-attr]
-        for v in tops:
-            assert v.parent is not None
-            pvs = eng.vs[v.parent.idx]
-            cvs = eng._build(v, pvs)
-            pvs.children = [*pvs.children, cvs]
-        eng.prime()
+        new = attach_subgraph(self.graph, self.engine, jgf_or_graph)
         self._capacity = self.graph.summary()
-        self._slot_idx.clear()
-        self._node_idx.clear()
+        self._idx.clear()
         self._sat_changed()
         return new
-
-    def _fresh_ranks(self, new_paths: list[str]) -> None:
-        """New nodes whose rank another node already has get the next free rank (their
-        subtree follows), so R_lite stays unambiguous after growing."""
-        g = self.graph
-        newset = set(new_paths)
-        used = {v.rank for v in g.by_type.get("node", []) if v.path not in newset}
-        nxt = max(used | {-1}) + 1
-        for p in new_paths:
-            v = g.by_path[p]
-            if v.type != "node" or v.rank < 0 or v.rank not in used:
-                if v.type == "node":
-                    used.add(v.rank)
-                continue
-            old = v.rank
-            for x in g.walk(v):
-                if x.rank == old:
-                    x.rank = nxt
-            used.add(nxt)
-            nxt += 1
 
     def remove_subgraph(self, path: str) -> list[int]:
         """Remove a subtree; jobs holding resources in it lose them (partial cancel).
@@ -1042,7 +707,7 @@ class Matcher:
             raise MatchError("cannot remove the root")
         eng = self.engine
         top = eng.vs[v.idx]
-        gone = set(_descendants(top)) | {top}
+        gone = set(descendants(top)) | {top}
         affected = []
         for jid, rec in list(self._jobs.items()):
             hold = self._holdings(rec)
@@ -1055,17 +720,10 @@ class Matcher:
                 self._record(rec, left)
             else:
                 del self._jobs[jid]
-                self._untrack(jid)
-        pvs = top.parent
-        assert pvs is not None
-        pvs.children = [c for c in pvs.children if c is not top]
-        for u in gone:
-            eng.vs.pop(u.v.idx, None)
-        self.graph.remove_subtree(v)
-        eng.prime()
+                self._book.untrack(jid)
+        detach_subtree(self.graph, eng, v, top, gone)
         self._capacity = self.graph.summary()
-        self._slot_idx.clear()
-        self._node_idx.clear()
+        self._idx.clear()
         self._sat_changed()
         return affected
 
@@ -1107,146 +765,6 @@ class Matcher:
     def check_invariants(self) -> None:
         """free + allocated == capacity everywhere, and every job's state is exactly recorded."""
         self._leave_counters()
-        eng = self.engine
-        problems: list[str] = []
-        expect_plan: dict[VState, dict[int, int]] = {}
-        expect_f: dict[VState, dict[int, dict[str, int]]] = {}
-        expect_x: dict[VState, set[int]] = {}
-        for jid, rec in self._jobs.items():
-            for e in rec.entries:
-                expect_x.setdefault(e.vs, set()).add(jid)
-                if e.plan:
-                    expect_plan.setdefault(e.vs, {})[jid] = e.plan
-                    t = e.vs.v.type
-                    if eng.is_pruning_type(t):
-                        cnt = e.plan if (self.split_pools and e.vs.v.size > 1 and not e.vs.children) else e.vs.v.size
-                        p = e.vs.parent
-                        while p is not None:
-                            d = expect_f.setdefault(p, {}).setdefault(jid, {})
-                            d[t] = d.get(t, 0) + cnt
-                            p = p.parent
-        reserved = {jid for jid, rec in self._jobs.items() if rec.reserved}
-        if reserved != self._reserved:
-            problems.append(f"reservations indexed {sorted(self._reserved)} != recorded {sorted(reserved)}")
-        ends = sorted(rec.at + rec.duration for rec in self._jobs.values())
-        if ends != self._ends.sorted():
-            problems.append(f"job window ends indexed {self._ends.sorted()[:5]}... != recorded {ends[:5]}...")
-        for u in eng.vs.values():
-            v = u.v
-            ps = u.ps or {}
-            got = {j: a for j, (_s, _e, a) in ps.items()}
-            if got != expect_plan.get(u, {}):
-                problems.append(f"{v.path}: planner spans {got} != job records {expect_plan.get(u, {})}")
-            if u.pused != sum(got.values()):
-                problems.append(f"{v.path}: used sum {u.pused} != {sum(got.values())}")
-            allocs = sum(1 for j in got if not self._jobs[j].reserved) if all(j in self._jobs for j in got) else -1
-            if allocs != u.alloc_n:
-                problems.append(f"{v.path}: allocation count {u.alloc_n} != {allocs}")
-            bounds = sorted({s for s, _e, _a in ps.values()} | {0})
-            for tb in bounds:
-                used = max_overlap(ps.values(), tb, tb + 1)
-                if used > v.size:
-                    problems.append(f"{v.path}: {used} used > size {v.size} at t={tb}")
-            xs = set(u.xs or ())
-            if not u.children:
-                xs |= set(ps.keys())
-            if xs != expect_x.get(u, set()):
-                problems.append(f"{v.path}: tags {sorted(xs)} != {sorted(expect_x.get(u, set()))}")
-            if u.ftypes:
-                want = expect_f.get(u, {})
-                f = u.f
-                fspans = cast("dict[int, tuple[int, int, tuple[int, ...]]]", dict(f or {}))
-                if f is None or f.totals() != dict(zip(u.ftypes, u.ftot, strict=True)):
-                    problems.append(f"{v.path}: filter planner {f!r} != totals {u.ftot} of {u.ftypes}")
-                have = {j: dict(zip(u.ftypes, c, strict=True)) for j, (_s, _e, c) in fspans.items()}
-                for j in set(want) | set(have):
-                    w = {t: n for t, n in want.get(j, {}).items() if t in u.fidx and n}
-                    h = {t: n for t, n in have.get(j, {}).items() if n}
-                    if w != h:
-                        problems.append(f"{v.path}: filter span of job {j} {h} != expected {w}")
-                for i, t in enumerate(u.ftypes):
-                    s = sum(c[i] for (_s, _e, c) in fspans.values())
-                    if s != u.fused[i]:
-                        problems.append(f"{v.path}: filter used[{t}] {u.fused[i]} != {s}")
-                    cap = sum(x.v.size for x in _descendants(u) if x.v.type == t)
-                    if cap != u.ftot[i]:
-                        problems.append(f"{v.path}: filter total[{t}] {u.ftot[i]} != capacity {cap}")
-                    fb = sorted({sp[0] for sp in fspans.values()} | {0})
-                    for tt in fb:
-                        if u.f_avail(i, tt, tt + 1) < 0:
-                            problems.append(f"{v.path}: {t} over-allocated at t={tt}")
-            if len(problems) > 20:
-                break
-        if problems:
-            raise AssertionError("matcher invariants violated:\n  " + "\n  ".join(problems[:20]))
+        book = self._book
+        check_invariants(self.engine, self._jobs, book.reserved, book.ends.sorted(), self.split_pools)
 
-
-_SAT_CACHE_MAX = 4096  # request shapes remembered (a bound for long-lived operators)
-
-
-def _resources_key(resources: list[Resource]) -> tuple[Any, ...]:
-    # (labels and ids name slots for tasks and pod sets; the walk does not read them, so
-    # groups of the same shape share one answer)
-    return tuple((r.type, r.count, r.unit, r.exclusive, _resources_key(r.with_)) for r in resources)
-
-
-def _request_key(js: Jobspec, duration: int) -> Hashable | None:
-    """What a satisfiability walk reads of a request (None: not hashable, do not cache)."""
-    key = (_resources_key(js.resources), js.constraint, duration)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _descendants(u: VState) -> list[VState]:
-    out: list[VState] = []
-    stack = list(u.children)
-    while stack:
-        x = stack.pop()
-        out.append(x)
-        stack.extend(x.children)
-    return out
-
-
-def _is_under(v: Vertex, top: Vertex) -> bool:
-    x: Vertex | None = v
-    while x is not None:
-        if x is top:
-            return True
-        x = x.parent
-    return False
-
-
-def _postorder(eng: Engine, tagged: list[VState], holdings: dict[VState, int]) -> list[AllocVertex]:
-    """Emitted vertices as Fluxion's update pass emits them: post-order, child order."""
-    pos = eng.preorder()
-    order = sorted(tagged, key=lambda u: pos[id(u)])
-    out: list[AllocVertex] = []
-    stack: list[VState] = []
-
-    def emit(u: VState) -> None:
-        v = u.v
-        p = v.parent
-        held = holdings.get(u, 0)
-        needs = held if held else (v.size if p is not None else 1)
-        out.append(AllocVertex(v.uniq_id, v.path, v.type, v.basename, v.name, v.id, v.rank, v.unit,
-                               v.properties, held > 0, needs, p.uniq_id if p is not None else -1))
-
-    for u in order:
-        while stack and not _is_anc(stack[-1], u):
-            emit(stack.pop())
-        stack.append(u)
-    while stack:
-        emit(stack.pop())
-    return out
-
-
-def _is_anc(a: VState, u: VState) -> bool:
-    p = u.parent
-    while p is not None:
-        if p is a:
-            return True
-        p = p.parent
-    return False
