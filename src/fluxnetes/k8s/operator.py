@@ -417,11 +417,11 @@ def _import_store() -> None:
 
 # The collector's thresholds once the start-up's objects are frozen. Each watch event decodes
 # into a few hundred new objects, so Python's defaults (a young collection every 700 net new
-# objects, a full one every 100 young ones) collected all the time: 0.45-1.5 ms of the
-# operator's ~7 ms of CPU per single-pod Job went there, against 0.1 ms with these
-# (bench/operator_bench.py's operator_gc_ms_per_pod at 200 and 1,000 nodes; docs/scale.md).
-# Only garbage in reference cycles waits longer to be freed (reference counting frees the rest
-# at once); the operator's memory stayed within a few MB (operator_rss_mb).
+# objects, a full one every 100 young ones) collected all the time: 0.4-1.5 ms of the
+# operator's ~7 ms of CPU per single-pod Job went there (up to 2.5 ms per pod of a gang),
+# against 0.1-0.4 ms with these (operator_bench's operator_gc_ms_per_pod, 200 and 1,000 nodes;
+# docs/scale.md). Only garbage in reference cycles waits longer to be freed (reference counting
+# frees the rest at once); the operator's RSS did not change (operator_rss_mb).
 GC_THRESHOLDS = (10_000, 20, 10)
 
 
