@@ -22,6 +22,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import ssl
 import statistics
 import subprocess
@@ -188,6 +189,8 @@ def _round_digest(r: dict[str, Any]) -> dict[str, Any]:
         "api_writes_per_pod": r.get("api_writes_per_pod"),
         "cpu_ms_per_pod_raw": r.get("cpu_ms_per_pod_raw"),
         "cpu_ms_per_pod_corrected": r.get("cpu_ms_per_pod_corrected"),
+        "operator_gc_ms_per_pod": r.get("operator_gc_ms_per_pod"),
+        "operator_rss_mb": r.get("operator_rss_mb"),
     }
 
 
@@ -407,10 +410,13 @@ async def start_operator(
         "INFO",
         "--job-mode",
         mode,
+        "--metrics-port",  # (its collector's seconds: operator_gc_seconds)
+        str(_free_port()),
         *(extra or []),
     ]
     env = {**os.environ, "PYTHONPATH": src} if src else None  # another checkout's code
     op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    op.metrics_port = int(argv[argv.index("--metrics-port") + 1])  # type: ignore[attr-defined]
     path = Path(args.workdir) / f"operator-{label}.log"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and "operator ready" not in path.read_text():
@@ -487,6 +493,28 @@ def baseline_corrected(r: dict[str, Any], idle: list[dict[str, float]], seconds:
                                      for k, v in raw.items()}
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _gc_seconds(op: subprocess.Popen[bytes] | None) -> float | None:
+    """The operator's cyclic garbage collector's seconds so far (its fluxnetes_gc_seconds_total,
+    main process), None when it cannot be read."""
+    port = getattr(op, "metrics_port", None)
+    if port is None:
+        return None
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics",
+                                                       timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            text = await resp.text()
+    except (TimeoutError, aiohttp.ClientError):
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("fluxnetes_gc_seconds_total{"))
+
+
 def _rss_mb(op: subprocess.Popen[bytes]) -> float | None:
     """The operator's resident memory now (MB), its webhook process included."""
     import psutil
@@ -547,6 +575,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 idle = [await idle_rates(cluster, op, args.idle_seconds)] if args.idle_seconds > 0 else []
                 load = os.getloadavg()[0]
                 cpu0 = _cpu_seconds(op)
+                gc0 = await _gc_seconds(op)
                 comp0 = _component_cpu(cluster)
                 t_cpu0 = time.monotonic()
                 req0 = await api_requests(kube)
@@ -589,6 +618,9 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                     r["operator_cpu_seconds"] = round(_cpu_seconds(op) - cpu0, 2)  # incl. webhook process
                     r["operator_cpu_ms_per_pod"] = round(1000 * r["operator_cpu_seconds"] / pods, 2)
                     r["operator_rss_mb"] = _rss_mb(op)
+                    gc1 = await _gc_seconds(op)
+                    if gc0 is not None and gc1 is not None:
+                        r["operator_gc_ms_per_pod"] = round(1000 * (gc1 - gc0) / pods, 3)
                 per_round.setdefault(name, {}).setdefault(label, []).append(r)
                 await kube.delete(NAMESPACES, ns)
                 # the next run starts on a quiet cluster: the namespace controller deleting
