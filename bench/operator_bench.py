@@ -415,6 +415,11 @@ async def start_operator(
         *(extra or []),
     ]
     env = {**os.environ, "PYTHONPATH": src} if src else None  # another checkout's code
+    for item in args.variant_env:  # LABEL=NAME=VALUE: e.g. a compiled build's switch
+        which, _, setting = item.partition("=")
+        if f"fluxnetes_{which}" == label and env is not None:
+            name, _, value = setting.partition("=")
+            env[name] = value
     op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     op.metrics_port = int(argv[argv.index("--metrics-port") + 1])  # type: ignore[attr-defined]
     path = Path(args.workdir) / f"operator-{label}.log"
@@ -715,6 +720,14 @@ def main() -> None:
         help="extra `fluxnetes run` arguments for the --variant-src of that label, e.g. "
         "--variant-args 'after=--fluxjobs waiting'",
     )
+    ap.add_argument(
+        "--variant-env",
+        action="append",
+        default=[],
+        metavar="LABEL=NAME=VALUE",
+        help="an environment variable for the operator of the --variant-src of that label "
+        "(repeatable), e.g. --variant-env compiled=FLUXNETES_NATIVE_OPERATOR=1",
+    )
     ap.add_argument("--idle-seconds", type=float, default=5, help="length of the idle windows (no workload) "
                     "sampled before and after each run for the baseline-corrected CPU per pod (0: none)")
     ap.add_argument("--named", action="append", default=[], metavar="LABEL",
@@ -748,6 +761,7 @@ def main() -> None:
             "variants": dict(v.partition("=")[::2] for v in args.variant) or None,
             "variant_src": dict(v.partition("=")[::2] for v in args.variant_src) or None,
             "variant_args": dict(v.partition("=")[::2] for v in args.variant_args) or None,
+            "variant_env": args.variant_env or None,
             "named_no_webhook": args.named or None,
         },
         "machine": {
