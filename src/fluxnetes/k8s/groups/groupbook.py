@@ -348,7 +348,7 @@ class GroupBook:
         now = self._ctx.now()
         if now - self._prune_swept >= PRUNE_SWEEP_SECONDS:
             keys = list(self._finished)
-            self._prune_swept = now
+            self._prune_swept = float(now)  # float: mypyc keeps int and float apart
             self._prune_waits.clear()
         else:
             keys = [k for k in self._prune_check if k in self._finished]
