@@ -196,7 +196,7 @@ class _Host:
         self.unit = False  # slots are aligned runs of unit leaves (see consume())
         self.slots: list[Slot] | _Runs = []
         self.total = 0
-        self.key: tuple[Any, int] | None = None
+        self.key: Any = None  # its first slot's key (Slot[0]: an int or a tuple, by policy); None: no slot
         self.scores: dict[int, int] = {}  # `locality`: slot score -> how many slots have it
 
 
