@@ -76,19 +76,25 @@ def test_events_arriving_during_the_wait_come_in_the_same_read_with_the_connecti
     async def main() -> tuple[list[list[bytes]], FakeTransport, list[bool]]:
         s, t = FakeStream(), FakeTransport()
         paused_when_fed: list[bool] = []
+        first_read = asyncio.Event()
 
         async def writer() -> None:
             s.feed(b"1\n")
-            await asyncio.sleep(0.01)  # inside the reader's 0.2 s wait after its first read
+            # inside the reader's 0.2 s wait after its first read (even if the loop stalls, this
+            # earlier timer runs first)
+            await asyncio.sleep(0.01)
             for i in range(2, 6):
                 paused_when_fed.append(t.paused)
                 s.feed(f"{i}\n".encode())
-            await asyncio.sleep(0.4)
+            await first_read.wait()  # a state, not a time: the next event comes in a new read
             s.feed(b"6\n")
             s.end()
 
         task = asyncio.ensure_future(writer())
-        batches = await collect(s, 0.2, t)
+        batches: list[list[bytes]] = []
+        async for batch in read_watch_batches(s, 0.2, t):  # type: ignore[arg-type]
+            batches.append(batch)
+            first_read.set()
         await task
         return batches, t, paused_when_fed
 
