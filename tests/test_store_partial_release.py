@@ -37,6 +37,23 @@ def _cpu(obj: dict[str, Any], cpu: str) -> dict[str, Any]:
     return out
 
 
+async def _pair_with_pod_0_ended(c: Any, j: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first life: the Job ``j`` of 2 pods placed on n0 (both slots), then pod 0 ends;
+    the pods as placed."""
+    c.reconciled = True
+    c.handle(("Job", "ADDED", j))
+    await settle(c)
+    g = c.groups[("ns", "job-pair")]
+    assert g.phase == Phase.RUNNING and g.slots == ["n0", "n0"]
+    ps = [placed(pod(f"pair-{i}", owner=j), "n0", i, int(g.jobid or 0), "job-pair") for i in range(2)]
+    for p in ps:
+        c.handle(("Pod", "ADDED", p))
+    await settle(c)
+    c.handle(("Pod", "MODIFIED", _ended(ps[0])))
+    await settle(c)
+    return ps
+
+
 def test_partial_release_on_a_shared_node_survives_a_restart(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -50,17 +67,7 @@ def test_partial_release_on_a_shared_node_survives_a_restart(
         kube = Kube()
         j = job("pair", 2)
         c = controller(kube, store_url)
-        c.reconciled = True
-        c.handle(("Job", "ADDED", j))
-        await settle(c)
-        g = c.groups[("ns", "job-pair")]
-        assert g.phase == Phase.RUNNING and g.slots == ["n0", "n0"]
-        ps = [placed(pod(f"pair-{i}", owner=j), "n0", i, int(g.jobid or 0), "job-pair") for i in range(2)]
-        for p in ps:
-            c.handle(("Pod", "ADDED", p))
-        await settle(c)
-        c.handle(("Pod", "MODIFIED", _ended(ps[0])))
-        await settle(c)
+        ps = await _pair_with_pod_0_ended(c, j)
         assert used(c) == {"n0": 2}  # the live operator gave pod 0's share back
         assert c.journal is not None and c.journal.drain()
         row = c.journal.store.find("ns", "job-pair", j["metadata"]["uid"])
@@ -105,16 +112,7 @@ def test_store_allocation_taken_up_after_a_partial_release_opens_no_slot_it_does
         kube = Kube()
         j = job("pair", 2)
         c = controller(kube, store_url)
-        c.reconciled = True
-        c.handle(("Job", "ADDED", j))
-        await settle(c)
-        g = c.groups[("ns", "job-pair")]
-        ps = [placed(pod(f"pair-{i}", owner=j), "n0", i, int(g.jobid or 0), "job-pair") for i in range(2)]
-        for p in ps:
-            c.handle(("Pod", "ADDED", p))
-        await settle(c)
-        c.handle(("Pod", "MODIFIED", _ended(ps[0])))
-        await settle(c)
+        ps = await _pair_with_pod_0_ended(c, j)
         assert c.journal is not None and c.journal.drain()
         await c.stop()
         fj = copy.deepcopy(kube.fluxjobs[("ns", "job-pair")])
@@ -207,16 +205,7 @@ def test_without_a_store_the_fluxjob_status_keeps_the_shrunk_share(monkeypatch: 
         kube = Kube()
         j = job("pair", 2)
         c = controller(kube)
-        c.reconciled = True
-        c.handle(("Job", "ADDED", j))
-        await settle(c)
-        g = c.groups[("ns", "job-pair")]
-        ps = [placed(pod(f"pair-{i}", owner=j), "n0", i, int(g.jobid or 0), "job-pair") for i in range(2)]
-        for p in ps:
-            c.handle(("Pod", "ADDED", p))
-        await settle(c)
-        c.handle(("Pod", "MODIFIED", _ended(ps[0])))
-        await settle(c)
+        ps = await _pair_with_pod_0_ended(c, j)
         await c.stop()
         fj = kube.fluxjobs[("ns", "job-pair")]
         assert fj["status"]["shares"] == [{"node": "n0", "cores": 2, "gpus": 0, "memory": 0}]
