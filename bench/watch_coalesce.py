@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from watch_encoding import serve_tls  # (bench/ is this script's directory: on the path)
 
 
 def event(i: int) -> bytes:
@@ -56,19 +57,7 @@ def serve(cert: Path, key: Path, ports: Any) -> None:
         await resp.write_eof()
         return resp
 
-    async def run() -> None:
-        app = web.Application()
-        app.router.add_get("/", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(str(cert), str(key))
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
-        await site.start()
-        ports.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        await asyncio.Event().wait()
-
-    asyncio.run(run())
+    serve_tls("/", handler, cert, key, ports)
 
 
 async def read_once(session: Any, port: int, n: int, gap: float, wait: float) -> tuple[float, float]:

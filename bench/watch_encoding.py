@@ -403,9 +403,17 @@ def serve(streams: dict[str, bytes], cert: Path, key: Path, chunk: int, ports: A
         await resp.write_eof()
         return resp
 
+    serve_tls("/{key}", handler, cert, key, ports)
+
+
+def serve_tls(path: str, handler: Any, cert: Path, key: Path, ports: Any) -> None:
+    """Serve GET ``path`` with ``handler`` over TLS on 127.0.0.1 (a free port, put on
+    ``ports``) until the process is ended (also bench/watch_coalesce.py's server)."""
+    from aiohttp import web
+
     async def run() -> None:
         app = web.Application()
-        app.router.add_get("/{key}", handler)
+        app.router.add_get(path, handler)
         runner = web.AppRunner(app)
         await runner.setup()
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
