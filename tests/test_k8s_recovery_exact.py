@@ -305,7 +305,7 @@ def test_partial_release_on_a_shared_node_survives_a_restart(k8s_cluster: Any, n
             allocs = [a for a in store_at(url).allocations() if rows and a.job_id == rows[0].id]
             return [(n.name, n.cores) for a in allocs for n in a.nodes] == [(first, 2)]
 
-        wait("store: pair holds 2 cpu", store_holds_2, timeout=30)
+        wait("store: pair holds 2 cpu", store_holds_2, timeout=60)
         restart(op, *args)
         exact_at_rest(op)
         wide = {"fluxnetes.io/group": "wide", "fluxnetes.io/group-size": "4"}
