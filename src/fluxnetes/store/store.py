@@ -575,7 +575,7 @@ class Store:
             self._set_state(s, job, JobState.RUNNING, now, reason)
             job.start_time = at
             job.matcher_jobid = job.id
-            self._write_allocations(s, [(job.id, at, duration, r or {}, list(nodes))])
+            allocations.write(s, [(job.id, at, duration, r or {}, list(nodes))])
             return _record_from_obj(job)
 
     def start_many(
@@ -598,10 +598,6 @@ class Store:
             self.persist_decisions(
                 s, now, loaded=loaded, started=starts, reserved={}, unsatisfiable={}
             )
-
-    @staticmethod
-    def _write_allocations(s: Session, allocs: Sequence[allocations.Start]) -> None:
-        allocations.write(s, allocs)
 
     def release_nodes(self, job_id: int, nodes: Iterable[str], now: int, reason: str = "") -> int:
         """Partial release: the job gives back what it holds on ``nodes`` (its pods there
@@ -756,7 +752,7 @@ class Store:
             conn.execute(
                 stmt, [{"_id": r["id"]} | {"v_" + c: r[c] for c in cols if c != "id"} for r in rows]
             )
-        self._write_allocations(s, started)
+        allocations.write(s, started)
         if events:
             conn.execute(insert(EVENTS), events)
 
