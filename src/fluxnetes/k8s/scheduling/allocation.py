@@ -222,8 +222,8 @@ class Allocation:
         g.holdings_changed()
         if held is None:
             return
-        part = held if len(left_on_node) <= 1 else (
-            self._side.podsets.slot_share(g, slot, held) if g.slot_set else held.split(len(left_on_node)))
+        part = (self._side.podsets.slot_share(g, slot, held) if g.slot_set and len(left_on_node) > 1
+                else held.slot_part(len(left_on_node)))
         rest = held - part
         if rest.empty:
             g.held.pop(node, None)

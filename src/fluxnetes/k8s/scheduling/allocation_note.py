@@ -99,7 +99,7 @@ def held_after(alloc: PlacedAllocation, released: set[int]) -> list[Share]:
         share = held.get(node)
         if share is None:
             continue
-        rest = share - (share if on_node <= 1 else share.split(on_node))
+        rest = share - share.slot_part(on_node)
         if rest.empty:
             held.pop(node)
         else:

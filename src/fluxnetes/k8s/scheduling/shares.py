@@ -36,6 +36,11 @@ class Share:
         return Share(self.node, self.cores // parts, self.gpus // parts, self.memory // parts,
                      {k: v // parts for k, v in self.extra.items()})
 
+    def slot_part(self, slots_left: int) -> Share:
+        """What one slot gives back of this node's share when ``slots_left`` slots (itself
+        included) still hold it: an even part (``split``), the last slot the rest."""
+        return self if slots_left <= 1 else self.split(slots_left)
+
     @property
     def empty(self) -> bool:
         return self.cores <= 0 and self.gpus <= 0 and self.memory <= 0 and not any(v > 0 for v in self.extra.values())
