@@ -124,15 +124,14 @@ def load_account_file(path: Path) -> AccountFile:
     return AccountFile(tree, {leaf: leaf for leaf in tree.leaves})
 
 
-FLUXACCOUNT_API = "fluxnetes.io/v1alpha1"
-
-
 def _from_manifests(path: Path, docs: Sequence[Any]) -> AccountFile:
     """FluxAccount and Namespace manifests -> the tree the operator would build from them.
     The operator's reader is pure (plain dicts in, the core tree out; it imports no client),
     so the simulator uses it as is: one reading of a FluxAccount, one set of rules."""
+    from fluxnetes.k8s import names
     from fluxnetes.k8s.fairshare.accounts import KIND, AccountConfigError, parse_accounts
 
+    api = f"{names.API_GROUP}/{names.API_VERSION}"  # (the operator's own group/version)
     items: list[tuple[str, Any]] = []
     for i, doc in enumerate(docs, 1):
         if isinstance(doc, Mapping) and str(doc.get("kind") or "").endswith("List"):
@@ -147,9 +146,9 @@ def _from_manifests(path: Path, docs: Sequence[Any]) -> AccountFile:
     for where, item in items:
         kind = item.get("kind") if isinstance(item, Mapping) else None
         if kind == KIND:
-            if item.get("apiVersion") != FLUXACCOUNT_API:
+            if item.get("apiVersion") != api:
                 raise FairShareSimError(f"--fairshare {path}: {where}: apiVersion: a FluxAccount is "
-                                        f"{FLUXACCOUNT_API}, got {item.get('apiVersion')!r}")
+                                        f"{api}, got {item.get('apiVersion')!r}")
             accounts.append(item)
         elif kind == "Namespace":
             namespaces.append(item)
