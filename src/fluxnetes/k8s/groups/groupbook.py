@@ -526,13 +526,23 @@ class GroupBook:
         base = self._side.scaling.base_key(g)
         if base is not None and g.kind is not None and g.kind.resume_patch({}) is None:
             unreleased = sum(self._side.scaling.capacity(x) for x in self._side.scaling.family(base))  # with its scale groups
+        succeeded = (pod.get("status") or {}).get("phase") == "Succeeded"
+        # Who makes a pod for this one? Nothing for a pod without a workload (a label group of
+        # bare pods, a lone pod) nor for a finished or suspended workload, nor past the pods
+        # its workload asks for now (scaled down, a Job's parallelism lowered): the share
+        # goes back at once. A pod that failed or was deleted before it ended is made again
+        # by every workload controller (a Job counts a deleted pod as failed and retries it,
+        # even with as many completions as parallelism); one that succeeded only where
+        # more pods follow (replaces_pods, replaces_succeeded). A share kept here is never
+        # lost: the workload ending or going gives it back (workload_finished, cancel_group).
         replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner)
-                    and (failed or g.kind.replaces_pods(owner)) and unreleased <= g.kind.size(owner)
-                    and ((pod.get("status") or {}).get("phase") != "Succeeded" or g.kind.replaces_succeeded(owner)))
+                    and not g.kind.held_by_user(owner) and not g.kind.held_by_fluxnetes(owner)
+                    and unreleased <= g.kind.size(owner)
+                    and (not succeeded or (g.kind.replaces_pods(owner) and g.kind.replaces_succeeded(owner))))
         if replaced:
             self._side.allocation.assign(g)  # its replacement keeps the share
             return
-        if not failed and (pod.get("status") or {}).get("phase") != "Succeeded" \
+        if not failed and not succeeded \
                 and (g.kind is None or g.kind.resume_patch({}) is not None):
             # deleted before it finished, and no scale-down explains it (finish_group)
             g.deleted_pods += 1
