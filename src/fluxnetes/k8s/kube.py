@@ -175,12 +175,14 @@ async def read_watch_batches(stream: aiohttp.StreamReader, wait: float,
     After each read, it pauses ``transport`` (the stream's connection, if given), waits ``wait``
     seconds (0: not at all) and takes everything that arrived meanwhile in the same read. A line
     split across reads is joined; a last line without its newline when the stream ends is
-    dropped (the server closed the stream mid-event)."""
+    dropped (the server closed the stream mid-event). A connection that breaks during the pause
+    is raised after the lines read before it are handed over."""
     buf = b""
     while True:
         chunk = await stream.readany()
         if not chunk:
             return
+        broke: BaseException | None = None
         if wait > 0:
             if transport is not None:
                 # not read meanwhile: the records that arrive wait in the socket, to be decrypted
@@ -193,12 +195,17 @@ async def read_watch_batches(stream: aiohttp.StreamReader, wait: float,
                 await asyncio.sleep(0)  # the transport hands over what it holds on its next turn
             else:
                 await asyncio.sleep(wait)
-            chunk += stream.read_nowait()
+            try:
+                chunk += stream.read_nowait()
+            except Exception as exc:  # aiohttp raises the break, dropping what it held
+                broke = exc
         # one split per read (a read may hold hundreds of events in a burst)
         *lines, buf = (buf + chunk).split(b"\n")
         lines = [line for line in lines if line.strip()]
         if lines:
             yield lines
+        if broke is not None:
+            raise broke
 
 
 def crd_established(crd: Mapping[str, Any] | None) -> bool:
