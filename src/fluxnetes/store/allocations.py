@@ -53,6 +53,10 @@ def node_amount(share: Any) -> NodeAmount:
 
 @dataclass(frozen=True)
 class AllocationRecord:
+    """A live allocation. ``nodes`` is what the job holds now (releases lower or drop them);
+    ``r`` is the R its writer gave at the start, never rewritten by a release: read ``nodes``
+    (store README, "Releases")."""
+
     job_id: int
     at: int
     duration: int
