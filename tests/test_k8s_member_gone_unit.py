@@ -18,6 +18,7 @@ from typing import Any
 from fluxnetes.k8s import names
 from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
 from test_k8s_groupbook_unit import replicaset
 from test_k8s_prune import RecordingKube, bound, job, make_controller, pod, settle
 
@@ -136,15 +137,18 @@ def test_a_label_group_pod_deleted_gives_its_share_back_and_a_late_pod_waits() -
     asyncio.run(main())
 
 
-def test_pods_of_a_job_suspended_while_it_runs_give_their_shares_back() -> None:
-    """The user suspends a running Job: the Job controller deletes its pods (here one ends
-    Failed first) and makes none until it is resumed. Their shares go back as they go, not
-    kept for replacements that will not come. (Before: the failed pod's share was kept.)"""
+def test_pods_of_a_job_suspended_by_its_user_give_their_shares_back() -> None:
+    """The user suspends a running Job (one fluxnetes did not hold: no mark of ours): the Job
+    controller deletes its pods (here one ends Failed first) and makes none until it is
+    resumed. Their shares go back as they go, not kept for replacements that will not come.
+    (Before: the failed pod's share was kept.) A Job carrying fluxnetes' own hold mark that
+    fluxnetes resumed reads as "resume not seen yet" instead: kept (the next test)."""
     async def main() -> None:
         c, _ = make_controller()
         j, g, placed = await running_job(c, "j", 2, 2)
         held = copy.deepcopy(j)
         held["spec"]["suspend"] = True
+        held["metadata"]["annotations"].pop(ANN_SUSPENDED_BY)
         c.handle(("Job", "MODIFIED", held))
         cores = held_cores(c, g)
         failed = copy.deepcopy(placed[0])
@@ -153,6 +157,24 @@ def test_pods_of_a_job_suspended_while_it_runs_give_their_shares_back() -> None:
         assert len(g.released) == 1 and held_cores(c, g) == cores - 2
         c.handle(("Pod", "DELETED", deleted(placed[1])))
         assert g.phase.final and not g.held and g.jobid not in c.cluster.matcher.jobs
+
+    asyncio.run(main())
+
+
+def test_a_resume_not_seen_yet_does_not_give_a_retried_pods_share_away() -> None:
+    """Fluxnetes resumed the Job, but the Job's change has not come back on its watch (pods
+    and Jobs are separate streams) when a running pod is deleted: the view still says "held
+    by fluxnetes". The share waits for the Job's retry all the same."""
+    async def main() -> None:
+        c, _ = make_controller()
+        j, g, placed = await running_job(c, "j", 2, 2)
+        stale = copy.deepcopy(j)
+        stale["spec"]["suspend"] = True  # as fluxnetes held it at admission
+        c.handle(("Job", "MODIFIED", stale))
+        assert g.resumed
+        cores = held_cores(c, g)
+        c.handle(("Pod", "DELETED", deleted(placed[0])))
+        assert not g.released and held_cores(c, g) == cores
 
     asyncio.run(main())
 

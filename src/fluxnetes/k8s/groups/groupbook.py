@@ -535,8 +535,13 @@ class GroupBook:
         # even with as many completions as parallelism); one that succeeded only where
         # more pods follow (replaces_pods, replaces_succeeded). A share kept here is never
         # lost: the workload ending or going gives it back (workload_finished, cancel_group).
-        replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner)
-                    and not g.kind.held_by_user(owner) and not g.kind.held_by_fluxnetes(owner)
+        # Suspended: by its user, or still by fluxnetes when this allocation did not resume it
+        # (once it did, a suspended view is the resume not seen yet: the watches of pods and
+        # workloads are not ordered; a user suspending it again looks the same, and keeps its
+        # shares until it is resumed, finished or deleted)
+        suspended = owner is not None and g.kind is not None and (
+            g.kind.held_by_user(owner) or (g.kind.held_by_fluxnetes(owner) and not g.resumed))
+        replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner) and not suspended
                     and unreleased <= g.kind.size(owner)
                     and (not succeeded or (g.kind.replaces_pods(owner) and g.kind.replaces_succeeded(owner))))
         if replaced:
