@@ -5,7 +5,10 @@ Job create to the moment every pod of the workload has been bound to a node, fir
 the default kube-scheduler alone (a namespace fluxnetes does not manage), then through
 fluxnetes (an opted-in namespace), in the same cluster and run, and reports pods/s and the
 ratio. The admission webhook's latency (p50/p99) is measured separately by sending pod
-AdmissionReviews to the webhook server over TLS, as the API server does.
+AdmissionReviews to the webhook server over TLS, as the API server does. Each run also
+counts the watch events its Pods and Jobs cause until the last pod is bound (what the operator's
+informers receive and decode for the workload; ``operator_watch_events_per_pod``), a MODIFIED
+split by what changed.
 
     .venv/bin/python bench/operator_bench.py --nodes 100 --jobs 1000 --gang-jobs 100
 
@@ -95,6 +98,33 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     first_seen: dict[str, float] = {}
     all_bound: dict[str, float] = {}
 
+    # the watch events the workload's objects cause (what the operator's Pod and Job informers
+    # receive and decode for it), until its last pod is bound: per type, a MODIFIED split by
+    # what changed (a Pod's spec or its status/metadata only; a Job's spec (generation) or not)
+    events: dict[str, int] = {}
+    pod_spec: dict[str, Any] = {}
+    job_gen: dict[str, Any] = {}
+
+    def count(kind: str, etype: str, obj: dict[str, Any], before: dict[str, Any], now: Any) -> None:
+        uid = obj.get("metadata", {}).get("uid", "")
+        if etype == "MODIFIED":
+            etype = "MODIFIED spec" if before.get(uid) != now else "MODIFIED status/metadata"
+        before[uid] = now
+        events[f"{kind} {etype}"] = events.get(f"{kind} {etype}", 0) + 1
+
+    async def watch_jobs() -> None:
+        jrv = rv
+        while not done.is_set():
+            try:
+                async for ev in kube.watch(JOBS, jrv, field_selector=f"metadata.namespace={ns}", timeout_seconds=60):
+                    obj = ev.get("object") or {}
+                    jrv = obj.get("metadata", {}).get("resourceVersion", jrv)
+                    if ev.get("type") != "BOOKMARK" and not done.is_set():
+                        count("Job", str(ev.get("type")), obj, job_gen, obj.get("metadata", {}).get("generation"))
+            except Exception as exc:  # re-watch
+                print("job watch:", exc, file=sys.stderr)
+                await asyncio.sleep(0.2)
+
     async def watch() -> None:
         nonlocal rv
         while not done.is_set():
@@ -108,6 +138,8 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
                     obj = ev.get("object") or {}
                     rv = obj.get("metadata", {}).get("resourceVersion", rv)
                     uid = obj.get("metadata", {}).get("uid", "")
+                    if ev.get("type") != "BOOKMARK":
+                        count("Pod", str(ev.get("type")), obj, pod_spec, obj.get("spec"))
                     job = (obj.get("metadata", {}).get("labels") or {}).get("batch.kubernetes.io/job-name", "")
                     if uid not in seen.setdefault(job, set()):
                         seen[job].add(uid)
@@ -129,6 +161,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
                 await asyncio.sleep(0.2)
 
     watcher = asyncio.ensure_future(watch())
+    job_watcher = asyncio.ensure_future(watch_jobs())
     t0 = time.monotonic()
     sem = asyncio.Semaphore(32)
 
@@ -143,6 +176,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(done.wait(), timeout)
     watcher.cancel()
+    job_watcher.cancel()
     elapsed = (t_bound[-1] - t0) if len(bound) >= total else None
     return {
         "jobs": jobs,
@@ -154,6 +188,8 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         "pods_per_second": None if elapsed is None else round(total / elapsed, 1),
         "group_latency_s": _percentiles(group_latency),
         "stages": _stages(create_sent, create_done, first_seen, last_seen, all_bound),
+        "operator_watch_events_per_pod": {k: round(v / total, 2) for k, v in sorted(events.items())},
+        "operator_watch_events_per_pod_total": round(sum(events.values()) / total, 2),
     }
 
 
@@ -191,6 +227,7 @@ def _round_digest(r: dict[str, Any]) -> dict[str, Any]:
         "cpu_ms_per_pod_corrected": r.get("cpu_ms_per_pod_corrected"),
         "operator_gc_ms_per_pod": r.get("operator_gc_ms_per_pod"),
         "operator_rss_mb": r.get("operator_rss_mb"),
+        "operator_watch_events_per_pod_total": r.get("operator_watch_events_per_pod_total"),
     }
 
 

@@ -177,6 +177,36 @@ def test_pods_builder_mapping() -> None:
         jobspec_from_pods(1, PodRequest(memory_bytes=-1))
 
 
+@pytest.mark.parametrize(("exclusive", "locality"), [(False, None), (True, None), (False, "socket"), (True, "socket")])
+def test_pods_builder_parses_each_shape_once(monkeypatch: pytest.MonkeyPatch, exclusive: bool,
+                                             locality: str | None) -> None:
+    """Jobs of one template make the same request under their own names: it is parsed once,
+    and every group's jobspec is what parsing its own request gives (its label included)."""
+    import fluxnetes.jobspec.pods as pods
+
+    parsed: list[Any] = []
+
+    def counting(source: Any) -> Any:
+        parsed.append(source)
+        return parse_jobspec(source)
+
+    monkeypatch.setattr(pods, "parse_jobspec", counting)
+    monkeypatch.setattr(pods, "_SHAPES", {}, raising=False)  # (starts empty)
+    req = PodRequest(cpu_millis=1500, memory_bytes=2**30, gpus=1, extended={"example.com/fpga": 2})
+    made = [jobspec_from_pods(3, req, duration=60, name=f"job-{i}", exclusive_nodes=exclusive, locality=locality)
+            for i in range(20)]
+    assert len(parsed) == 1
+    for i, js in enumerate(made):
+        mine = js.to_dict()
+        assert f"job-{i}" in json.dumps(mine) and all(f'"job-{k}"' not in json.dumps(mine) for k in range(20) if k != i)
+        assert js == parse_jobspec(mine)  # every field, the derived ones (totals, agg) too
+    other = jobspec_from_pods(3, PodRequest(cpu_millis=500), duration=60, name="job-0", exclusive_nodes=exclusive,
+                              locality=locality)
+    assert len(parsed) == 2 and other.totals["core"] == 3
+    assert jobspec_from_pods(3, req, duration=61, name="x", exclusive_nodes=exclusive, locality=locality).duration == 61
+    assert len(parsed) == 3
+
+
 def test_text_cache_returns_same_object() -> None:
     text = json.dumps(spec([slot(3)]))
     assert parse_jobspec(text) is parse_jobspec(text)

@@ -124,8 +124,28 @@ def test_parse_quantity(text: object, value: str) -> None:
 
 @pytest.mark.parametrize("bad", ["", "abc", "-1", "1Xi", None, True, "NaN"])
 def test_parse_quantity_rejects(bad: object) -> None:
-    with pytest.raises(ResourceError):
-        parse_quantity(bad)
+    for _ in range(2):  # a refused text is refused again (only what was read is remembered)
+        with pytest.raises(ResourceError):
+            parse_quantity(bad)
+
+
+def test_parse_quantity_reads_each_text_once() -> None:
+    """Every Job and pod grouped reads its template's quantities: a text read before is not
+    parsed again (the same immutable Decimal)."""
+    assert parse_quantity("64Mi") is parse_quantity("64Mi") == 64 * 2**20
+    assert parse_quantity(" 64Mi") == 64 * 2**20
+
+
+@pytest.mark.parametrize("container", [
+    {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}},
+    {"name": "a", "resources": {"limits": {"cpu": "2", "nvidia.com/gpu": 1}, "requests": {"cpu": "250m"}}},
+    {"name": "a", "resources": {"requests": {"example.com/fpga": "2", "hugepages-2Mi": "4Mi", "pods": 1}}},
+    {"name": "a"},
+])
+def test_pod_request_one_container_as_the_general_rule(container: dict[str, Any]) -> None:
+    one = pod_request({"containers": [container]})
+    assert one == pod_request({"containers": [container, {"name": "empty"}]})  # (the general sum)
+    assert one == pod_request({"containers": [container], "initContainers": [{"name": "i"}]})
 
 
 def test_pod_request_effective_rule() -> None:

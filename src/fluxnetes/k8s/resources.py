@@ -41,13 +41,33 @@ class ResourceError(ValueError):
     """A resource quantity or request that cannot be read; the message names the field."""
 
 
+# quantities already read, by their text: a cluster's pods and nodes repeat a handful of them
+# ("1", "500m", "64Mi"), read again for every Job and pod the operator groups (Decimal is
+# immutable, so the same object is handed out)
+_QUANTITIES: dict[str, Decimal] = {}
+_QUANTITIES_MAX = 4096
+
+
 def parse_quantity(value: object, where: str = "quantity") -> Decimal:
     """Parse a Kubernetes quantity ("100m", "1.5Gi", "2e3", 4) into a Decimal."""
+    if isinstance(value, str):
+        known = _QUANTITIES.get(value)
+        if known is not None:
+            return known
+        amount = _parse_text(value, where)
+        if len(_QUANTITIES) >= _QUANTITIES_MAX:
+            _QUANTITIES.clear()
+        _QUANTITIES[value] = amount
+        return amount
     if isinstance(value, bool):
         raise ResourceError(f"{where}: {value!r} is not a quantity")
     if isinstance(value, int | float):
         return Decimal(str(value))
-    if not isinstance(value, str) or not value.strip():
+    raise ResourceError(f"{where}: {value!r} is not a quantity")
+
+
+def _parse_text(value: str, where: str) -> Decimal:
+    if not value.strip():
         raise ResourceError(f"{where}: {value!r} is not a quantity")
     text = value.strip()
     number, mult = text, Decimal(1)
@@ -139,6 +159,9 @@ def container_request(container: Mapping[str, Any], where: str) -> PodResources:
 
 def pod_request(spec: Mapping[str, Any]) -> PodResources:
     """Effective request of a pod spec (see module docstring)."""
+    containers = spec.get("containers") or []
+    if len(containers) == 1 and not spec.get("initContainers") and not spec.get("overhead"):
+        return container_request(containers[0], "spec.containers[0]")  # (most pods: the same sum)
     total = PodResources()
     for i, c in enumerate(spec.get("containers") or []):
         total = total + container_request(c, f"spec.containers[{i}]")
