@@ -163,8 +163,12 @@ def test_other_shapes_and_graphs_walk() -> None:
     res = m.allocate(js, now=0)
     assert not m.counting
     assert res.ok
-    # not `first`, or a graph with sockets: no counters
+    # a static policy on nodes of more than one core or in racks, a node-exclusive policy,
+    # or a graph with sockets: no counters
     assert not Matcher(_graph(4, 2, 0), "lonode", counters=True).counting
+    assert not Matcher(_graph(4, 1, 2), "low", counters=True).counting
+    assert not Matcher(_graph(4, 1, 0), "lonodex", counters=True).counting
+    assert not Matcher(_graph(4, 1, 0), "locality", counters=True).counting
     sock = from_description({"cluster": "t", "nodes": 2, "node": {"sockets": 2, "cores": 2}})
     assert FirstFit.build(Matcher(sock, "first").engine) is None
 
@@ -177,3 +181,89 @@ def test_ended_job_leaves_counters() -> None:
         assert m.allocate(_spec(2, False, 1, duration=5), now=0).ok
     _same(fast.allocate(_spec(3, False, 1), now=5), walk.allocate(_spec(3, False, 1), now=5))
     assert not fast.counting
+
+
+def test_one_core_select_without_commit_takes_nothing() -> None:
+    """On one-core nodes under the root ``select`` takes its nodes off the free lists (a
+    job costs what it takes, not the machine's size); a ``select`` that no ``commit``
+    follows must leave the next answer, and the order after releases, as the walk's."""
+    fast = Matcher(_graph(8, 1, 0), "first", counters=True)
+    walk = Matcher(_graph(8, 1, 0), "first")
+    ff = fast._ff
+    assert ff is not None and ff.unit
+    live: list[int] = []
+    for procs in (3, 2):
+        a, b = fast.allocate(_spec(procs, False, 1), now=0), walk.allocate(_spec(procs, False, 1), now=0)
+        _same(a, b)
+        live.append(a.jobid)
+    fast.cancel(live[0])
+    walk.cancel(live[0])
+    # asked and not taken: a taken-before node and a never-taken one, twice over
+    first = ff.select(0, 5)
+    assert ff.select(0, 5) == first
+    assert ff.select(0, 7) is None  # (more than is free: still nothing taken)
+    for procs in (4, 2):
+        _same(fast.allocate(_spec(procs, False, 1), now=0), walk.allocate(_spec(procs, False, 1), now=0))
+    assert fast.counting
+    fast.check_invariants()
+
+
+STATIC = ("low", "high", "lonode", "hinode")
+
+
+@pytest.mark.parametrize("policy", STATIC)
+@pytest.mark.parametrize("seed", range(12))
+def test_static_policies_on_one_core_nodes(policy: str, seed: int) -> None:
+    """The static policies on one-core nodes under the root (every SWF machine of
+    one-processor nodes): counters answer ``slot[P] -> core[1]`` as the walk (and the index
+    fast path) would, through releases in any order, then hand over to the walk at a
+    reservation and go on agreeing."""
+    rng = random.Random(2000 + seed)
+    nodes = rng.randint(1, 14)
+    fast = Matcher(_graph(nodes, 1, 0), policy, counters=True)
+    walk = Matcher(_graph(nodes, 1, 0), policy)
+    assert fast.counting
+    live: list[int] = []
+    now = 0
+    allocated = 0
+    for _ in range(80):
+        now += rng.randint(0, 3)
+        if live and rng.random() < 0.4:
+            jid = live.pop(rng.randrange(len(live)))
+            fast.cancel(jid)
+            walk.cancel(jid)
+            continue
+        js = _spec(rng.randint(1, nodes + (1 if rng.random() < 0.1 else 0)), False, 1)
+        if rng.random() < 0.1:
+            _same(fast.satisfiability(js, now=now), walk.satisfiability(js, now=now))
+            continue
+        a, b = fast.allocate(js, now=now), walk.allocate(js, now=now)
+        _same(a, b)
+        if a.ok:
+            live.append(a.jobid)
+            allocated += 1
+    assert fast.counting and allocated > 0
+    js = _spec(nodes, False, 1, duration=50)
+    _same(fast.allocate_orelse_reserve(js, now=now), walk.allocate_orelse_reserve(js, now=now))
+    if live:
+        assert not fast.counting
+    fast.check_invariants()
+    for _ in range(20):
+        now += 1
+        _cancel_or_allocate(rng, fast, walk, live, now, 0.4,
+                            lambda: _spec(rng.randint(1, nodes), False, 1, duration=rng.choice([5, LONG])))
+    fast.check_invariants()
+
+
+@pytest.mark.parametrize("policy", STATIC)
+def test_static_policies_whole_nodes_walk(policy: str) -> None:
+    """Whole-node requests are not the static counters' (they rank slots): the matcher
+    leaves the counters and answers as the walk."""
+    fast = Matcher(_graph(6, 1, 0), policy, counters=True)
+    walk = Matcher(_graph(6, 1, 0), policy)
+    for m in (fast, walk):
+        assert m.allocate(_spec(2, False, 1), now=0).ok
+    assert fast.counting
+    _same(fast.allocate(_spec(3, True, 1), now=0), walk.allocate(_spec(3, True, 1), now=0))
+    assert not fast.counting
+    fast.check_invariants()

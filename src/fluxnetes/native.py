@@ -51,6 +51,7 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.match.firstfit",
     "fluxnetes.match.matcher",
     "fluxnetes.match.spans",
+    "fluxnetes.match.multiset",
     "fluxnetes.match.results",
     "fluxnetes.plan.planner",
     "fluxnetes.jobspec.model",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from heapq import heappop, heappush
 from itertools import repeat
 from typing import Any
 
@@ -149,14 +150,32 @@ class FirstFit:
         # node indexes follow uniq ids (tree order): shares come out in pick order
         self.by_index = all(nodes[i].v.uniq_id < nodes[i + 1].v.uniq_id for i in range(n - 1))
         # one-core nodes under the root, indexes in uniq id order (KTH-SP2's machine, any
-        # SWF machine of one-processor nodes): one sorted list of keys whose low part is
-        # the node index (same order as the uniq ids), so a job takes a prefix of it and
-        # a release merges its keys back in one sort (no insert per node)
+        # SWF machine of one-processor nodes). `first`'s order among free nodes has two
+        # classes: nodes never taken (weight MAXW) before nodes taken once (their weight
+        # is 0 from then on: a release leaves it), each by descending uniq id, i.e. node
+        # index. So the free nodes are a stack of never-taken indexes (ascending: the next
+        # is the last) and a heap of the taken-before ones (negated: the highest index on
+        # top). A job pops its nodes and a release pushes them back: O(P log n) per call,
+        # nothing proportional to the machine (a sorted list of every free node's key,
+        # which this replaced, was re-sorted on every release)
         self.unit = self.cores_per == 1 and flat and self.by_index
-        self.ukeys: list[int] = []
+        self.fresh: list[int] = []
+        self.reused: list[int] = []  # heap of -index (static: of skey)
+        self.pending: list[int] | None = None  # indexes select() took, until commit()
+        # the static policies (low, high, lonode, hinode; one-core nodes under the root
+        # only: build()): the walk ranks the free slots, one per free node, by a score that
+        # never changes (the slot index's key: ``fast.vertex_score`` of the core under its
+        # node's factor, negated for high, then discovery order), so the free nodes are one
+        # heap of those keys with the node index as the low part
+        self.static = not engine.first
+        self.skey: list[int] = []
         if self.unit:
             self.nkey = [(MAXW - MAXW) * _U + (_U - 1 - i) for i in range(n)]
-            self.ukeys = sorted(self.nkey)
+            if self.static:
+                self.skey = [self._static_key(i) for i in range(n)]
+                self.reused = sorted(self.skey)  # (a sorted list is a heap)
+            else:
+                self.fresh = list(range(n))
         # racks (flat: one pseudo-rack, the root)
         self.rweight = [MAXW] * max(1, len(racks))
         self.rfree = [0] * max(1, len(racks))
@@ -179,15 +198,28 @@ class FirstFit:
         # live jobs: jobid -> (kind, [(node, [core positions])], at, end)
         self.jobs: dict[int, tuple[int, list[tuple[int, list[int]]], int, int]] = {}
 
+    def _static_key(self, i: int) -> int:
+        """Node ``i``'s one slot's rank under a static policy, as one int (module
+        docstring of ``fast.py``: the slot score is 1 + the core's score, the core's
+        score 1 + the node factor (node-centric policies) + its id + 1)."""
+        eng = self.engine
+        nv = self.nodes[i]
+        v = nv.v
+        ml = (v.id + 2) * 10000 + abs(v.uniq_id % 10000 - 1) if eng.node_centric else 0
+        score = 1 + (1 + ml + nv.children[0].v.id + 1)
+        return (-score if eng.high else score) * _U + i
+
     @classmethod
     def build(cls, engine: Engine) -> FirstFit | None:
-        """Counters for this engine, or None: not ``first`` with stable ties and whole
+        """Counters for this engine, or None: not ``first`` (or a static policy: low,
+        high, lonode, hinode, on one-core nodes under the root) with stable ties and whole
         pools, the graph is not ``cluster -> [rack ->] node -> core`` with every node
         holding the same number of one-unit cores, something is down, or a span is
         recorded."""
-        if not engine.first or engine.node_exclusive or not engine.high or engine.exact \
-                or engine.split_pools or engine.perf or engine.locality \
-                or engine.leaf_types or not engine.node_centric:
+        if engine.node_exclusive or engine.exact or engine.split_pools or engine.perf \
+                or engine.locality or engine.leaf_types:
+            return None
+        if engine.first and (not engine.high or not engine.node_centric):
             return None
         root = engine.root
         if root.v.type != "cluster" or not root.children:
@@ -221,7 +253,8 @@ class FirstFit:
                 if cv.type != "core" or c.children or cv.size != 1 or cv.status != UP or c.ps \
                         or c.xs or cv.uniq_id >= _U:
                     return None
-        return cls(engine, racks, nodes, not racks)
+        ff = cls(engine, racks, nodes, not racks)
+        return ff if ff.unit or not ff.static else None
 
     # ---------------------------------------------------------------- questions
     def free_cores(self) -> int:
@@ -234,14 +267,27 @@ class FirstFit:
     def select(self, kind: int, count: int) -> list[tuple[int, list[int]]] | None:
         """The walk's choice: [(node, core positions)] in tree order, or None (BUSY)."""
         if self.unit:
-            # every node in the room is free whole; slots and whole nodes alike take the
-            # first `count` of it (each gives one candidate: no surplus to rank)
-            ukeys = self.ukeys
-            if count > len(ukeys):
+            # every free node is free whole; slots and whole nodes alike take the first
+            # `count` in `first`'s order (each gives one candidate: no surplus to rank).
+            # They come off the free lists here (commit() keeps them; another select()
+            # first puts them back), so a job costs what it takes, not the machine's size
+            self._unpend()
+            fresh = self.fresh
+            reused = self.reused
+            if count > len(fresh) + len(reused):
                 return None
-            top = _U - 1
+            if self.static:
+                took = [heappop(reused) % _U for _ in range(count)]
+            else:
+                m = count if count <= len(fresh) else len(fresh)
+                took = fresh[len(fresh) - m:]
+                del fresh[len(fresh) - m:]
+                for _ in range(count - m):
+                    took.append(-heappop(reused))
+            self.pending = took
+            took = sorted(took)
             # (zip builds the pairs in C: this runs once per job, over every node it takes)
-            return list(zip(sorted([top - k % _U for k in ukeys[:count]]), repeat(_CORE0)))
+            return list(zip(took, repeat(_CORE0)))
         if kind == SLOTS:
             if count > self.free_cores():
                 return None
@@ -249,6 +295,26 @@ class FirstFit:
         if count > self.free_nodes():
             return None
         return self._nodes(count)
+
+    def _unpend(self) -> None:
+        """Put back what the last select() took when no commit() followed it."""
+        took = self.pending
+        if took is None:
+            return
+        self.pending = None
+        fresh = self.fresh
+        reused = self.reused
+        weight = self.weight
+        if self.static:
+            skey = self.skey
+            for i in took:
+                heappush(reused, skey[i])
+            return
+        for i in took:
+            if weight[i] == MAXW:  # never taken: back on the stack, in index order
+                fresh.insert(bisect_left(fresh, i), i)
+            else:
+                heappush(reused, -i)
 
     def _rack_order(self) -> list[int]:
         return [0] if self.flat else self.root_room.items
@@ -383,17 +449,14 @@ class FirstFit:
     def _commit_unit(self, jobid: int, kind: int, picks: list[tuple[int, list[int]]], at: int,
                      end: int) -> None:
         p = len(picks)
-        del self.ukeys[:p]  # (select took the first p)
+        self.pending = None  # (select took them off the free lists)
         free = self.free
         weight = self.weight
-        nkey = self.nkey
         core_free = self.core_free
-        low = MAXW * _U + _U - 1  # weight 0 after the commit (the node's core is held)
-        for i, _positions in picks:
+        for i, _positions in picks:  # (the order keys are the free lists' own: no nkey)
             free[i] = 0
             core_free[i][0] = False
-            weight[i] = 0
-            nkey[i] = low - i
+            weight[i] = 0  # the node's core is held: what the update pass writes
         self.rfree[0] -= p
         if kind == NODES:
             for i, _positions in picks:
@@ -405,14 +468,16 @@ class FirstFit:
         """Give back what ``jobid`` holds (weights stay, as in the engine)."""
         kind, picks, _at, _end = self.jobs.pop(jobid)
         if self.unit:
-            nkey = self.nkey
             free = self.free
             core_free = self.core_free
+            reused = self.reused
+            skey = self.skey
+            static = self.static
             for i, _positions in picks:
                 free[i] = 1
                 core_free[i][0] = True
-            self.ukeys.extend([nkey[i] for i, _positions in picks])
-            self.ukeys.sort()  # (two sorted runs: merged in one pass)
+                # (`first`: taken once, weight 0 for good, the heap's class)
+                heappush(reused, skey[i] if static else -i)
             self.rfree[0] += len(picks)
             if kind == NODES:
                 for i, _positions in picks:
@@ -499,10 +564,11 @@ class FirstFit:
                     order = self.core_order[i]
                     marks.extend((order[j], 1, True) for j in positions)
             commit(jobid, kind, at, end, marks)
-        for i, nv in enumerate(self.nodes):
-            nv.weight = self.weight[i]
-        for k, rv in enumerate(self.racks):
-            rv.weight = self.rweight[k]
+        if not self.static:  # (only `first`'s update pass weighs children)
+            for i, nv in enumerate(self.nodes):
+                nv.weight = self.weight[i]
+            for k, rv in enumerate(self.racks):
+                rv.weight = self.rweight[k]
         self.jobs.clear()
         self.engine.prime()  # child orders and room lists from the weights
 

@@ -323,7 +323,8 @@ class Matcher:
                 self._ff_shapes.clear()
             known = self._ff_shapes[id(js)] = (js, request_shape(js))
         shape = known[1]
-        if shape is None:
+        if shape is None or (shape[0] == NODES and ff.static):
+            # (the static policies' counters rank slots: whole nodes are the node index's)
             self._leave_counters()
             return None
         kind, count = shape
