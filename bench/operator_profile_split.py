@@ -27,6 +27,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+# uvloop's loop is C code: a sample taken in it (GIL held: polling, socket reads, TLS records,
+# timers) has the loop's runner as its innermost Python frame, where asyncio's shows
+# base_events.py / selectors.py
+UVLOOP_LEAF = r"Runner\.run \(asyncio/runners\.py"
+
+
 # a sample's stage: the first rule (in this order) one of its frames matches; the writes and
 # phase changes come first so that they count as theirs wherever they are called from
 STAGES: list[tuple[str, str]] = [
@@ -45,6 +51,7 @@ STAGES: list[tuple[str, str]] = [
     ("leader lease", r"leader\.py"),
     ("asyncio loop (socket reads, TLS records, timers)", r"base_events\.py|selectors\.py"),
 ]
+LOOP_STAGE = STAGES[-1][0]  # uvloop's samples count there too (see UVLOOP_LEAF)
 
 # what a sample does: the first rule matched going from the leaf up its stack
 WORK: list[tuple[str, str]] = [
@@ -71,10 +78,14 @@ def stage_of(frames: list[str]) -> str:
     for name, rule in STAGES:
         if any(re.search(rule, f) for f in frames):
             return name
+    if frames and re.search(UVLOOP_LEAF, frames[-1]):
+        return LOOP_STAGE
     return "other"
 
 
 def work_of(frames: list[str]) -> str:
+    if frames and re.search(UVLOOP_LEAF, frames[-1]):
+        return "event loop (uvloop's, in C)"
     for f in reversed(frames):
         for name, rule in WORK:
             if re.search(rule, f):

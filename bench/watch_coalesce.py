@@ -78,6 +78,18 @@ async def read_once(session: Any, port: int, n: int, gap: float, wait: float) ->
 
 
 async def measure(port: int, n: int, gap: float, waits: list[float], rounds: int) -> dict[str, Any]:
+    us, per_read = await measure_raw(port, n, gap, waits, rounds)
+    return summary(waits, us, per_read)
+
+
+def summary(waits: list[float], us: dict[float, list[float]], per_read: dict[float, list[float]]) -> dict[str, Any]:
+    return {f"{w * 1000:g}ms": {"us_per_event": round(statistics.median(us[w]), 1),
+                                "us_per_event_rounds": [round(x, 1) for x in us[w]],
+                                "events_per_read": round(statistics.median(per_read[w]), 2)} for w in waits}
+
+
+async def measure_raw(port: int, n: int, gap: float, waits: list[float],
+                      rounds: int) -> tuple[dict[float, list[float]], dict[float, list[float]]]:
     import aiohttp
 
     ctx = ssl.create_default_context()
@@ -91,9 +103,24 @@ async def measure(port: int, n: int, gap: float, waits: list[float], rounds: int
                 a, b = await read_once(session, port, n, gap, w)
                 us[w].append(a)
                 per_read[w].append(b)
-    return {f"{w * 1000:g}ms": {"us_per_event": round(statistics.median(us[w]), 1),
-                                "us_per_event_rounds": [round(x, 1) for x in us[w]],
-                                "events_per_read": round(statistics.median(per_read[w]), 2)} for w in waits}
+    return us, per_read
+
+
+def by_loop(port: int, n: int, gap: float, waits: list[float], rounds: int, loops: list[str]) -> dict[str, Any]:
+    """The reader on each event loop (k8s/event_loop.py), the loops alternating round by round."""
+    from fluxnetes.k8s.event_loop import loop_factory
+
+    us: dict[str, dict[float, list[float]]] = {lp: {w: [] for w in waits} for lp in loops}
+    per_read: dict[str, dict[float, list[float]]] = {lp: {w: [] for w in waits} for lp in loops}
+    for r in range(rounds):
+        for lp in (loops if r % 2 == 0 else list(reversed(loops))):
+            factory, _ = loop_factory(lp)
+            with asyncio.Runner(loop_factory=factory) as runner:
+                a, b = runner.run(measure_raw(port, n, gap, waits, 1))
+            for w in waits:
+                us[lp][w] += a[w]
+                per_read[lp][w] += b[w]
+    return {lp: summary(waits, us[lp], per_read[lp]) for lp in loops}
 
 
 def main() -> None:
@@ -103,6 +130,8 @@ def main() -> None:
     ap.add_argument("--wait-ms", type=float, nargs="+", default=[0.0, 5.0, 10.0, 20.0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="bench/results/watch_coalesce.json")
+    ap.add_argument("--loops", nargs="+", choices=["asyncio", "uvloop"],
+                    help="compare the reader on these event loops (alternating by round) instead of asyncio's alone")
     args = ap.parse_args()
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,9 +144,13 @@ def main() -> None:
         server.start()
         try:
             port = ports.get(timeout=30)
-            results = {f"gap {g:g}ms": asyncio.run(measure(port, args.events, g / 1000,
-                                                           [w / 1000 for w in args.wait_ms], args.rounds))
-                       for g in args.gap_ms}
+            waits = [w / 1000 for w in args.wait_ms]
+            if args.loops:
+                results = {f"gap {g:g}ms": by_loop(port, args.events, g / 1000, waits, args.rounds, args.loops)
+                           for g in args.gap_ms}
+            else:
+                results = {f"gap {g:g}ms": asyncio.run(measure(port, args.events, g / 1000, waits, args.rounds))
+                           for g in args.gap_ms}
         finally:
             server.terminate()
             server.join(10)

@@ -50,7 +50,7 @@ def test_histograms_and_counters_have_expected_names_and_labels(metrics: Metrics
         pass
     metrics.match_outcomes.labels(outcome="reserved").inc()
     metrics.allocations.inc(2)
-    metrics.releases.labels(kind="partial").inc()
+    metrics.release("partial")
     metrics.foreign_allocations.inc()
     metrics.observe_sync_lag("node", event_time=100.0, now=100.5)
     metrics.reconcile_error("pod")
@@ -222,3 +222,14 @@ def test_gc_pauses_are_counted_by_generation(metrics: Metrics) -> None:
         assert metrics.gc_total() == pytest.approx(got[("fluxnetes_gc_seconds_total", (("generation", "2"),))])
     finally:
         gc.callbacks.remove(metrics._on_gc)
+
+
+def test_json_logs_with_a_value_orjson_cannot_write() -> None:
+    stream = io.StringIO()
+    handler = configure_logging("INFO", "json", stream)
+    try:
+        logging.getLogger("fluxnetes.test").info("big", extra={"n": 2**70, "word": "Grüße"})
+    finally:
+        logging.getLogger().removeHandler(handler)
+    line = json.loads(stream.getvalue())
+    assert line["n"] == 2**70 and line["word"] == "Grüße" and line["msg"] == "big"

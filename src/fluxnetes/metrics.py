@@ -88,8 +88,11 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        # children looked up once: .labels() takes a lock and builds a key each call, and these
+        # are set on every queue change / counted on every collection (per pod, under load)
+        self._queue_by_state: dict[str, Gauge] = {}
         for state in QUEUE_STATES:
-            self.queue_jobs.labels(state=state).set(0)
+            self._queue_child(state).set(0)
         self.cycle_seconds = Histogram(
             "fluxnetes_scheduling_cycle_duration_seconds",
             "Wall time of one scheduling cycle (load queue, match, persist decisions).",
@@ -174,13 +177,30 @@ class Metrics:
             registry=r,
         )
         self._gc_started: float | None = None
+        self._gc_by_generation: dict[int, Counter] = {}  # one child per generation (every collection)
+        self._releases_by_kind: dict[str, Counter] = {}
 
     # -- convenience ---------------------------------------------------------------------------
 
     def set_queue_lengths(self, counts: Mapping[str, int]) -> None:
         """Set the queue gauge from a {state: count} map; states absent from it become 0."""
-        for state in set(QUEUE_STATES) | set(counts):
-            self.queue_jobs.labels(state=state).set(counts.get(state, 0))
+        for state in QUEUE_STATES:
+            self._queue_child(state).set(counts.get(state, 0))
+        for state in counts.keys() - self._queue_by_state.keys():
+            self._queue_child(state).set(counts[state])
+
+    def _queue_child(self, state: str) -> Gauge:
+        child = self._queue_by_state.get(state)
+        if child is None:
+            child = self._queue_by_state[state] = self.queue_jobs.labels(state=state)
+        return child
+
+    def release(self, kind: str) -> None:
+        """A group gave back part (``partial``) or all (``full``) of what it held."""
+        child = self._releases_by_kind.get(kind)
+        if child is None:
+            child = self._releases_by_kind[kind] = self.releases.labels(kind=kind)
+        child.inc()
 
     def track_gc(self) -> None:
         """Count the collector's pauses into ``gc_seconds`` (a full collection walks every
@@ -199,8 +219,12 @@ class Metrics:
         if phase == "start":
             self._gc_started = time.perf_counter()
         elif self._gc_started is not None:
-            self.gc_seconds.labels(generation=str(info.get("generation", ""))).inc(
-                time.perf_counter() - self._gc_started)
+            gen = info.get("generation", -1)
+            child = self._gc_by_generation.get(gen)
+            if child is None:
+                child = self._gc_by_generation[gen] = self.gc_seconds.labels(
+                    generation=str(gen) if gen >= 0 else "")
+            child.inc(time.perf_counter() - self._gc_started)
             self._gc_started = None
 
     @contextmanager

@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         fluxjobs: Annotated[str, typer.Option(help="which groups get a FluxJob: all, or waiting: only a group that waited longer than --status-interval (or ended otherwise than Completed); one that starts at once is shown by its workload and its pods' Events (two API writes fewer per group)")] = "all",
         status_interval: Annotated[float, typer.Option(help="seconds between a FluxJob's first change and its status write; later changes ride along (one write per burst of transitions; 0 = at once)")] = 1.0,
         owner_cluster_role: Annotated[str, typer.Option(help="ClusterRole of the installation (the chart's, `fluxnetes` for dist/fluxnetes.yaml) that owns the webhook configurations and leader Lease the operator creates, so that uninstalling removes them; read at start-up, needs `get` on it. '' or a missing/unreadable ClusterRole: no owner (logged), they stay until deleted by hand")] = "fluxnetes",
+        event_loop: Annotated[str | None, typer.Option(help="the operator's event loop: auto (uvloop when installed, else asyncio's), uvloop (fail if it is missing) or asyncio (the opt-out) (default: $FLUXNETES_EVENT_LOOP, else auto)")] = None,
         log_level: Annotated[str, typer.Option(help="log level")] = "INFO",
         log_format: Annotated[str | None, typer.Option(help="json or text (default: $FLUXNETES_LOG_FORMAT, else json unless stderr is a terminal)")] = None,
         metrics_port: Annotated[int | None, typer.Option(help="serve /metrics, /healthz, /readyz on this port (default: $FLUXNETES_METRICS_PORT; 0 = off)")] = None,
@@ -161,6 +162,13 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be > 0", param_hint="--preemption-grace-seconds")
         if leader_identity is not None and not leader_identity.strip():
             raise typer.BadParameter("must not be empty", param_hint="--leader-identity")
+        from fluxnetes.k8s.event_loop import EventLoopError, loop_factory, resolve_choice
+
+        try:
+            loop_choice = resolve_choice(event_loop)
+            loop_factory(loop_choice)  # uvloop asked for but missing: said here, before any work
+        except EventLoopError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--event-loop") from None
         named = {"identity": leader_identity.strip()} if leader_identity is not None else {}
         main(OperatorConfig(
             **named,  # type: ignore[arg-type]
@@ -178,5 +186,5 @@ def register(app: typer.Typer) -> None:
             on_node_lost=on_node_lost, job_mode=job_mode, metrics_port=metrics_port or None,
             admit_template_pods=admit_template_pods, coalesce_seconds=coalesce, event_rate=event_rate,
             status_interval=status_interval, fluxjobs=fluxjobs, placement=placement,
-            owner_cluster_role=owner_cluster_role.strip() or None,
+            owner_cluster_role=owner_cluster_role.strip() or None, event_loop=loop_choice,
         ))

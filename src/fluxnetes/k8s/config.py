@@ -64,6 +64,8 @@ class OperatorConfig:
     # and its pods' Events and gets none (persistence/status.py needs_fluxjob: each FluxJob
     # costs the API server a create and a status write, about 10 ms of its CPU)
     fluxjobs: str = "all"
+    # the process's event loop: auto (uvloop if installed), uvloop or asyncio (k8s/event_loop.py)
+    event_loop: str = "auto"
     # /metrics, /healthz, /readyz on this port (None or 0: not served)
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"

@@ -482,10 +482,15 @@ def main(config: OperatorConfig) -> None:
                 signal.signal(sig, on_signal)
         await operator.run(stop)
 
+    from fluxnetes.k8s.event_loop import loop_factory
     from fluxnetes.store import StoreConfigError, StoreUnavailable
 
+    factory, loop_name = loop_factory(config.event_loop)
+    log.info("event loop: %s (--event-loop %s)", loop_name, config.event_loop)
     try:
-        asyncio.run(_run())
+        # asyncio.Runner, not asyncio.run: Python 3.11's run() takes no loop factory
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(_run())
     except (StoreUnavailable, StoreConfigError) as exc:
         log.error("store: %s", exc)  # the message names the database (password hidden)
         raise SystemExit(2) from None

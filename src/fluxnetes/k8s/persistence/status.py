@@ -141,7 +141,7 @@ class StatusWriter:
             self._ctx.wake()
             self._counts_dirty = True
             if changed and before == Phase.RUNNING:
-                METRICS.releases.labels(kind="full").inc()  # the group gave everything back
+                METRICS.release("full")  # the group gave everything back
             if changed:
                 with log_context(job=g.qid, group=g.spec.name, namespace=g.spec.namespace):
                     log.info("%s: %s -> %s: %s", g.qid, before, phase, reason,

@@ -239,7 +239,7 @@ class Allocation:
         if not g.held:
             self.release_all(g)
         elif not part.empty:
-            METRICS.releases.labels(kind="partial").inc()
+            METRICS.release("partial")
             try:
                 self._side.cluster.matcher.partial_cancel(g.jobid, shares.to_match([part]))
             except Exception as exc:
