@@ -109,6 +109,44 @@ def test_the_kept_count_equals_the_profiles_answer() -> None:
     assert fresh.free_now(7) == 0
 
 
+def test_candidates_past_the_reservation_needing_more_than_its_extra_are_not_asked() -> None:
+    """A backfill candidate whose window reaches the head's reserved start and that needs
+    more cores than are free there cannot fit: one question about that instant answers it
+    for every such candidate, without asking the profile about its whole window."""
+    sched = Scheduler(FakeMatcher(8), QueuePolicy("easy", queue_depth=None,
+                                                 reservation_style="counted"),
+                      capacity_cores=8)
+    sched.cycle([job("A", 4, 100, submit=0), job("B", 2, 300, submit=0)], now=0, ordered=True)
+    profile = sched.profile
+    assert profile is not None
+    windows: list[int] = []
+    instants: list[int] = []
+    plain_fits, plain_avail = profile.fits_now, profile.avail_during
+
+    def fits_now(now: int, duration: int, cores: int) -> bool:
+        windows.append(duration)
+        return plain_fits(now, duration, cores)
+
+    def avail_during(now: int, duration: int) -> int:
+        if duration == 1:
+            instants.append(now)
+        return plain_avail(now, duration)
+
+    profile.fits_now = fits_now  # type: ignore[method-assign]
+    profile.avail_during = avail_during  # type: ignore[method-assign]
+    # 2 cores free at t=1. H (5 cores) is reserved at 100, when 6 are free: 1 extra.
+    # L1, L2 (2 cores) would still run at 100: they cannot fit. S1 (1 core, 500 s) fits in the
+    # extra, L3 no longer fits now, S2 ends before 100
+    queue = [job("H", 5, 50), job("L1", 2, 200), job("L2", 2, 150), job("S1", 1, 500),
+             job("L3", 2, 50), job("S2", 1, 50)]
+    result = sched.cycle(queue, now=1, ordered=True)
+    assert [(j.id, r.at) for j, r in result.reserved] == [("H", 100)]
+    assert [j.id for j, _ in result.started] == ["S1", "S2"]
+    assert [j.id for j in result.blocked] == ["L1", "L2", "L3"]
+    assert windows == [500, 50]  # S1 and S2 only
+    assert instants == [1, 100]  # free now (once), free at the reserved start (once)
+
+
 @pytest.mark.parametrize(("start", "stop", "free", "capacity", "expected"), [
     (0, 6, 1, 4, 3),  # [3, 2, 4 | 1, ...]: the first job that fits
     (0, 6, 2, 4, 1),  # 2 fits

@@ -186,6 +186,14 @@ def _walk(
     # again only after a removal. A job needing more cannot fit now (the profile's fits_now
     # is never more generous than this root count)
     free_now: int | None = None
+    # the start of the last reservation this walk holds (after `now`) and, once asked, the
+    # cores free at that instant: a backfill candidate whose window reaches that instant
+    # and that needs more cannot fit (EASY's "ends after the shadow time and needs more
+    # than the extra cores"), without asking the profile about its whole window. The
+    # walk's starts and reservations only lower what is free there, so the count stays an
+    # upper bound until a span is removed
+    shadow: int | None = None
+    extra: int | None = None
     backfill = profile is not None and policy.name != "fcfs"  # (fcfs stops at a BUSY job)
     # indexed, so that a run of jobs too big for what is free now is passed in one step
     queue = jobs if isinstance(jobs, list) else list(jobs)
@@ -235,6 +243,7 @@ def _walk(
                                                   _reserved_key(job.id)):
                 # no placement can start earlier than the one it holds: keep it
                 result.reserved.append((job, old))
+                shadow, extra = int(old.at), None
                 walk.reservations += 1
                 walk.order.append(job.id)
                 continue
@@ -243,7 +252,7 @@ def _walk(
                 result.matcher_calls += 1
             if profile is not None:
                 profile.remove(_reserved_key(job.id))
-                free_now = None
+                free_now = extra = None
         if backfill and free_now is None:  # (fcfs asks fits_now of its head only)
             assert profile is not None
             free_now = profile.avail_during(now, 1)
@@ -267,6 +276,12 @@ def _walk(
             result.blocked.extend(rest)
             walk.order.extend(j.id for j in rest)
             return
+        beyond = False  # (a backfill candidate needing more than is free at `shadow`)
+        if not reserve and shadow is not None and profile is not None and cores > 0 \
+                and (duration <= 0 or now + duration > shadow):
+            if extra is None:
+                extra = profile.avail_during(shadow, 1)
+            beyond = cores > extra
         answer: Any = None
         status = "BUSY"
         if reserve and counted and profile is not None:
@@ -302,6 +317,7 @@ def _walk(
             profile is None
             or (
                 (cores <= 0 or free_now is None or cores <= free_now)
+                and not beyond
                 and profile.fits_now(now, duration, cores)
             )
         ) and not (hints is not None and hints.known_busy(job, result)):
@@ -320,7 +336,7 @@ def _walk(
                 if free_now is not None and job.id not in profile:
                     free_now -= held
                 else:
-                    free_now = None
+                    free_now = extra = None  # (a span of that key removed first)
                 # (shares only for per-node calendars: a copy of every node held otherwise)
                 profile.add(job.id, now, duration, held,
                             shares_of(answer) if profile.per_node else (), running=True)
@@ -335,6 +351,9 @@ def _walk(
                 if int(answer.at) <= now or key in profile:
                     free_now = None  # (one from a later time leaves `now` as it was)
                 profile.add(key, int(answer.at), duration, held, shares_of(answer))
+                extra = None
+                if int(answer.at) > now:
+                    shadow = int(answer.at)
             continue
         if status == "UNSATISFIABLE":
             result.unsatisfiable.append((job, str(getattr(answer, "reason", "") or "unsatisfiable")))
