@@ -108,7 +108,7 @@ def run_worker(tree: str, task: dict[str, Any], native: bool) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", required=True, help="the source tree to compare with")
+    parser.add_argument("--before", help="the source tree to compare with (required)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--synthetic", type=lambda t: [int(x) for x in t.split(",") if x],
                         default=[20_000, 100_000])
@@ -121,6 +121,8 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
+    if not args.before:
+        parser.error("--before: the source tree to compare with is required")
     trees = {"before": args.before, "after": str(ROOT)}
     cases = ["kth"] + [f"synthetic_{n}" for n in args.synthetic]
     load_start = os.getloadavg()
