@@ -9,7 +9,7 @@ between cycles (kept reservations, parking hints: ``hints.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +153,17 @@ class _Unsatisfiable:
     reason: str
 
 
+def too_big_run(queue: Sequence[QueuedJob], i: int, stop: int, free: int, capacity: int) -> int:
+    """The first position from ``i`` (before ``stop``) of a job that needs at most ``free``
+    cores, or more than ``capacity`` (the walk rejects those); ``stop`` if none."""
+    while i < stop:
+        cores = queue[i].cores
+        if cores <= free or cores > capacity:
+            return i
+        i += 1
+    return stop
+
+
 def _walk(
     jobs: Iterable[QueuedJob],
     matcher: MatcherLike,
@@ -170,17 +181,31 @@ def _walk(
     ``hints``: answers known without the matcher (parked jobs, shapes already BUSY)."""
     limit = policy.reservations
     counted = policy.reservation_style == "counted"
-    # cores free at `now` in the profile, asked once per change of the profile in this walk
-    # instead of once or twice per job: a job needing more cannot fit now (the profile's
-    # fits_now is never more generous than this root count)
+    # cores free at `now` in the profile: asked once per walk, then kept in step with what
+    # the walk adds (a start at `now` takes its cores, a later reservation none) and asked
+    # again only after a removal. A job needing more cannot fit now (the profile's fits_now
+    # is never more generous than this root count)
     free_now: int | None = None
+    # the start of the last reservation this walk holds (after `now`) and, once asked, the
+    # cores free at that instant: a backfill candidate whose window reaches that instant
+    # and that needs more cannot fit (EASY's "ends after the shadow time and needs more
+    # than the extra cores"), without asking the profile about its whole window. The
+    # walk's starts and reservations only lower what is free there, so the count stays an
+    # upper bound until a span is removed
+    shadow: int | None = None
+    extra: int | None = None
     backfill = profile is not None and policy.name != "fcfs"  # (fcfs stops at a BUSY job)
-    jobs_iter: Iterator[QueuedJob] = iter(jobs)
+    # indexed, so that a run of jobs too big for what is free now is passed in one step
+    queue = jobs if isinstance(jobs, list) else list(jobs)
+    n = len(queue)
+    i = 0
     # (read once: the loop below runs for every waiting job of every cycle)
     depth = policy.queue_depth
     capacity = profile.capacity if profile is not None else None
     blocked = result.blocked
-    for job in jobs_iter:
+    while i < n:
+        job = queue[i]
+        i += 1
         if walk.stopped:
             return
         if depth is not None and walk.considered >= depth:
@@ -195,11 +220,20 @@ def _walk(
             continue
         reserve = limit is None or walk.reservations < limit
         if not reserve and not keep and hints is None and backfill and free_now is not None \
-                and 0 < free_now < cores:
+                and capacity is not None and 0 < free_now < cores:
             # a backfill candidate that needs more cores than are free now: BUSY without
-            # a matcher call (what the rest of this loop decides for it, in short)
-            blocked.append(job)
-            walk.order.append(job.id)
+            # a matcher call (what the rest of this loop decides for it, in short). So are
+            # the jobs right behind it that need more too: nothing this loop reads for them
+            # changes in between (no reservation, no profile change), so they are passed
+            # together (most waiting jobs take this exit: bench/results/sim_walk_s39.json)
+            stop = n if depth is None else min(n, i + depth - walk.considered)
+            j = too_big_run(queue, i, stop, free_now, capacity)
+            run = queue[i - 1:j]
+            blocked.extend(run)
+            walk.order.extend([jb.id for jb in run])
+            walk.considered += j - i
+            result.considered += j - i
+            i = j
             continue
         duration = job_duration(job)
         old = keep.pop(job.id, None) if keep else None
@@ -209,6 +243,7 @@ def _walk(
                                                   _reserved_key(job.id)):
                 # no placement can start earlier than the one it holds: keep it
                 result.reserved.append((job, old))
+                shadow, extra = int(old.at), None
                 walk.reservations += 1
                 walk.order.append(job.id)
                 continue
@@ -217,7 +252,7 @@ def _walk(
                 result.matcher_calls += 1
             if profile is not None:
                 profile.remove(_reserved_key(job.id))
-                free_now = None
+                free_now = extra = None
         if backfill and free_now is None:  # (fcfs asks fits_now of its head only)
             assert profile is not None
             free_now = profile.avail_during(now, 1)
@@ -233,7 +268,7 @@ def _walk(
             # (up to the depth) would get BUSY from plain allocate; skip the calls
             walk.considered -= 1
             result.considered -= 1
-            rest = [job, *jobs_iter]
+            rest = queue[i - 1:]
             if policy.queue_depth is not None:
                 rest = rest[: policy.queue_depth - walk.considered]
             walk.considered += len(rest)
@@ -241,6 +276,12 @@ def _walk(
             result.blocked.extend(rest)
             walk.order.extend(j.id for j in rest)
             return
+        beyond = False  # (a backfill candidate needing more than is free at `shadow`)
+        if not reserve and shadow is not None and profile is not None and cores > 0 \
+                and (duration <= 0 or now + duration > shadow):
+            if extra is None:
+                extra = profile.avail_during(shadow, 1)
+            beyond = cores > extra
         answer: Any = None
         status = "BUSY"
         if reserve and counted and profile is not None:
@@ -276,6 +317,7 @@ def _walk(
             profile is None
             or (
                 (cores <= 0 or free_now is None or cores <= free_now)
+                and not beyond
                 and profile.fits_now(now, duration, cores)
             )
         ) and not (hints is not None and hints.known_busy(job, result)):
@@ -288,10 +330,16 @@ def _walk(
         if status == "ALLOCATED":
             result.started.append((job, answer))
             if profile is not None:
+                held = cores_of(answer)
+                # a new span from `now` on (at least one second, or until removed): the
+                # cores free at `now` drop by exactly what it holds
+                if free_now is not None and job.id not in profile:
+                    free_now -= held
+                else:
+                    free_now = extra = None  # (a span of that key removed first)
                 # (shares only for per-node calendars: a copy of every node held otherwise)
-                profile.add(job.id, now, duration, cores_of(answer),
+                profile.add(job.id, now, duration, held,
                             shares_of(answer) if profile.per_node else (), running=True)
-                free_now = None
             continue
         if status == "RESERVED":
             result.reserved.append((job, answer))
@@ -299,9 +347,13 @@ def _walk(
             walk.order.append(job.id)
             if profile is not None:
                 held = answer.cores if isinstance(answer, CountedReservation) else cores_of(answer)
-                profile.add(_reserved_key(job.id), int(answer.at), duration, held,
-                            shares_of(answer))
-                free_now = None
+                key = _reserved_key(job.id)
+                if int(answer.at) <= now or key in profile:
+                    free_now = None  # (one from a later time leaves `now` as it was)
+                profile.add(key, int(answer.at), duration, held, shares_of(answer))
+                extra = None
+                if int(answer.at) > now:
+                    shadow = int(answer.at)
             continue
         if status == "UNSATISFIABLE":
             result.unsatisfiable.append((job, str(getattr(answer, "reason", "") or "unsatisfiable")))
