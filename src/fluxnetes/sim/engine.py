@@ -9,6 +9,7 @@ job at its time limit), so running jobs never outlive what the matcher planned.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -132,6 +133,34 @@ def simulate(
     then (for a progress bar). Jobs that can never start (the queue cannot even reserve them)
     are reported in ``SimRun.never_started`` instead of looping forever.
     """
+    # The run keeps every job's records alive to the end (outcomes, heaps, samples) and makes
+    # almost no reference cycles (full KTH-SP2: 5,210 objects in cycles under fcfs, 23 under
+    # easy, 31 under conservative), so the cyclic collector's passes over the growing live
+    # set find next to nothing and cost 15-20 % of a compiled run: it is paused for the run
+    # (reference counting still frees everything else at once) and resumed as it was.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(jobs, scheduler, jobspec_for, total_cores=total_cores,
+                    min_cores_for=min_cores_for, observer=observer, progress=progress,
+                    reorder=reorder)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run(
+    jobs: Sequence[SimJob],
+    scheduler: Scheduler,
+    jobspec_for: Callable[[SimJob], Any],
+    *,
+    total_cores: int,
+    min_cores_for: Callable[[SimJob], int] | None,
+    observer: SimObserver | None,
+    progress: Callable[[int], None] | None,
+    reorder: Callable[[int, list[SimJob]], Sequence[int]] | None,
+) -> SimRun:
+    """``simulate``'s body (the collector paused around it)."""
     # the queue (and the matcher behind it) is imported here, not at module level: the
     # count oracle shares this module's types and never needs them
     from fluxnetes.queue import QueuedJob
