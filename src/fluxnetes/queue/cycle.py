@@ -25,11 +25,13 @@ from fluxnetes.queue.hints import (
 from fluxnetes.queue.job import QueuedJob, queue_order
 from fluxnetes.queue.policy import QueuePolicy
 from fluxnetes.queue.profile import CoreProfile
-from fluxnetes.queue.protocol import MatcherLike, cores_of, shares_of
+from fluxnetes.queue.protocol import MatcherLike, cores_of, shares_of, status_name
 from fluxnetes.queue.walk import (
     CountedReservation,
     CycleResult,
     _reserved_key,
+    _satisfiable,
+    _shape_key,
     _Walk,
     _walk,
     job_duration,
@@ -162,6 +164,14 @@ class Scheduler:
         self.incremental = incremental
         self.parking = parking
         self.profile = CoreProfile(capacity_cores, node_cores) if capacity_cores else None
+        # running jobs `start_from_head` started whose windows are not in the profile yet:
+        # job id -> (start, duration, cores). fcfs reads nothing of the profile but the count
+        # at `now`, which its caller keeps, so the windows are written when something reads
+        # the profile (`_plan_started`: a cycle, free_now, expire) or dropped unread
+        self._unplanned: dict[str, tuple[int, int, int]] = {}
+        # (job id, cores free) where the last `start_from_head` stopped (None: it reached the
+        # end of the queue)
+        self._stuck: tuple[str, int] | None = None
         self.running: dict[str, _Running] = {}
         self.reservations: dict[str, Any] = {}
         self._reset = True  # next cycle must cancel everything first
@@ -329,6 +339,8 @@ class Scheduler:
             jobs = list(pending) if ordered else queue_order(list(pending))
         order = jobs if waiting else [job for job in jobs if job.id not in self.running]
         self.cycles += 1
+        if self._unplanned:
+            self._plan_started()
         if self.parking and self._policy.reservation_style == "pinned":
             return self._pinned_cycle(order, now)
         prefix = self._prefix(order)
@@ -428,6 +440,94 @@ class Scheduler:
         self._record(result)
         return result
 
+    def start_from_head(
+        self, queue: Sequence[QueuedJob], now: int, free: int
+    ) -> tuple[list[tuple[QueuedJob, Any]], list[tuple[QueuedJob, str]]]:
+        """fcfs, counted reservations, a static queue order: the decisions of
+        ``cycle(queue, now, ordered=True, waiting=True)`` in one loop, without the walk's
+        layers (``_walk``, ``CycleResult``, the incremental bookkeeping). The simulator's
+        fcfs path; the operator calls ``cycle``.
+
+        ``queue``: the waiting jobs in queue order; ``free``: the cores free at ``now`` in the
+        core profile, as the caller keeps them (``free_now`` tells it once; starts take,
+        expired windows and releases give back). fcfs holds no reservation, so every span in
+        the profile starts at or before ``now``, and a job fits over its whole window iff
+        it fits at ``now``: ``free`` answers ``fits_now`` without the profile.
+
+        Jobs from the head start while the matcher places them; the first that cannot start
+        stops the pass, after the satisfiability check ``cycle`` makes (once per job and
+        request shape: a job that can never run is rejected and the pass goes on). Returns
+        (started with their allocations, rejected with the reason): together the first
+        jobs of ``queue``, in order. Rejected jobs stay known to the scheduler until
+        ``withdraw``, as after ``cycle``."""
+        profile = self.profile
+        policy = self._policy
+        if policy.name != "fcfs" or policy.reservation_style != "counted" or profile is None \
+                or self.reservations:
+            raise ValueError("Scheduler.start_from_head: only for fcfs with counted "
+                             f"reservations and none held (policy {policy.name}, "
+                             f"{policy.reservation_style}, {len(self.reservations)} held)")
+        started: list[tuple[QueuedJob, Any]] = []
+        rejected: list[tuple[QueuedJob, str]] = []
+        self.cycles += 1
+        stuck = self._stuck
+        if stuck is not None and queue and stuck[0] == queue[0].id and free <= stuck[1] \
+                and not self._released and not self._reset:
+            # the head stopped the last pass, and since then nothing came back (no release,
+            # no window ended: the count did not rise; the graph is the same): the matcher
+            # would answer BUSY again (`cycle` skips it the same way: its incremental walk)
+            return started, rejected
+        matcher = self.matcher
+        running = self.running
+        capacity = profile.capacity
+        depth = policy.queue_depth
+        sat = self._satisfiable
+        unplanned = self._unplanned
+        calls = 0
+        self._stuck = None
+        for job in queue if depth is None else islice(queue, depth):
+            cores = job.cores
+            if cores > capacity:
+                rejected.append((job, f"needs {cores} cores; the whole graph has {capacity}"))
+                continue
+            answer: Any = None
+            status = "BUSY"
+            if cores <= free:
+                answer = matcher.allocate(job.jobspec, now=now)
+                calls += 1
+                status = status_name(answer)
+            if status == "ALLOCATED":
+                held = cores_of(answer)
+                running[job.id] = _Running(answer, held)
+                unplanned[job.id] = (now, job_duration(job), held)  # (see _unplanned)
+                free -= held
+                started.append((job, answer))
+                continue
+            if status == "UNSATISFIABLE":
+                rejected.append((job, str(getattr(answer, "reason", "") or "unsatisfiable")))
+                continue
+            # BUSY: plain allocate says so even for a request that can never fit, so ask once
+            # per job and shape (as the walk does) before it blocks the queue
+            if job.id not in sat:
+                shape = _shape_key(job)
+                if shape not in sat:
+                    ok, reason = _satisfiable(matcher, job)
+                    calls += 1
+                    if not ok:
+                        rejected.append((job, reason))
+                        continue
+                sat.add(shape)
+                sat.add(job.id)
+            self._stuck = (job.id, free)
+            break
+        self.matcher_calls += calls
+        self._released = False
+        self._reset = False
+        # no walk is remembered: a later `cycle` walks the whole queue (and its planned-end
+        # heap, which this pass does not feed, is only read for an incremental one)
+        self._walk = None
+        return started, rejected
+
     # ------------------------------------------------------------------ parking (pinned)
     def _shape(self, job: QueuedJob) -> tuple[Hashable, int]:
         """(what a match of the job depends on, cores of its smallest slot), cached while
@@ -509,7 +609,21 @@ class Scheduler:
     def free_now(self, now: int) -> int | None:
         """Cores free at ``now`` in the core profile (running jobs at their planned end count
         as free; None: no profile)."""
-        return None if self.profile is None else self.profile.avail_during(now, 1)
+        if self.profile is None:
+            return None
+        if self._unplanned:
+            self._plan_started()
+        return self.profile.avail_during(now, 1)
+
+    def _plan_started(self) -> None:
+        """Write the windows of the jobs ``start_from_head`` started into the core profile
+        (as the walk writes a start's: ``running``, no shares without per-node calendars)."""
+        profile = self.profile
+        assert profile is not None
+        for job_id, (start, duration, cores) in self._unplanned.items():
+            shares = shares_of(self.running[job_id].result) if profile.per_node else ()
+            profile.add(job_id, start, duration, cores, shares, running=True)
+        self._unplanned.clear()
 
     def _crossed(self, now: int) -> bool:
         """Did time pass a point where the matcher's state changes by itself (a running
@@ -624,6 +738,7 @@ class Scheduler:
         know it. ``duration`` 0 = until released."""
         self.running[job_id] = _Running(allocation, cores_of(allocation))
         self._count(job_id, allocation)
+        self._unplanned.pop(job_id, None)  # (its window is the one given here)
         if self.profile is not None:
             self.profile.add(job_id, int(allocation.at), duration or int(allocation.duration),
                              cores_of(allocation), shares_of(allocation), running=True)
@@ -638,13 +753,15 @@ class Scheduler:
         if not running.expired:
             self.matcher.cancel(running.result.jobid)
             self.matcher_calls += 1
-        if self.profile is not None:
+        if self.profile is not None and (not self._unplanned
+                                         or self._unplanned.pop(job_id, None) is None):
             self.profile.remove(job_id)
         if job_id in self._counted:  # (pinned: its nodes are freed, parked jobs may wake)
             self.freed(self._uncount(job_id) or None)
-        else:  # (not pinned: nothing counted per node, so no node list to build)
+        else:  # (not pinned: nothing counted per node, so no node list to build: freed())
             self._finite.discard(job_id)
-            self.freed()
+            self._released = True
+            self._freed = None
         return True
 
     def expire(self, job_id: str) -> bool:
@@ -662,6 +779,8 @@ class Scheduler:
         self.matcher.cancel(running.result.jobid)
         self.matcher_calls += 1
         profile = self.profile
+        if profile is not None and profile.per_node and self._unplanned:
+            self._plan_started()
         # with per-node calendars: keep its window there, but no longer count its cores as
         # held now on its nodes (re-added without `running`). Without them the profile holds
         # the root span only, and re-adding the same span would change nothing
@@ -682,7 +801,7 @@ class Scheduler:
         for share in release:  # NodeShares: the job's counts shrink by what went back
             self.released_part(job_id, str(share.name), int(share.cores))
         full = bool(getattr(answer, "full_removal", answer))
-        if self.profile is not None:
+        if self.profile is not None and self._unplanned.pop(job_id, None) is None:
             self.profile.remove(job_id)
         if full:
             self.running.pop(job_id, None)
