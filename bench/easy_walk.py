@@ -10,7 +10,7 @@ is the CPU seconds of ``run_policy`` (time.process_time). Both trees must give t
 start times (digest). ``--count``: one more pure run per tree and case that counts what the
 walk looked at and asked the core profile (counts, not times: the same on a busy machine).
 
-    .venv/bin/python bench/easy_walk.py --before /work/main [--rounds 2]
+    .venv/bin/python bench/easy_walk.py --before ../main-checkout [--rounds 2]
         [--synthetic 20000,100000] [--native-only-synthetic] [--count] [--out FILE]
 
 Writes bench/results/sim_walk_s39.json by default (parameters, machine load per run).

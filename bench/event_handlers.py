@@ -14,7 +14,7 @@ handlers are measured (not the watch reading, the cycle or the writes). Each ``-
 its own process (PYTHONPATH), alternating ``--rounds`` times, so an earlier checkout and this
 one are compared in one run.
 
-    .venv/bin/python bench/event_handlers.py --src /work/main/src --src src --jobs 2000
+    .venv/bin/python bench/event_handlers.py --src ../main-checkout/src --src src --jobs 2000
 """
 
 from __future__ import annotations

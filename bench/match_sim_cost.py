@@ -17,13 +17,13 @@ mean and median microseconds per call, and the mean per quarter of the run (flat
 cost does not grow as the run goes on). The figure that matters for the simulator is
 ``alloc_plus_cancel_us``: mean allocate + mean cancel, per job.
 
-``--before TREE`` runs a second source tree (e.g. /work/main) in the same run, alternating
+``--before TREE`` runs a second source tree (e.g. a git worktree of main) in the same run, alternating
 with this one per round (order flipped every round), so both see the same machine load.
 ``--native`` activates the mypyc build of each tree (``FLUXNETES_NATIVE=1``: the tree
 must have one built; see ``python -m fluxnetes.native build``).
 
     python bench/match_sim_cost.py [--nodes 100 --nodes 1152 --nodes 4096] [--jobs 4000]
-        [--policy first ...] [--rounds 3] [--before /work/main] [--native] [--out FILE]
+        [--policy first ...] [--rounds 3] [--before TREE] [--native] [--out FILE]
 
 Writes bench/results/match_sim_cost.json (parameters, figures per tree, machine load).
 """
