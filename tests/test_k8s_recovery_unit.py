@@ -579,3 +579,44 @@ def test_replicaset_scaled_down_without_fluxjob_comes_back_exactly_from_pods_and
         await c2.stop()
 
     asyncio.run(main())
+
+
+def test_a_label_group_whose_pods_are_gone_is_not_matched_again_when_its_nodes_are_gone() -> None:
+    """The chaos soak's leak (chaos-b/group-29): a label group (bare pods, no workload) ran on
+    two nodes; one node was deleted, the group failed and its pods went; the Failed status
+    write was lost with an API server restart (the leader stepped down). The next leader read
+    its FluxJob as Running on a node that is gone, with no pod left: it matched the group
+    again and held 4 cores on a node for good (no pod would ever come). A label group with
+    no pod left after a restart is over, as when its nodes are still there; with its pods
+    still waiting (gated) it is matched again."""
+    labels = {names.LABEL_GROUP: "g29", names.LABEL_GROUP_SIZE: "2"}
+
+    def fj() -> dict[str, Any]:
+        return {"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob",
+                "metadata": {"name": "g29", "namespace": "ns", "uid": "uid-g29",
+                             "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"size": 2, "duration": 0, "priority": 0, "request": {"cpu": 2000}},
+                "status": {"phase": "Running", "jobid": 7, "nodes": ["n1", "gone"],
+                           "shares": [{"node": "n1", "cores": 2, "gpus": 0, "memory": 0},
+                                      {"node": "gone", "cores": 2, "gpus": 0, "memory": 0}],
+                           "startTime": "2026-01-01T00:00:00Z"}}
+
+    async def main() -> None:
+        c = restart(Kube(), [], [fj()], [])
+        await settle(c)
+        g = c.groups[("ns", "g29")]
+        assert g.phase.final and g.phase != Phase.COMPLETED, (g.phase, g.reason)
+        assert "gone" in g.reason, g.reason
+        assert used(c) == {} and not g.held and c.cluster.scheduler.running == {}
+        c.cluster.matcher.check_invariants()
+        # its pods still there, gated (never placed): matched again, as before
+        waiting = [pod(f"g29-{i}", labels=labels) for i in range(2)]
+        kube = Kube()
+        kube.pods = waiting
+        c2 = restart(kube, [], [fj()], waiting)
+        await settle(c2)
+        g2 = c2.groups[("ns", "g29")]
+        assert g2.phase == Phase.RUNNING and "matched again" in g2.reason, (g2.phase, g2.reason)
+        assert sum(used(c2).values()) == 4 and "gone" not in used(c2)
+
+    asyncio.run(main())

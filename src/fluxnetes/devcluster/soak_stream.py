@@ -4,7 +4,6 @@ the end (finished, explicitly failed with a reason, or lost)."""
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 import urllib.error
@@ -198,11 +197,16 @@ class Stream:
                 continue
             if w.kind == "deploy" and w.scales:  # not finished before its last size runs
                 if now - w.running_since >= w.run_seconds / 2:
+                    try:
+                        self.call("PATCH", f"/apis/apps/v1/namespaces/{w.namespace}/deployments/{w.name}",
+                                  {"spec": {"replicas": w.scales[0]}}, patch=True, patience=5)
+                    except (urllib.error.URLError, OSError):
+                        # the API server is away: scaled on a later pass. (Was: the new size was
+                        # taken before the PATCH and its failure ignored, so the soak waited for
+                        # replicas nobody asked for and judged the Deployment lost.)
+                        continue
                     w.size = w.scales.pop(0)
                     w.running_since = None
-                    with contextlib.suppress(urllib.error.URLError, OSError):
-                        self.call("PATCH", f"/apis/apps/v1/namespaces/{w.namespace}/deployments/{w.name}",
-                                  {"spec": {"replicas": w.size}}, patch=True, patience=5)
                 continue
             if w.finished is None:
                 w.finished = now

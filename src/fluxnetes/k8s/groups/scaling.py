@@ -371,6 +371,9 @@ class Scaling:
         # pods that arrived before the new replica count was seen wait in a running group
         # without a slot: they belong to the new group
         self.take_strays(base, g)
+        # logged (not only an Event): a scale-up that never ran is traced from the log alone
+        log.info("%s: scaled up by %d pod(s): group %s formed (%d of its pods here already)",
+                 like.qid, size, spec.name, len(g.members))
         return g
 
     def take_strays(self, base: tuple[str, str], g: Group) -> None:
@@ -402,4 +405,9 @@ class Scaling:
         for g in reversed(fam):  # the group still collecting its pods
             if g.phase == Phase.PROVISIONAL and len(g.members) < g.spec.size:
                 return g
-        return fam[0]  # more pods than the workload asks for (racing a release): it waits
+        # more pods than the workload asks for as far as this operator knows (racing a
+        # release, or a scale-up whose new replica count it has not seen yet): it waits
+        log.info("%s: pod %s waits without a slot (%s asks %s replicas, its groups hold them all)",
+                 fam[0].qid, _meta(pod).get("name", ""), kind.kind,
+                 kind.size(obj) if obj is not None else "?")
+        return fam[0]

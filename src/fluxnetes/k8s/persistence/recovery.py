@@ -133,11 +133,26 @@ class Recovery:
             self._ctx.spawn(self._side.allocation.resume(g))
 
     def requeue_if_nodes_gone(self, g: Group) -> bool:
-        """After a restart: a running group allocated on nodes that are gone. Nothing of it
-        placed yet: it is matched again; otherwise the node-loss policy applies."""
+        """After a restart: a running group allocated on nodes that are gone. A group of bare
+        pods with no pod left: it ends (Failed). Nothing of it placed yet: it is matched
+        again; otherwise the node-loss policy applies."""
         gone = [n for n in g.held if n not in self._side.cluster.nodes]
         if not gone:
             return False
+        if g.kind is None and not g.members:
+            # a group of bare pods with none left (nothing re-creates them): it is over, as
+            # when its nodes are still there (reconcile). Matched again, it held its cores for
+            # good with no pod to use them (the chaos soak: its Failed status write was lost
+            # with an API server restart, its FluxJob still said Running on the lost node)
+            self._side.allocation.release_all(g)
+            g.held, g.alloc = {}, []
+            g.end = self._ctx.now()
+            reason = (f"none of its pods is left, and its allocation from before the restart is on "
+                      f"nodes that are gone ({', '.join(gone)})")
+            self._side.status.set_phase(g, Phase.FAILED, reason)
+            self._side.status.group_event(g, "Warning", "NodeLost", reason, pods=False)
+            self._ctx.dirty = True
+            return True
         placed = any(not _gated(p) for p in g.members.values())
         if placed:
             for n in gone:
