@@ -14,6 +14,8 @@ import copy
 import json
 from typing import Any
 
+import pytest
+
 from fluxnetes.k8s import names
 from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.persistence.fluxjob import Phase
@@ -247,5 +249,85 @@ def test_single_pod_groups_carry_no_note() -> None:
         assert not any(names.ANN_ALLOCATION in json.dumps(op) for op in ops)
         assert ops == place_patch(p, str(assigned_node(apply_patch(p, ops))), jobid=c.groups[("ns", "job-one")].jobid,
                                   fluxjob="job-one", slot=0)
+
+    asyncio.run(main())
+
+
+def test_two_leaders_in_a_row_place_parts_of_one_allocation() -> None:
+    """The operator bench (1,000 nodes, gangs of 10 pods, the lease lost several times in a
+    row): a leader places part of a Job and dies; the next adopts the allocation from the note
+    (under its own matcher's job id), places one more pod and dies too. The third sees live
+    pods whose notes name two job ids for the one allocation. It must still adopt it (same
+    slots, same shares: one allocation, renumbered): the gated pods placed on their slots, the
+    graph holding the allocation once. (Was: two job ids, so the note was not trusted, the
+    placed pods counted as foreign, the group matched a second time for all its size while
+    its last pods waited for slots no pod of it would fill; the bench saw 298 of 300 pods
+    bound, the group Completed.)"""
+    async def main() -> None:
+        for ended in (False, True):
+            kube = PatchKube()
+            j = big(job("g", 4))
+            ps = [big(pod(f"g-{i}", owner=j)) for i in range(4)]
+            c1 = controller(kube)
+            c1.cluster.matcher.reserve_jobid(40)  # a leader that ran a while: its ids are not the next one's
+            c1.reconciled = True
+            c1.handle(("Job", "ADDED", j))
+            for p in ps:
+                c1.handle(("Pod", "ADDED", p))
+            await settle(c1)
+            await settle(c1)
+            slots = list(c1.groups[("ns", "job-g")].slots)
+            first = placed_by(ps[0], kube.patches["g-0"], ended)  # only pod 0's placement landed
+            # the second leader: adopts from pod 0's note, places the others; only pod 1's lands
+            kube2 = PatchKube()
+            kube2.pods = [first, *ps[1:]]
+            c2 = restart(kube2, [resumed(j)], [], kube2.pods)
+            g2 = c2.groups[("ns", "job-g")]
+            assert g2.phase == Phase.RUNNING and g2.slots == slots
+            await settle(c2)
+            second = placed_by(ps[1], kube2.patches["g-1"])
+            jids = {allocation_note.of_pod(p).jobid for p in (first, second)}  # type: ignore[union-attr]
+            assert len(jids) == 2, jids  # the allocation under two job ids
+            # the third leader
+            kube3 = PatchKube()
+            kube3.pods = [first, second, *ps[2:]]
+            c = restart(kube3, [resumed(j)], [], kube3.pods)
+            g = c.groups[("ns", "job-g")]
+            assert g.phase == Phase.RUNNING and g.slots == slots, (ended, g.phase, g.reason)
+            await settle(c)
+            assert sorted(kube3.patches) == ["g-2", "g-3"], (ended, sorted(kube3.patches))
+            for p in ps[2:]:
+                again = apply_patch(p, kube3.patches[p["metadata"]["name"]])
+                assert assigned_node(again) == slots[int(again["metadata"]["annotations"][ANN_SLOT])]
+            # the allocation once (pod 0 ended: its slot given back), never a second match
+            held = {n: 16 for n in slots} if not ended else {n: 16 for n in slots if n != slots[0]}
+            assert used(c) == held and c.cluster.foreign_node == {}, (ended, used(c))
+            assert len(c.cluster.matcher.jobs) == 1
+
+    asyncio.run(main())
+
+
+@pytest.mark.xfail(strict=True, reason="known, not fixed: without a usable note, a Job whose placed "
+                   "pods hold slots 0..k-1 is adopted at size k (group_of_placed's rule for a "
+                   "changed parallelism) and its other pods are never placed")
+def test_job_placed_in_part_without_a_usable_note_places_its_other_pods() -> None:
+    """The fallback when the note cannot be used (pods placed by a version before the note, or
+    notes that disagree): a Job of 4 with pods 0 and 1 placed, 2 and 3 gated. Its 2 waiting pods
+    must get slots (its group at its size, or a group of their own); the Job's parallelism is
+    4 and never changed."""
+    async def main() -> None:
+        kube = PatchKube()
+        j = big(job("g", 4))
+        ps = [big(pod(f"g-{i}", owner=j)) for i in range(4)]
+        _, patches = await first_life(kube, j, ps, ("ns", "job-g"))
+        two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+        for p in two:
+            p["metadata"]["annotations"].pop(names.ANN_ALLOCATION)
+        kube2 = PatchKube()
+        kube2.pods = two + ps[2:]
+        c = restart(kube2, [resumed(j)], [], kube2.pods)
+        await settle(c)
+        await settle(c)
+        assert sorted(kube2.patches) == ["g-2", "g-3"], sorted(kube2.patches)
 
     asyncio.run(main())

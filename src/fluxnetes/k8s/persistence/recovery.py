@@ -464,9 +464,13 @@ class Recovery:
         ended: set[int] = set()
         for p in pods:
             if placed_jobid(p) != note.jobid:
-                if not _terminal(p):
+                if not _terminal(p) and not _renumbered(p, note):
                     return False  # a live pod of another allocation: not one allocation
-                continue
+                if _terminal(p):
+                    # (an ended pod under another id is not counted here: its own event
+                    # gives its slot back, ``adopt`` then ``member_gone``, as for a pod
+                    # that ends after the restart)
+                    continue
             slot = _slot_of(p)
             if slot is None or not 0 <= slot < len(note.slots) or assigned_node(p) != note.slots[slot]:
                 return False
@@ -630,9 +634,26 @@ def placed_note(pods: Sequence[Mapping[str, Any]]) -> allocation_note.PlacedAllo
             return None  # two pods of one allocation that disagree: neither is trusted
         if not _terminal(p):
             live.add(note.jobid)
+    # a leader that adopted the allocation from its note gave it its own matcher's job id:
+    # the pods it placed carry the same slots and shares under that id (leases lost several
+    # times in a row). Live pods of one allocation so renumbered are one allocation.
+    if len(live) > 1 and all(_allocation_of(notes[j]) == _allocation_of(notes[min(live)]) for j in live):
+        return notes[min(live)]
     if len(live) == 1:
         return notes[live.pop()]
     return notes.popitem()[1] if not live and len(notes) == 1 else None
+
+
+def _allocation_of(note: allocation_note.PlacedAllocation) -> tuple[Any, ...]:
+    """What an allocation is, whatever job id a leader gave it: its slots' nodes and shares."""
+    return (note.slots, note.shares)
+
+
+def _renumbered(pod: Mapping[str, Any], note: allocation_note.PlacedAllocation) -> bool:
+    """Was ``pod`` placed for the allocation ``note`` says, under another leader's job id
+    (its own note the same slots and shares, under the id it was placed with)?"""
+    own = allocation_note.of_pod(pod)
+    return own is not None and placed_jobid(pod) == own.jobid and _allocation_of(own) == _allocation_of(note)
 
 
 def _same_use(held: Sequence[shares.Share], stored: Any) -> bool:
