@@ -133,6 +133,28 @@ def log_path(op: Operator) -> Path:
     return Path(op.log)
 
 
+def dev_cluster(tmp_path_factory: Any, label: str, nodes: Any, *, timed_pods: bool = False) -> Iterator[Any]:
+    """A plain dev cluster (no addons) for a module fixture: skipped without the control plane,
+    failed instead when FLUXNETES_REQUIRE_K8S=1 says it must be there. ``timed_pods``: kwok
+    completes a pod after its ``pod-complete.stage.kwok.x-k8s.io/delay`` annotation."""
+    import pytest
+
+    from conftest import k8s_missing_reason
+    from fluxnetes.devcluster import Cluster, ClusterOptions
+
+    reason = k8s_missing_reason()
+    if reason:
+        if os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    c = Cluster.up(ClusterOptions(nodes=nodes, dir=tmp_path_factory.mktemp(label), timed_pods=timed_pods,
+                                  die_with_parent=True))
+    try:
+        yield c
+    finally:
+        c.down()
+
+
 def addon_cluster(tmp_path_factory: Any, label: str, nodes: Any, *, timed_pods: bool = False,
                   names: tuple[str, ...] | None = None) -> Iterator[Any]:
     """A dev cluster running the four workload controllers (MPI Operator, JobSet, Trainer,

@@ -18,7 +18,6 @@ SQLite store and ``--preemption``. In order:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from typing import Any
 import pytest
 
 from fluxnetes.devcluster.apicalls import create_jobs, fluxjobs_per_namespace
-from k8s_helpers import OverbookingWatch, cleanup_webhooks
+from k8s_helpers import OverbookingWatch, cleanup_webhooks, dev_cluster
 from test_k8s_operator import OperatorProc, wait
 
 pytestmark = pytest.mark.k8s
@@ -38,21 +37,10 @@ DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from conftest import k8s_missing_reason
-    from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
+    from fluxnetes.devcluster import NodeShape
 
-    reason = k8s_missing_reason()
-    if reason and os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
-        pytest.fail(reason)
-    if reason:
-        pytest.skip(reason)
-    c = Cluster.up(ClusterOptions(nodes=NodeShape(count=2, cpu="5", memory="32Gi"),
-                                  dir=tmp_path_factory.mktemp("fs-cluster"), timed_pods=True,
-                                  die_with_parent=True))
-    try:
-        yield c
-    finally:
-        c.down()
+    yield from dev_cluster(tmp_path_factory, "fs-cluster", NodeShape(count=2, cpu="5", memory="32Gi"),
+                           timed_pods=True)
 
 
 class Operator(OperatorProc):

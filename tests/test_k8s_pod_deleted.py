@@ -19,14 +19,13 @@ kwok deletes a pod at once, without a terminal phase (its DELETED event says Run
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from k8s_helpers import OverbookingWatch, cleanup_webhooks, namespace
+from k8s_helpers import OverbookingWatch, cleanup_webhooks, dev_cluster, namespace
 from test_k8s_operator import OperatorProc, job_complete, pod, pods, wait
 
 pytestmark = pytest.mark.k8s
@@ -36,21 +35,10 @@ DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from conftest import k8s_missing_reason
-    from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape
+    from fluxnetes.devcluster import NodeShape
 
-    reason = k8s_missing_reason()
-    if reason and os.environ.get("FLUXNETES_REQUIRE_K8S") == "1":
-        pytest.fail(reason)
-    if reason:
-        pytest.skip(reason)
-    c = Cluster.up(ClusterOptions(nodes=NodeShape(count=2, cpu="4", memory="16Gi"),
-                                  dir=tmp_path_factory.mktemp("deleted-cluster"), timed_pods=True,
-                                  die_with_parent=True))
-    try:
-        yield c
-    finally:
-        c.down()
+    yield from dev_cluster(tmp_path_factory, "deleted-cluster", NodeShape(count=2, cpu="4", memory="16Gi"),
+                           timed_pods=True)
 
 
 @pytest.fixture(scope="module")
