@@ -39,6 +39,12 @@ def test_queue_length_by_state_reports_every_state(metrics: Metrics) -> None:
     # a state that empties goes back to 0 rather than keeping its last value
     metrics.set_queue_lengths({"Running": 1})
     assert samples(metrics)[("fluxnetes_queue_jobs", (("state", "Pending"),))] == 0
+    # a state outside QUEUE_STATES follows its count too, not only its first one
+    metrics.set_queue_lengths({"Odd": 4})
+    metrics.set_queue_lengths({"Odd": 7})
+    assert samples(metrics)[("fluxnetes_queue_jobs", (("state", "Odd"),))] == 7
+    metrics.set_queue_lengths({})
+    assert samples(metrics)[("fluxnetes_queue_jobs", (("state", "Odd"),))] == 0
 
 
 def test_histograms_and_counters_have_expected_names_and_labels(metrics: Metrics) -> None:

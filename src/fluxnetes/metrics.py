@@ -184,10 +184,12 @@ class Metrics:
 
     def set_queue_lengths(self, counts: Mapping[str, int]) -> None:
         """Set the queue gauge from a {state: count} map; states absent from it become 0."""
-        for state in QUEUE_STATES:
-            self._queue_child(state).set(counts.get(state, 0))
+        # every state seen so far (the fixed ones and any other that was ever counted): a state
+        # absent now is 0, one counted again takes its new value
         for state in counts.keys() - self._queue_by_state.keys():
-            self._queue_child(state).set(counts[state])
+            self._queue_child(state)
+        for state, child in self._queue_by_state.items():
+            child.set(counts.get(state, 0))
 
     def _queue_child(self, state: str) -> Gauge:
         child = self._queue_by_state.get(state)

@@ -152,7 +152,7 @@ def jobspec_from_pods(
 
 # Every Job of one template asks for the same request under its own name: the operator made
 # and validated the same jobspec once per Job (a third of its CPU for a Job's first watch
-# event: bench/results/event_handlers.json). A request is parsed once per shape (everything but
+# event: bench/results/event_handlers_s39.json). A request is parsed once per shape (everything but
 # the label) and each group gets a copy that differs in the label only. Parsed jobspecs are
 # never changed in place (parse_jobspec's own cache shares them too), so the parts without
 # the label (the slot's contents, totals, attributes) are shared.

@@ -1,6 +1,6 @@
 """Which event loop the operator's process runs on: uvloop when it is installed, else asyncio's.
 
-Why uvloop: on the shared cores of a 1,000-node cluster the operator spent about 1.4 ms per
+Why uvloop: on the shared cores, with 200 kwok nodes, the operator spent about 1.4 ms per
 single-pod Job in asyncio's own loop machinery (selector polling, socket reads, TLS records,
 timer heap) and part of another 1.9 ms in aiohttp's transport (py-spy split,
 bench/results/operator_profile_split_single_pod_200_s38.json). uvloop does that work in C
