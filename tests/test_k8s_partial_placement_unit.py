@@ -14,8 +14,6 @@ import copy
 import json
 from typing import Any
 
-import pytest
-
 from fluxnetes.k8s import names
 from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.persistence.fluxjob import Phase
@@ -307,14 +305,13 @@ def test_two_leaders_in_a_row_place_parts_of_one_allocation() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(strict=True, reason="known, not fixed: without a usable note, a Job whose placed "
-                   "pods hold slots 0..k-1 is adopted at size k (group_of_placed's rule for a "
-                   "changed parallelism) and its other pods are never placed")
 def test_job_placed_in_part_without_a_usable_note_places_its_other_pods() -> None:
     """The fallback when the note cannot be used (pods placed by a version before the note, or
     notes that disagree): a Job of 4 with pods 0 and 1 placed, 2 and 3 gated. Its 2 waiting pods
     must get slots (its group at its size, or a group of their own); the Job's parallelism is
-    4 and never changed."""
+    4 and never changed. They get a scale group of their own on the 2 nodes the placed pods do
+    not hold: every node held once, no pod foreign. (Was: the group taken back at size 2, the
+    waiting pods in it without a slot, forever.)"""
     async def main() -> None:
         kube = PatchKube()
         j = big(job("g", 4))
@@ -329,5 +326,36 @@ def test_job_placed_in_part_without_a_usable_note_places_its_other_pods() -> Non
         await settle(c)
         await settle(c)
         assert sorted(kube2.patches) == ["g-2", "g-3"], sorted(kube2.patches)
+        held = {str(assigned_node(p)) for p in two}
+        placed = {str(assigned_node(apply_patch(p, kube2.patches[p["metadata"]["name"]]))) for p in ps[2:]}
+        assert len(placed) == 2 and not placed & held, (held, placed)
+        assert used(c) == {n: 16 for n in held | placed} and c.cluster.foreign_node == {}
+
+    asyncio.run(main())
+
+
+def test_job_placed_in_part_without_a_usable_note_then_lowered_gets_no_slot_back() -> None:
+    """The same Job of 4, its parallelism lowered to 2 while the operator was away, its
+    controller yet to delete the gated pods 2 and 3: the group is the 2 placed pods, the
+    waiting pods get no scale group and no slot (they are going), the graph holds 2 nodes."""
+    async def main() -> None:
+        kube = PatchKube()
+        j = big(job("g", 4))
+        ps = [big(pod(f"g-{i}", owner=j)) for i in range(4)]
+        _, patches = await first_life(kube, j, ps, ("ns", "job-g"))
+        two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+        for p in two:
+            p["metadata"]["annotations"].pop(names.ANN_ALLOCATION)
+        now = resumed(j)
+        now["spec"]["parallelism"] = now["spec"]["completions"] = 2
+        kube2 = PatchKube()
+        kube2.pods = two + ps[2:]
+        c = restart(kube2, [now], [], kube2.pods)
+        await settle(c)
+        await settle(c)
+        assert kube2.patches == {} and not c.scaling.scale_groups, (kube2.patches, c.scaling.scale_groups)
+        g = c.groups[("ns", "job-g")]
+        assert g.phase == Phase.RUNNING and g.spec.size == 2
+        assert used(c) == {str(assigned_node(p)): 16 for p in two} and c.cluster.foreign_node == {}
 
     asyncio.run(main())

@@ -535,6 +535,16 @@ class Recovery:
                 owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
                 if owner is not None:
                     self._side.scaling.rescale(g.key, g.kind, owner)
+            # a Job taken back at the size its placed pods' slots say (group_of_placed: no note
+            # could be used) while its parallelism is larger and its other pods wait in it
+            # without a slot: they form a scale group, as a scale-up would (else they wait
+            # forever: a Job's pods join its group by owner, never a scale group, live)
+            elif g.phase == Phase.RUNNING and g.kind is not None and g.kind.owns_pods \
+                    and g.kind.resume_patch({}) is not None and self._side.scaling.base_key(g) == g.key \
+                    and len(g.waiting()) > g.free_slots():
+                owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
+                if owner is not None and g.kind.size(owner) > len(g.slots) - len(g.released):
+                    self._side.scaling.rescale(g.key, g.kind, owner)
         for base, keys in list(self._side.scaling.scale_groups.items()):
             # pods the replay routed before every slot was claimed again: to the group that
             # still collects its pods (else a scale group waits for pods it already has)
