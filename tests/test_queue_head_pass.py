@@ -121,6 +121,26 @@ def test_start_from_head_keeps_the_profile_for_later_cycles() -> None:
     assert [job.id for job, _ in result.started] == ["2"]
 
 
+def test_a_later_cycle_sees_the_planned_end_of_a_job_the_head_pass_started() -> None:
+    # job 1 (all 4 cores, window [0, 10)) started by the head pass and, as the simulator
+    # does at its planned end, expired at 10 before its release: its cores are back in the
+    # plan and the matcher, so the waiting job 2 starts. The cycle at 1 walked job 2
+    # (blocked); the one at 10 is incremental (job 2 not asked again) unless it knows a
+    # planned end passed, which `cycle` reads from its heap of running jobs' ends (a job
+    # started by `cycle` itself is in it: the same sequence then starts job 2)
+    a, _, machine = _schedulers(4, 1, counters=False)
+    spec4 = machine.jobspec(SimJob("x", 0, 10, 10, 4))
+    spec2 = machine.jobspec(SimJob("x", 0, 10, 10, 2))
+    started, _ = a.start_from_head([QueuedJob("1", spec4, 0)], 0, 4)
+    assert [job.id for job, _ in started] == ["1"]
+    waiting = [QueuedJob("2", spec2, 1)]
+    result = a.cycle(waiting, 1, ordered=True, waiting=True)
+    assert result.started == [] and [job.id for job in result.blocked] == ["2"]
+    assert a.expire("1")
+    result = a.cycle(waiting, 10, ordered=True, waiting=True)
+    assert [job.id for job, _ in result.started] == ["2"]
+
+
 @pytest.mark.parametrize(("name", "style"), [("easy", "counted"), ("conservative", "counted"),
                                              ("fcfs", "pinned")])
 def test_start_from_head_is_for_counted_fcfs_only(name: str, style: str) -> None:
