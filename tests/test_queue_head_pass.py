@@ -42,8 +42,8 @@ def test_start_from_head_decides_what_cycle_decides(seed: int) -> None:
     # two schedulers on two copies of one machine see the same events; A runs `cycle`, B the
     # head pass (with an odd seed now and then a `cycle` too: its core profile must be complete
     # when read).
-    # Jobs end at random times (before, at or after their windows), some ask a shape no
-    # node holds (rejected), some have no duration
+    # Jobs end at random times (before, at or after their windows; some expired first, as
+    # the simulator does), some ask a shape no node holds (rejected), some have no duration
     rng = random.Random(seed)
     mixed = seed % 2 == 1  # B runs `cycle` now and then
     nodes, per = rng.randint(1, 5), rng.choice([1, 2, 3])
@@ -54,11 +54,19 @@ def test_start_from_head_decides_what_cycle_decides(seed: int) -> None:
     now = 0
     rejected_seen = 0
     for step in range(150):
+        before = now
         now += rng.choice([0, 0, 1, 2, 5])
         for _ in range(rng.choice([0, 1, 1, 2])):
             if running and rng.random() < 0.6:
                 job_id = running.pop(rng.randrange(len(running)))
                 assert a.release(job_id) and b.release(job_id)
+        for job_id in running:
+            # as the simulator does: a window that ended since the last cycle, unreleased,
+            # expired before the next cycle (`expire`'s contract: at the planned end)
+            res = a.running[job_id].result
+            if int(res.duration) > 0 and before < int(res.at) + int(res.duration) <= now \
+                    and rng.random() < 0.7:
+                assert a.expire(job_id) == b.expire(job_id)
         for k in range(rng.choice([0, 1, 2, 3])):
             duration = rng.choice([0, 1, 3, 10])
             if per > 1 and rng.random() < 0.1:
