@@ -169,8 +169,7 @@ class FirstFit:
         # heap of those keys with the node index as the low part
         self.static = not engine.first
         self.skey: list[int] = []
-        if self.unit:
-            self.nkey = [(MAXW - MAXW) * _U + (_U - 1 - i) for i in range(n)]
+        if self.unit:  # (the free lists hold the order: `nkey` is not read on this path)
             if self.static:
                 self.skey = [self._static_key(i) for i in range(n)]
                 self.reused = sorted(self.skey)  # (a sorted list is a heap)

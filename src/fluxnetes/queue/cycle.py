@@ -617,12 +617,16 @@ class Scheduler:
 
     def _plan_started(self) -> None:
         """Write the windows of the jobs ``start_from_head`` started into the core profile
-        (as the walk writes a start's: ``running``, no shares without per-node calendars)."""
+        (as the walk writes a start's: ``running``, no shares without per-node calendars),
+        and their planned ends into the heap ``_end_passed`` reads: a cycle after this one
+        may be incremental, and must walk again when such a job's window ends unreleased."""
         profile = self.profile
         assert profile is not None
         for job_id, (start, duration, cores) in self._unplanned.items():
-            shares = shares_of(self.running[job_id].result) if profile.per_node else ()
+            result = self.running[job_id].result
+            shares = shares_of(result) if profile.per_node else ()
             profile.add(job_id, start, duration, cores, shares, running=True)
+            self._count(job_id, result)
         self._unplanned.clear()
 
     def _crossed(self, now: int) -> bool:
