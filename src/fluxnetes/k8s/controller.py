@@ -252,6 +252,8 @@ class Controller(Context):
                 self.book.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
             elif g.phase == Phase.RUNNING and kind.size(obj) < self.scaling.capacity(g):
                 self.scaling.rescale(gkey, kind, obj)  # parallelism lowered: give back empty slots
+            elif g.phase == Phase.RUNNING:
+                self.scaling.job_grown(gkey, kind, obj)  # parallelism raised: its waiting pods get a group
         elif kind.owns_pods and (g is not None or gkey in self.scaling.scale_groups):
             self.scaling.rescale(gkey, kind, obj)  # replicas changed
         # pods that arrived before their owner (matched by the owner's uid)

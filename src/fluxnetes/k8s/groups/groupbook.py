@@ -76,6 +76,7 @@ class BookScaling(Protocol):
     def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
                           obj: Mapping[str, Any]) -> Group | None: ...
     def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
+    def job_grown(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
 
 class BookPodSets(Protocol):
@@ -445,6 +446,9 @@ class GroupBook:
                 if gkey in self._groups and self.same_owner(self._groups[gkey], owner.uid):
                     # a workload group (Job): pods join by owner
                     self.add_member(self._groups[gkey], uid, pod)
+                    owner_obj = self.owner_obj(owner, ns)
+                    if owner_obj is not None:  # beyond a running Job's slots: its parallelism was raised
+                        self._side.scaling.job_grown(gkey, okind, owner_obj)
                     return
             elif (gkey in self._groups or gkey in self._side.scaling.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
                 target = self._side.scaling.route_pod(gkey, okind, pod)  # replicas: base group or a scale group

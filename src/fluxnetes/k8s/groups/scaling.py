@@ -333,6 +333,24 @@ class Scaling:
                 if g.phase == Phase.RUNNING and not g.held:
                     self._side.allocation.finish_group(g)
 
+    def job_grown(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """A running Job whose parallelism was raised: its extra pods join its group by owner
+        (groupbook.join_group) and wait there beyond its free slots; they form a scale group of
+        what the Job asks beyond its groups' slots, matched all-or-nothing on what is free, as
+        a ReplicaSet's scale-up does. Called when the Job changes and when such a pod arrives
+        (the watches are not ordered). Only once a pod waits: a slot given back when a pod
+        succeeded lowers the groups' capacity while the Job's succeeded count (which says no
+        pod comes for it) may lag, and a group formed then would wait forever."""
+        g = self._side.book.groups.get(base)
+        if g is None or g.phase != Phase.RUNNING or not self._ctx.reconciled:
+            return  # (the replay after a restart: recovery.reconcile decides, on every pod seen)
+        for other in self.family(base)[1:]:  # a scale group still collecting: the strays join it
+            if other.phase == Phase.PROVISIONAL:
+                self.take_strays(base, other)
+        wanted = kind.pods_left(obj) - sum(self.capacity(x) for x in self.family(base))
+        if len(g.waiting()) > g.free_slots() and wanted > 0:
+            self.new_scale_group(base, g, kind, wanted)
+
     def resize(self, g: Group, size: int) -> None:
         """A group that has not started (or is Unsatisfiable, its pods waiting) takes the
         workload's new size."""

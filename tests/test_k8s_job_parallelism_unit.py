@@ -1,0 +1,159 @@
+"""Unit level (no cluster): a running Job whose parallelism is RAISED (``kubectl patch job J -p
+'{"spec":{"parallelism":4}}'``). The Job controller makes the extra pods; the webhook gates
+them and they join the Job's group by owner. They must be placed (a scale group of the extra
+pods, matched on what is free) in either order the watches deliver: the Job's change first or
+its new pods first. A lowered parallelism keeps giving back empty slots only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fluxnetes.k8s.controller import Controller
+from test_k8s_prune import bound, finished, job, make_controller, pod, settle
+
+KEY = ("ns", "job-g")
+
+
+def big_job(parallelism: int, completions: int = 8, suspend: bool = True) -> dict[str, Any]:
+    """Job g asking 16 cpu a pod (one pod a node on n0..n3)."""
+    j = job("g", parallelism)
+    j["spec"]["completions"] = completions
+    j["spec"]["suspend"] = suspend
+    j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+    return j
+
+
+def job_pod(i: int) -> dict[str, Any]:
+    p = pod(f"g-{i}", owner=big_job(2))
+    p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+    return p
+
+
+def held(c: Controller) -> list[str]:
+    """Node shares held by running groups (a 16-cpu pod takes a whole node: each at most once)."""
+    return sorted(n for g in c.groups.values() if str(g.phase) == "Running" for n in g.held)
+
+
+async def running_two(c: Controller, kube: Any, completions: int = 8) -> dict[str, str]:
+    """The Job of 2 admitted, allocated, resumed, its 2 pods placed and bound: pod name -> node."""
+    c.handle(("Job", "ADDED", big_job(2, completions)))
+    await settle(c)
+    c.handle(("Job", "MODIFIED", big_job(2, completions, suspend=False)))
+    for i in range(2):
+        c.handle(("Pod", "ADDED", job_pod(i)))
+    await settle(c)
+    g = c.groups[KEY]
+    assert str(g.phase) == "Running" and sorted(kube.placed) == ["g-0", "g-1"], (g.phase, kube.placed)
+    on = {}
+    for slot, uid in enumerate(g.slot_pod):
+        name = str(g.members[uid]["metadata"]["name"])
+        on[name] = g.slots[slot]
+        c.handle(("Pod", "MODIFIED", bound(g.members[uid], g.slots[slot])))
+    return on
+
+
+def placed_pods(c: Controller) -> dict[str, str]:
+    """Pod name -> node of every pod holding a slot in a running group."""
+    out = {}
+    for g in c.groups.values():
+        if str(g.phase) == "Running":
+            for slot, uid in enumerate(g.slot_pod):
+                if uid is not None and uid in g.members:
+                    out[str(g.members[uid]["metadata"]["name"])] = g.slots[slot]
+    return out
+
+
+def check_four_placed(c: Controller, kube: Any, before: dict[str, str]) -> None:
+    assert sorted(kube.placed) == ["g-0", "g-1", "g-2", "g-3"], kube.placed
+    now = placed_pods(c)
+    assert {k: now[k] for k in before} == before  # the running pods untouched
+    assert sorted(now.values()) == ["n0", "n1", "n2", "n3"], now  # no node booked twice
+    assert held(c) == ["n0", "n1", "n2", "n3"]
+    assert c.cluster.foreign_node == {}
+
+
+def test_parallelism_raised_then_new_pods_are_placed() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        before = await running_two(c, kube)
+        c.handle(("Job", "MODIFIED", big_job(4, suspend=False)))
+        for i in (2, 3):
+            c.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c)
+        await settle(c)
+        check_four_placed(c, kube, before)
+
+    asyncio.run(main())
+
+
+def test_new_pods_seen_before_the_raised_parallelism_are_placed() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        before = await running_two(c, kube)
+        for i in (2, 3):  # the pod watch delivered them before the Job's MODIFIED event
+            c.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c)
+        assert sorted(kube.placed) == ["g-0", "g-1"]  # the operator does not know they are wanted yet
+        c.handle(("Job", "MODIFIED", big_job(4, suspend=False)))
+        await settle(c)
+        await settle(c)
+        check_four_placed(c, kube, before)
+
+    asyncio.run(main())
+
+
+def test_parallelism_raised_beyond_the_free_nodes_waits_all_or_nothing() -> None:
+    """Raised to 6 on 4 nodes: the 4 extra pods wait (queued as one group), nothing overbooked."""
+    async def main() -> None:
+        c, kube = make_controller()
+        await running_two(c, kube)
+        c.handle(("Job", "MODIFIED", big_job(6, suspend=False)))
+        for i in range(2, 6):
+            c.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c)
+        await settle(c)
+        assert sorted(kube.placed) == ["g-0", "g-1"]
+        assert len(held(c)) == 2
+        (scale,) = c.scaling.scale_groups[KEY]  # one group of the 4 extra pods, not one per pod
+        g = c.groups[scale]
+        assert g.spec.size == 4 and len(g.members) == 4 and not g.held
+
+    asyncio.run(main())
+
+
+def test_parallelism_lowered_gives_back_empty_slots_and_forms_no_group() -> None:
+    async def main() -> None:
+        c, kube = make_controller()
+        c.handle(("Job", "ADDED", big_job(4)))
+        await settle(c)
+        c.handle(("Job", "MODIFIED", big_job(4, suspend=False)))
+        for i in range(3):  # pod 3 not made yet
+            c.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c)
+        g = c.groups[KEY]
+        assert str(g.phase) == "Running" and len(g.held) == 4
+        c.handle(("Job", "MODIFIED", big_job(3, suspend=False)))
+        await settle(c)
+        assert not c.scaling.scale_groups
+        assert len(held(c)) == 3 and sorted(kube.placed) == ["g-0", "g-1", "g-2"]
+
+    asyncio.run(main())
+
+
+
+
+def test_a_pod_that_succeeded_forms_no_group_while_the_jobs_count_lags() -> None:
+    """A Job of 2 completions: pod 0 succeeds (its slot given back, no pod follows it) and the
+    Job's next change still says 0 succeeded: no scale group (it would wait forever)."""
+    async def main() -> None:
+        c, kube = make_controller()
+        on = await running_two(c, kube, completions=2)
+        done = finished(bound(job_pod(0), on["g-0"]))
+        c.handle(("Pod", "MODIFIED", done))
+        two = big_job(2, completions=2, suspend=False)
+        c.handle(("Job", "MODIFIED", two))
+        await settle(c)
+        assert not c.scaling.scale_groups and held(c) == [on["g-1"]]
+
+    asyncio.run(main())
