@@ -157,3 +157,48 @@ def test_a_pod_that_succeeded_forms_no_group_while_the_jobs_count_lags() -> None
         assert not c.scaling.scale_groups and held(c) == [on["g-1"]]
 
     asyncio.run(main())
+
+
+async def raised_to_four(c: Controller, kube: Any) -> dict[str, str]:
+    """The Job of 2 running, raised to 4, its 2 new pods placed and bound: pod name -> node."""
+    await running_two(c, kube)
+    c.handle(("Job", "MODIFIED", big_job(4, suspend=False)))
+    for i in (2, 3):
+        c.handle(("Pod", "ADDED", job_pod(i)))
+    await settle(c)
+    on = placed_pods(c)
+    for i in (2, 3):
+        c.handle(("Pod", "MODIFIED", bound(job_pod(i), on[f"g-{i}"])))
+    return on
+
+
+def test_a_failed_pod_of_the_scale_group_is_replaced_on_its_slot() -> None:
+    """Pod g-3 (scale group) fails; the Job makes g-4, which joins the Job's base group by owner:
+    it takes g-3's kept slot in the scale group, no new group, no node twice."""
+    async def main() -> None:
+        c, kube = make_controller()
+        on = await raised_to_four(c, kube)
+        failed = bound(job_pod(3), on["g-3"])
+        failed["status"]["phase"] = "Failed"
+        c.handle(("Pod", "MODIFIED", failed))
+        c.handle(("Pod", "ADDED", job_pod(4)))
+        await settle(c)
+        assert len(c.scaling.scale_groups[KEY]) == 1
+        assert kube.placed[-1] == "g-4" and placed_pods(c)["g-4"] == on["g-3"], (kube.placed, placed_pods(c))
+        assert held(c) == ["n0", "n1", "n2", "n3"]
+
+    asyncio.run(main())
+
+
+def test_lowered_after_a_raise_gives_back_the_deleted_pods_share() -> None:
+    """Raised to 4 and running, then lowered to 3: the Job controller deletes g-3 (scale group);
+    nothing replaces it, so its node goes back at once."""
+    async def main() -> None:
+        c, kube = make_controller()
+        on = await raised_to_four(c, kube)
+        c.handle(("Job", "MODIFIED", big_job(3, suspend=False)))
+        c.handle(("Pod", "DELETED", bound(job_pod(3), on["g-3"])))
+        await settle(c)
+        assert held(c) == sorted(on[f"g-{i}"] for i in range(3)), (held(c), on)
+
+    asyncio.run(main())

@@ -528,8 +528,10 @@ class GroupBook:
         owner = self.owner_obj(g.spec.owner, g.spec.namespace)
         unreleased = len(g.slots) - len(g.released)
         base = self._side.scaling.base_key(g)
-        if base is not None and g.kind is not None and g.kind.resume_patch({}) is None:
-            unreleased = sum(self._side.scaling.capacity(x) for x in self._side.scaling.family(base))  # with its scale groups
+        if base is not None and g.kind is not None and (
+                g.kind.resume_patch({}) is None or g.key == base or g.key in self._side.scaling.scale_groups.get(base, ())):
+            # with its scale groups (a Job has some once its parallelism was raised: job_grown)
+            unreleased = sum(self._side.scaling.capacity(x) for x in self._side.scaling.family(base))
         succeeded = (pod.get("status") or {}).get("phase") == "Succeeded"
         # Who makes a pod for this one? Nothing for a pod without a workload (a label group of
         # bare pods, a lone pod) nor for a finished or suspended workload, nor past the pods

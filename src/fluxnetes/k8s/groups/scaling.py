@@ -344,8 +344,14 @@ class Scaling:
         g = self._side.book.groups.get(base)
         if g is None or g.phase != Phase.RUNNING or not self._ctx.reconciled:
             return  # (the replay after a restart: recovery.reconcile decides, on every pod seen)
-        for other in self.family(base)[1:]:  # a scale group still collecting: the strays join it
-            if other.phase == Phase.PROVISIONAL:
+        for other in self.family(base)[1:]:
+            if other.phase == Phase.RUNNING:
+                # a scale group's slot kept for a replacement (its pod failed): the Job's new
+                # pod joined the base group by owner, so it moves to that slot
+                room = other.free_slots() - len(other.waiting())
+                for uid in g.waiting()[g.free_slots():][:max(0, room)]:
+                    self._side.book.add_member(other, uid, g.members.pop(uid))
+            elif other.phase == Phase.PROVISIONAL:  # still collecting: the strays join it
                 self.take_strays(base, other)
         wanted = kind.pods_left(obj) - sum(self.capacity(x) for x in self.family(base))
         if len(g.waiting()) > g.free_slots() and wanted > 0:
