@@ -202,3 +202,49 @@ def test_lowered_after_a_raise_gives_back_the_deleted_pods_share() -> None:
         assert held(c) == sorted(on[f"g-{i}"] for i in range(3)), (held(c), on)
 
     asyncio.run(main())
+
+
+def test_a_raised_job_that_completes_gives_back_every_node() -> None:
+    """Raised to 4 (8 completions), its 4 pods succeed before the Job says Complete (each slot
+    kept for the pod the Job would make next): the Job's Complete gives back the scale group's
+    kept slots too, not only the base group's."""
+    async def main() -> None:
+        c, kube = make_controller()
+        on = await raised_to_four(c, kube)
+        for i in range(4):
+            c.handle(("Pod", "MODIFIED", finished(bound(job_pod(i), on[f"g-{i}"]))))
+        await settle(c)
+        assert held(c) == ["n0", "n1", "n2", "n3"]  # kept: the Job is not over yet
+        done = big_job(4, suspend=False)
+        done["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 8}
+        c.handle(("Job", "MODIFIED", done))
+        await settle(c)
+        assert held(c) == [] and not c.cluster.matcher.jobs, (held(c), c.cluster.matcher.jobs)
+
+    asyncio.run(main())
+
+
+def test_a_raised_job_that_fails_before_its_scale_group_ran_ends_that_group() -> None:
+    """Raised to 6 on 4 nodes (the scale group of 4 waits), then the Job fails: the waiting
+    scale group ends (never matched later), the running pods keep their nodes until they end."""
+    async def main() -> None:
+        c, kube = make_controller()
+        on = await running_two(c, kube)
+        c.handle(("Job", "MODIFIED", big_job(6, suspend=False)))
+        for i in range(2, 6):
+            c.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c)
+        (scale,) = c.scaling.scale_groups[KEY]
+        sg = c.groups[scale]
+        over = big_job(6, suspend=False)
+        over["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+        c.handle(("Job", "MODIFIED", over))
+        await settle(c)
+        assert sg.phase.final and not sg.held, sg.phase
+        assert held(c) == sorted(on.values())
+        for i in range(2, 6):
+            c.handle(("Pod", "DELETED", job_pod(i)))
+        await settle(c)
+        assert sorted(kube.placed) == ["g-0", "g-1"]
+
+    asyncio.run(main())
