@@ -248,3 +248,65 @@ def test_a_raised_job_that_fails_before_its_scale_group_ran_ends_that_group() ->
         assert sorted(kube.placed) == ["g-0", "g-1"]
 
     asyncio.run(main())
+
+
+def test_a_raised_job_comes_back_whole_after_a_restart() -> None:
+    """Raised to 4 and all 4 placed, then the operator restarts: the base group and its scale
+    group come back from their FluxJobs and pods, every node held once, no new group, nothing
+    foreign, nothing placed again."""
+    from test_k8s_recovery_unit import Kube, placed, restart
+    from test_k8s_recovery_unit import controller as recovery_controller
+
+    async def main() -> None:
+        kube = Kube()
+        c = recovery_controller(kube)
+        c.reconciled = True
+        await raised_to_four(c, kube)
+        pods = []
+        for g in (c.groups[KEY], *(c.groups[k] for k in c.scaling.scale_groups[KEY])):
+            for slot, uid in enumerate(g.slot_pod):
+                fresh = job_pod(int(str(g.members[uid]["metadata"]["name"]).split("-")[1]))
+                pods.append(placed(fresh, g.slots[slot], slot, int(g.jobid or 0), g.spec.name))
+        assert len(pods) == 4
+        before = len(kube.placed)
+        c2 = restart(kube, [big_job(4, suspend=False)], list(kube.fluxjobs.values()), pods)
+        await settle(c2)
+        await settle(c2)
+        assert len(kube.placed) == before  # nothing placed again
+        assert len(c2.scaling.scale_groups[KEY]) == 1
+        assert held(c2) == ["n0", "n1", "n2", "n3"] and c2.cluster.foreign_node == {}
+
+    asyncio.run(main())
+
+
+def test_a_waiting_scale_group_of_a_job_keeps_its_pods_across_a_restart() -> None:
+    """Raised to 6 on 4 nodes: the scale group of 4 waits, its pods gated. After a restart its
+    pods (which join the Job's base group by owner in the replay) are the scale group's again,
+    still one group of 4, none placed."""
+    from test_k8s_recovery_unit import Kube, placed, restart
+    from test_k8s_recovery_unit import controller as recovery_controller
+
+    async def main() -> None:
+        kube = Kube()
+        c = recovery_controller(kube)
+        c.reconciled = True
+        await running_two(c, kube)
+        c.handle(("Job", "MODIFIED", big_job(6, suspend=False)))
+        for i in range(2, 6):
+            c.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c)
+        base = c.groups[KEY]
+        pods = [job_pod(i) for i in range(2, 6)]
+        for slot, uid in enumerate(base.slot_pod):
+            fresh = job_pod(int(str(base.members[uid]["metadata"]["name"]).split("-")[1]))
+            pods.append(placed(fresh, base.slots[slot], slot, int(base.jobid or 0), base.spec.name))
+        c2 = restart(kube, [big_job(6, suspend=False)], list(kube.fluxjobs.values()), pods)
+        await settle(c2)
+        await settle(c2)
+        (scale,) = c2.scaling.scale_groups[KEY]
+        sg = c2.groups[scale]
+        assert sg.spec.size == 4 and len(sg.members) == 4 and not sg.held, (sg.spec.size, len(sg.members))
+        assert not c2.groups[KEY].waiting() and sorted(kube.placed) == ["g-0", "g-1"]
+        assert sorted(held(c2)) == sorted(base.slots)
+
+    asyncio.run(main())

@@ -351,7 +351,7 @@ class Scaling:
                 room = other.free_slots() - len(other.waiting())
                 for uid in g.waiting()[g.free_slots():][:max(0, room)]:
                     self._side.book.add_member(other, uid, g.members.pop(uid))
-            elif other.phase == Phase.PROVISIONAL:  # still collecting: the strays join it
+            elif other.phase == Phase.PROVISIONAL or other.phase in QUEUED:  # not started: the strays join it
                 self.take_strays(base, other)
         wanted = kind.pods_left(obj) - sum(self.capacity(x) for x in self.family(base))
         if len(g.waiting()) > g.free_slots() and wanted > 0:
@@ -407,7 +407,9 @@ class Scaling:
             if other.phase != Phase.RUNNING or other is g:
                 continue
             for uid in other.waiting()[other.free_slots():]:
-                if g.phase != Phase.PROVISIONAL or len(g.members) >= g.spec.size:
+                # (queued: a Job's scale group, queued without its pods; after a restart its
+                # pods joined the Job's base group by owner in the replay)
+                if (g.phase != Phase.PROVISIONAL and g.phase not in QUEUED) or len(g.members) >= g.spec.size:
                     return
                 self._side.book.add_member(g, uid, other.members.pop(uid))
 
