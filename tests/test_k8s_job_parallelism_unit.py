@@ -310,3 +310,21 @@ def test_a_waiting_scale_group_of_a_job_keeps_its_pods_across_a_restart() -> Non
         assert sorted(held(c2)) == sorted(base.slots)
 
     asyncio.run(main())
+
+
+def test_a_jobs_ended_scale_group_spends_its_name_and_does_not_end_the_job() -> None:
+    """After a restart the final FluxJob of a raised Job's scale group is listed: it spends its
+    name (the store knows a group by namespace, name and workload uid: a second "scale-1" would
+    be taken for the ended one) and does not mark the Job ended (only its base group's does)."""
+    def fluxjob(name: str) -> dict[str, Any]:
+        return {"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob",
+                "metadata": {"name": name, "namespace": "ns", "uid": f"fj-{name}"},
+                "spec": {"workload": {"apiVersion": "batch/v1", "kind": "Job", "name": "g", "uid": "job-g"}},
+                "status": {"phase": "Completed"}}
+
+    c, _ = make_controller()
+    c.scaling.on_fluxjob(fluxjob("job-g-scale-1"))
+    assert not c.scaling.ended("job-g") and "job-g-scale-1" in c.scaling.spent_names["job-g"]
+    assert c.scaling.next_scale_name(KEY, "job-g") == "job-g-scale-2"
+    c.scaling.on_fluxjob(fluxjob("job-g"))
+    assert c.scaling.ended("job-g")

@@ -141,12 +141,14 @@ class Scaling:
     def spend_name(self, g: Group) -> None:
         """``g`` is over: its name is not given to another group of its workload."""
         o = g.spec.owner
-        if o is not None and o.uid and g.kind is not None and g.kind.owns_pods and g.kind.resume_patch({}) is None:
+        if o is not None and o.uid and g.kind is not None and g.kind.owns_pods \
+                and (g.kind.resume_patch({}) is None or self.base_key(g) != g.key):  # (a Job's scale group)
             self._spent_names.setdefault(o.uid, set()).add(g.spec.name)
 
     def on_fluxjob(self, obj: Mapping[str, Any]) -> None:
-        """A FluxJob listed or changed: a final one of a replicated workload spends its name;
-        a final one of a Job ends that Job's queueing (``ended_workloads``)."""
+        """A FluxJob listed or changed: a final one of a replicated workload (or of a Job's
+        scale group) spends its name; a final one of a Job ends that Job's queueing
+        (``ended_workloads``)."""
         st, spec = obj.get("status") or {}, obj.get("spec") or {}
         wl = spec.get("workload") or {}
         kind = kind_of(str(wl.get("kind", "")))
@@ -156,10 +158,13 @@ class Scaling:
             return
         if not final or not wl.get("uid") or kind is None:
             return
-        if kind.resume_patch({}) is not None:  # queued whole (a Job): never queued again
+        name = str(_meta(obj).get("name", ""))
+        base = object_name(f"{kind.kind.lower()}-{wl.get('name', '')}")
+        scale = name.startswith(base + SCALE_SEP) and name.rsplit(SCALE_SEP, 1)[-1].isdigit()
+        if kind.resume_patch({}) is not None and not scale:  # queued whole (a Job): never queued again
             self._ended_workloads.add(str(wl["uid"]))
-        elif kind.owns_pods:  # replicated: that group name is spent
-            self._spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
+        elif kind.owns_pods:  # replicated, or a Job's scale group (job_grown): that group name is spent
+            self._spent_names.setdefault(str(wl["uid"]), set()).add(name)
 
     def name_for_new_group(self, spec: GroupSpec) -> GroupSpec:
         """A new base group of a replicated workload whose base name an ended group of the same
