@@ -349,6 +349,8 @@ class Scaling:
         g = self._side.book.groups.get(base)
         if g is None or g.phase != Phase.RUNNING or not self._ctx.reconciled:
             return  # (the replay after a restart: recovery.reconcile decides, on every pod seen)
+        if len(g.members) <= len(g.slots) - len(g.released):
+            return  # no pod can wait beyond its free slots (cheap: called on every pod of the Job)
         for other in self.family(base)[1:]:
             if other.phase == Phase.RUNNING:
                 # a scale group's slot kept for a replacement (its pod failed): the Job's new
