@@ -245,13 +245,24 @@ class Controller(Context):
             g = self.book.new_group(spec, kind)
             if g.phase == Phase.PROVISIONAL:
                 self.book.enqueue_workload(g, kind, obj)
-        elif g is not None and not g.phase.final and kind.finished(obj):
-            self.book.workload_finished(g, kind, obj)  # whatever the group's phase: never queued again
+        elif g is not None and kind.finished(obj):
+            if not g.phase.final:
+                self.book.workload_finished(g, kind, obj)  # whatever the group's phase: never queued again
+            for k in list(self.scaling.scale_groups.get(gkey, ())):  # a Job's, once its parallelism was raised
+                sg = self.book.groups.get(k)
+                if sg is None or sg.phase.final or not self.book.same_owner(sg, uid):
+                    continue
+                if sg.phase == Phase.RUNNING:
+                    self.book.workload_finished(sg, kind, obj)
+                else:
+                    self.allocation.cancel_group(sg, f"{kind_name} {name} finished before this group was allocated")
         elif g is not None and kind.resume_patch(obj) is not None:
             if g.kind is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
                 self.book.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
-            elif g.phase == Phase.RUNNING and kind.size(obj) < self.scaling.capacity(g):
+            elif g.phase == Phase.RUNNING and kind.size(obj) < sum(map(self.scaling.capacity, self.scaling.family(gkey))):
                 self.scaling.rescale(gkey, kind, obj)  # parallelism lowered: give back empty slots
+            elif g.phase == Phase.RUNNING:
+                self.scaling.job_grown(gkey, kind, obj)  # parallelism raised: its waiting pods get a group
         elif kind.owns_pods and (g is not None or gkey in self.scaling.scale_groups):
             self.scaling.rescale(gkey, kind, obj)  # replicas changed
         # pods that arrived before their owner (matched by the owner's uid)

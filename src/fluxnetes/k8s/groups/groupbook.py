@@ -76,6 +76,7 @@ class BookScaling(Protocol):
     def replacement_group(self, base: tuple[str, str], kind: WorkloadKind,
                           obj: Mapping[str, Any]) -> Group | None: ...
     def route_pod(self, base: tuple[str, str], kind: WorkloadKind, pod: Mapping[str, Any]) -> Group | None: ...
+    def job_grown(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
 
 class BookPodSets(Protocol):
@@ -445,6 +446,9 @@ class GroupBook:
                 if gkey in self._groups and self.same_owner(self._groups[gkey], owner.uid):
                     # a workload group (Job): pods join by owner
                     self.add_member(self._groups[gkey], uid, pod)
+                    owner_obj = self.owner_obj(owner, ns)
+                    if owner_obj is not None:  # beyond a running Job's slots: its parallelism was raised
+                        self._side.scaling.job_grown(gkey, okind, owner_obj)
                     return
             elif (gkey in self._groups or gkey in self._side.scaling.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
                 target = self._side.scaling.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
@@ -524,8 +528,10 @@ class GroupBook:
         owner = self.owner_obj(g.spec.owner, g.spec.namespace)
         unreleased = len(g.slots) - len(g.released)
         base = self._side.scaling.base_key(g)
-        if base is not None and g.kind is not None and g.kind.resume_patch({}) is None:
-            unreleased = sum(self._side.scaling.capacity(x) for x in self._side.scaling.family(base))  # with its scale groups
+        if base is not None and g.kind is not None and (
+                g.kind.resume_patch({}) is None or g.key == base or g.key in self._side.scaling.scale_groups.get(base, ())):
+            # with its scale groups (a Job has some once its parallelism was raised: job_grown)
+            unreleased = sum(self._side.scaling.capacity(x) for x in self._side.scaling.family(base))
         succeeded = (pod.get("status") or {}).get("phase") == "Succeeded"
         # Who makes a pod for this one? Nothing for a pod without a workload (a label group of
         # bare pods, a lone pod) nor for a finished or suspended workload, nor past the pods

@@ -141,12 +141,14 @@ class Scaling:
     def spend_name(self, g: Group) -> None:
         """``g`` is over: its name is not given to another group of its workload."""
         o = g.spec.owner
-        if o is not None and o.uid and g.kind is not None and g.kind.owns_pods and g.kind.resume_patch({}) is None:
+        if o is not None and o.uid and g.kind is not None and g.kind.owns_pods \
+                and (g.kind.resume_patch({}) is None or self.base_key(g) != g.key):  # (a Job's scale group)
             self._spent_names.setdefault(o.uid, set()).add(g.spec.name)
 
     def on_fluxjob(self, obj: Mapping[str, Any]) -> None:
-        """A FluxJob listed or changed: a final one of a replicated workload spends its name;
-        a final one of a Job ends that Job's queueing (``ended_workloads``)."""
+        """A FluxJob listed or changed: a final one of a replicated workload (or of a Job's
+        scale group) spends its name; a final one of a Job ends that Job's queueing
+        (``ended_workloads``)."""
         st, spec = obj.get("status") or {}, obj.get("spec") or {}
         wl = spec.get("workload") or {}
         kind = kind_of(str(wl.get("kind", "")))
@@ -156,10 +158,13 @@ class Scaling:
             return
         if not final or not wl.get("uid") or kind is None:
             return
-        if kind.resume_patch({}) is not None:  # queued whole (a Job): never queued again
+        name = str(_meta(obj).get("name", ""))
+        base = object_name(f"{kind.kind.lower()}-{wl.get('name', '')}")
+        scale = name.startswith(base + SCALE_SEP) and name.rsplit(SCALE_SEP, 1)[-1].isdigit()
+        if kind.resume_patch({}) is not None and not scale:  # queued whole (a Job): never queued again
             self._ended_workloads.add(str(wl["uid"]))
-        elif kind.owns_pods:  # replicated: that group name is spent
-            self._spent_names.setdefault(str(wl["uid"]), set()).add(str(_meta(obj).get("name", "")))
+        elif kind.owns_pods:  # replicated, or a Job's scale group (job_grown): that group name is spent
+            self._spent_names.setdefault(str(wl["uid"]), set()).add(name)
 
     def name_for_new_group(self, spec: GroupSpec) -> GroupSpec:
         """A new base group of a replicated workload whose base name an ended group of the same
@@ -333,6 +338,32 @@ class Scaling:
                 if g.phase == Phase.RUNNING and not g.held:
                     self._side.allocation.finish_group(g)
 
+    def job_grown(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """A running Job whose parallelism was raised: its extra pods join its group by owner
+        (groupbook.join_group) and wait there beyond its free slots; they form a scale group of
+        what the Job asks beyond its groups' slots, matched all-or-nothing on what is free, as
+        a ReplicaSet's scale-up does. Called when the Job changes and when such a pod arrives
+        (the watches are not ordered). Only once a pod waits: a slot given back when a pod
+        succeeded lowers the groups' capacity while the Job's succeeded count (which says no
+        pod comes for it) may lag, and a group formed then would wait forever."""
+        g = self._side.book.groups.get(base)
+        if g is None or g.phase != Phase.RUNNING or not self._ctx.reconciled:
+            return  # (the replay after a restart: recovery.reconcile decides, on every pod seen)
+        if len(g.members) <= len(g.slots) - len(g.released):
+            return  # no pod can wait beyond its free slots (cheap: called on every pod of the Job)
+        for other in self.family(base)[1:]:
+            if other.phase == Phase.RUNNING:
+                # a scale group's slot kept for a replacement (its pod failed): the Job's new
+                # pod joined the base group by owner, so it moves to that slot
+                room = other.free_slots() - len(other.waiting())
+                for uid in g.waiting()[g.free_slots():][:max(0, room)]:
+                    self._side.book.add_member(other, uid, g.members.pop(uid))
+            elif other.phase == Phase.PROVISIONAL or other.phase in QUEUED:  # not started: the strays join it
+                self.take_strays(base, other)
+        wanted = kind.pods_left(obj) - sum(self.capacity(x) for x in self.family(base))
+        if len(g.waiting()) > g.free_slots() and wanted > 0:
+            self.new_scale_group(base, g, kind, wanted)
+
     def resize(self, g: Group, size: int) -> None:
         """A group that has not started (or is Unsatisfiable, its pods waiting) takes the
         workload's new size."""
@@ -383,7 +414,9 @@ class Scaling:
             if other.phase != Phase.RUNNING or other is g:
                 continue
             for uid in other.waiting()[other.free_slots():]:
-                if g.phase != Phase.PROVISIONAL or len(g.members) >= g.spec.size:
+                # (queued: a Job's scale group, queued without its pods; after a restart its
+                # pods joined the Job's base group by owner in the replay)
+                if (g.phase != Phase.PROVISIONAL and g.phase not in QUEUED) or len(g.members) >= g.spec.size:
                     return
                 self._side.book.add_member(g, uid, other.members.pop(uid))
 

@@ -69,6 +69,7 @@ class RecoveryScaling(Protocol):
     def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
     def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
     def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
+    def job_grown(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
 
 class RecoveryAllocation(Protocol):
@@ -545,6 +546,8 @@ class Recovery:
                 owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
                 if owner is not None and g.kind.size(owner) > len(g.slots) - len(g.released):
                     self._side.scaling.rescale(g.key, g.kind, owner)
+                if owner is not None:  # a raised Job's scale groups (recovered) take their pods back
+                    self._side.scaling.job_grown(g.key, g.kind, owner)
         for base, keys in list(self._side.scaling.scale_groups.items()):
             # pods the replay routed before every slot was claimed again: to the group that
             # still collects its pods (else a scale group waits for pods it already has)

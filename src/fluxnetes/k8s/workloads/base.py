@@ -190,6 +190,10 @@ class WorkloadKind:
         replicas = (obj.get("spec") or {}).get("replicas")
         return 1 if replicas is None else int(replicas)
 
+    def pods_left(self, obj: Mapping[str, Any]) -> int:
+        """Pods its controller runs at once from now on (``size`` unless some work is done)."""
+        return self.size(obj)
+
     def deadline(self, obj: Mapping[str, Any]) -> object:
         return None
 

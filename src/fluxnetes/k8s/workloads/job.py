@@ -47,6 +47,14 @@ class JobKind(WorkloadKind):
         comp = spec.get("completions")
         return par if comp is None else min(par, int(comp))
 
+    def pods_left(self, obj: Mapping[str, Any]) -> int:
+        # the Job controller runs no more pods than the completions not yet succeeded
+        comp = (obj.get("spec") or {}).get("completions")
+        if comp is None:
+            return self.size(obj)
+        succeeded = int((obj.get("status") or {}).get("succeeded") or 0)
+        return max(0, min(self.size(obj), int(comp) - succeeded))
+
     def deadline(self, obj: Mapping[str, Any]) -> object:
         return (obj.get("spec") or {}).get("activeDeadlineSeconds")
 
