@@ -1,7 +1,9 @@
 """Scale groups: a ReplicaSet (so a Deployment) or StatefulSet that grows after its group was
 allocated gets a new group "<group>-scale-N" (its own FluxJob) for the added pods, queued and
 matched all-or-nothing like any group while those pods stay gated; the running pods are
-untouched. Growing or shrinking before a group started resizes it. Shrinking gives back the
+untouched. A running Job whose parallelism is raised (or, after a restart without a usable
+allocation note, that was taken back at its placed pods' size) gets one the same way, once a
+pod of it waits beyond its groups' slots (``job_grown``). Growing or shrinking before a group started resizes it. Shrinking gives back the
 removed pods' shares (empty slots at once, the others as the controller deletes the pods),
 counting the base group and its scale groups together (its ``family``). ``route_pod`` decides
 which group of the family a new gated pod joins. Owned state: ``scale_groups`` (base group
