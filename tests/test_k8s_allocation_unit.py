@@ -12,7 +12,16 @@ from fluxnetes.k8s import names
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.scheduling import allocation_note
 from fluxnetes.k8s.scheduling.placement import ANN_SLOT
-from test_k8s_prune import RecordingKube, bound, finished, make_controller, pod, settle, started_job
+from test_k8s_prune import (
+    RecordingKube,
+    bind_to_slots,
+    bound,
+    finished,
+    make_controller,
+    pod,
+    settle,
+    started_job,
+)
 
 
 class Recording(RecordingKube):
@@ -115,9 +124,7 @@ def test_a_deleted_jobs_room_goes_back_only_as_its_pods_go() -> None:
             c.handle(("Pod", "ADDED", p))
         await settle(c)
         assert g.phase == Phase.RUNNING and all(g.slot_pod)
-        placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
-        for p in placed:
-            c.handle(("Pod", "MODIFIED", p))
+        placed = bind_to_slots(c, g, pods)
         cores = sum(s.cores for s in g.held.values())
         c.handle(("Job", "DELETED", j))
         assert g.phase == Phase.CANCELLED
@@ -187,9 +194,7 @@ def test_a_job_past_its_deadline_says_so() -> None:
         for p in pods:
             c.handle(("Pod", "ADDED", p))
         await settle(c)
-        placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
-        for p in placed:
-            c.handle(("Pod", "MODIFIED", p))
+        placed = bind_to_slots(c, g, pods)
         over = copy.deepcopy(j)
         over["spec"]["suspend"] = False
         over["status"] = {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",

@@ -20,7 +20,7 @@ from fluxnetes.k8s.controller import Controller
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
 from test_k8s_groupbook_unit import replicaset
-from test_k8s_prune import RecordingKube, bound, job, make_controller, pod, settle
+from test_k8s_prune import RecordingKube, bind_to_slots, job, make_controller, pod, settle
 
 
 def deleted(p: dict[str, Any]) -> dict[str, Any]:
@@ -54,9 +54,7 @@ async def running_job(c: Controller, name: str, parallelism: int, completions: i
         c.handle(("Pod", "ADDED", p))
     await settle(c)
     assert g.phase == Phase.RUNNING and all(g.slot_pod)
-    placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
-    for p in placed:
-        c.handle(("Pod", "MODIFIED", p))
+    placed = bind_to_slots(c, g, pods)
     return j, g, placed
 
 
@@ -117,9 +115,7 @@ def test_a_label_group_pod_deleted_gives_its_share_back_and_a_late_pod_waits() -
             c.handle(("Pod", "ADDED", p))
         await settle(c)
         g = c.groups[("ns", "g")]
-        placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
-        for p in placed:
-            c.handle(("Pod", "MODIFIED", p))
+        placed = bind_to_slots(c, g, pods)
         cores = held_cores(c, g)
         slot = g.slot_pod.index("pod-g-1")
         c.handle(("Pod", "DELETED", deleted(placed[1])))
@@ -192,9 +188,7 @@ def test_a_replicaset_pod_deleted_keeps_its_slot_unless_scaled_down() -> None:
             c.handle(("Pod", "ADDED", p))
         await settle(c)
         g = c.groups[("ns", "replicaset-web")]
-        placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
-        for p in placed:
-            c.handle(("Pod", "MODIFIED", p))
+        placed = bind_to_slots(c, g, pods)
         cores = held_cores(c, g)
         c.handle(("Pod", "DELETED", deleted(placed[0])))
         assert not g.released and held_cores(c, g) == cores

@@ -108,6 +108,14 @@ def bound(p: dict[str, Any], node_name: str) -> dict[str, Any]:
     return out
 
 
+def bind_to_slots(c: Controller, g: Any, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pod bound to the node of its slot in ``g``, as the operator sees it come back."""
+    placed = [bound(p, g.slots[g.slot_pod.index(p["metadata"]["uid"])]) for p in pods]
+    for p in placed:
+        c.handle(("Pod", "MODIFIED", p))
+    return placed
+
+
 def finished(p: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(p)
     out["status"]["phase"] = "Succeeded"
