@@ -89,6 +89,21 @@ def placed_by(p: dict[str, Any], patch: list[dict[str, Any]], ended: bool = Fals
     return finished(out) if ended else out
 
 
+async def job_of_four_two_placed(name: str, note: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                                      list[dict[str, Any]]]:
+    """A Job of 4 big pods after its first life, pods 0 and 1 placed and bound, 2 and 3 still
+    gated: (the Job, its 4 pods as first made, the 2 placed); ``note=False`` takes the
+    allocation note off the placed pods (placed by a version before the note)."""
+    j = big(job(name, 4))
+    ps = [big(pod(f"{name}-{i}", owner=j)) for i in range(4)]
+    _, patches = await first_life(PatchKube(), j, ps, ("ns", f"job-{name}"))
+    two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+    if not note:
+        for p in two:
+            p["metadata"]["annotations"].pop(names.ANN_ALLOCATION)
+    return j, ps, two
+
+
 def test_job_placed_in_part_comes_back_whole() -> None:
     """A Job of 4 pods of 16 cpu (the whole cluster): 2 placed (running, or ended as kwok
     makes them), the leader dies. The next one knows all 4 slots: the 2 gated pods are placed
@@ -164,11 +179,7 @@ def test_job_deleted_after_a_partial_placement_gives_everything_back() -> None:
     """The Job of a group placed in part is deleted after the restart: the slots waiting for
     pods are given back at once, the placed pods' as they go; nothing held at the end."""
     async def main() -> None:
-        kube = PatchKube()
-        j = big(job("d", 4))
-        ps = [big(pod(f"d-{i}", owner=j)) for i in range(4)]
-        _, patches = await first_life(kube, j, ps, ("ns", "job-d"))
-        two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+        j, ps, two = await job_of_four_two_placed("d")
         kube2 = PatchKube()
         kube2.pods = two + ps[2:]
         c = restart(kube2, [resumed(j)], [], two + ps[2:])
@@ -313,13 +324,7 @@ def test_job_placed_in_part_without_a_usable_note_places_its_other_pods() -> Non
     not hold: every node held once, no pod foreign. (Was: the group taken back at size 2, the
     waiting pods in it without a slot, forever.)"""
     async def main() -> None:
-        kube = PatchKube()
-        j = big(job("g", 4))
-        ps = [big(pod(f"g-{i}", owner=j)) for i in range(4)]
-        _, patches = await first_life(kube, j, ps, ("ns", "job-g"))
-        two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
-        for p in two:
-            p["metadata"]["annotations"].pop(names.ANN_ALLOCATION)
+        j, ps, two = await job_of_four_two_placed("g", note=False)
         kube2 = PatchKube()
         kube2.pods = two + ps[2:]
         c = restart(kube2, [resumed(j)], [], kube2.pods)
@@ -339,13 +344,7 @@ def test_job_placed_in_part_without_a_usable_note_then_lowered_gets_no_slot_back
     controller yet to delete the gated pods 2 and 3: the group is the 2 placed pods, the
     waiting pods get no scale group and no slot (they are going), the graph holds 2 nodes."""
     async def main() -> None:
-        kube = PatchKube()
-        j = big(job("g", 4))
-        ps = [big(pod(f"g-{i}", owner=j)) for i in range(4)]
-        _, patches = await first_life(kube, j, ps, ("ns", "job-g"))
-        two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
-        for p in two:
-            p["metadata"]["annotations"].pop(names.ANN_ALLOCATION)
+        j, ps, two = await job_of_four_two_placed("g", note=False)
         now = resumed(j)
         now["spec"]["parallelism"] = now["spec"]["completions"] = 2
         kube2 = PatchKube()
