@@ -59,7 +59,16 @@ def _session(seed: int, steps: int = 120) -> tuple[int, int]:
     fast = Matcher(_graph(nodes, cores, racks), "first", counters=True)
     walk = Matcher(_graph(nodes, cores, racks), "first")
     assert fast.counting
-    total = nodes * cores
+    allocated, live, _now = _random_steps(rng, fast, walk, steps, nodes * cores, whole, cores)
+    assert fast.counting, "the session left the counters"
+    return allocated, len(live)
+
+
+def _random_steps(rng: random.Random, fast: Matcher, walk: Matcher, steps: int, total: int, whole: bool,
+                  cores: int) -> tuple[int, list[int], int]:
+    """``steps`` random steps on both matchers, comparing every answer: time moves 0-3 s, then
+    a live job is cancelled, or a request of up to ``total`` cores (now and then one more) is
+    asked for its satisfiability or allocated. (allocations, the live jobs, the time at the end)"""
     live: list[int] = []
     now = 0
     allocated = 0
@@ -81,8 +90,7 @@ def _session(seed: int, steps: int = 120) -> tuple[int, int]:
         if a.ok:
             live.append(a.jobid)
             allocated += 1
-    assert fast.counting, "the session left the counters"
-    return allocated, len(live)
+    return allocated, live, now
 
 
 def _cancel_or_allocate(rng: random.Random, fast: Matcher, walk: Matcher, live: list[int], now: int,
@@ -223,25 +231,7 @@ def test_static_policies_on_one_core_nodes(policy: str, seed: int) -> None:
     fast = Matcher(_graph(nodes, 1, 0), policy, counters=True)
     walk = Matcher(_graph(nodes, 1, 0), policy)
     assert fast.counting
-    live: list[int] = []
-    now = 0
-    allocated = 0
-    for _ in range(80):
-        now += rng.randint(0, 3)
-        if live and rng.random() < 0.4:
-            jid = live.pop(rng.randrange(len(live)))
-            fast.cancel(jid)
-            walk.cancel(jid)
-            continue
-        js = _spec(rng.randint(1, nodes + (1 if rng.random() < 0.1 else 0)), False, 1)
-        if rng.random() < 0.1:
-            _same(fast.satisfiability(js, now=now), walk.satisfiability(js, now=now))
-            continue
-        a, b = fast.allocate(js, now=now), walk.allocate(js, now=now)
-        _same(a, b)
-        if a.ok:
-            live.append(a.jobid)
-            allocated += 1
+    allocated, live, now = _random_steps(rng, fast, walk, 80, nodes, False, 1)
     assert fast.counting and allocated > 0
     js = _spec(nodes, False, 1, duration=50)
     _same(fast.allocate_orelse_reserve(js, now=now), walk.allocate_orelse_reserve(js, now=now))
