@@ -18,15 +18,13 @@ kwok deletes a pod at once, without a terminal phase (its DELETED event says Run
 
 from __future__ import annotations
 
-import json
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from k8s_helpers import OverbookingWatch, cleanup_webhooks, dev_cluster, namespace
-from test_k8s_operator import OperatorProc, job_complete, pod, pods, wait
+from k8s_helpers import Operator, OverbookingWatch, dev_cluster, namespace, operator_session
+from test_k8s_operator import apply, job_complete, pod, pods, wait
 
 pytestmark = pytest.mark.k8s
 
@@ -42,25 +40,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProc]:
-    op = OperatorProc(cluster, tmp_path_factory.mktemp("deleted-operator"))
-    op.start("--status-interval", "0.3")
-    try:
+def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    with operator_session(cluster, tmp_path_factory, "deleted-operator", "--status-interval", "0.3") as op:
         yield op
-    finally:
-        op.kill(signal.SIGTERM)
-        cleanup_webhooks(cluster)
 
 
 @pytest.fixture
-def ns(cluster: Any, operator: OperatorProc) -> Iterator[str]:
+def ns(cluster: Any, operator: Operator) -> Iterator[str]:
     with namespace(cluster) as name:
         yield name
-
-
-def apply(cluster: Any, ns: str, objs: list[dict[str, Any]]) -> None:
-    cluster.kubectl("apply", "-n", ns, "-f", "-",
-                    input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
 
 
 def running(cluster: Any, ns: str, selector: str) -> list[dict[str, Any]]:
