@@ -762,10 +762,9 @@ class Scheduler:
             self.profile.remove(job_id)
         if job_id in self._counted:  # (pinned: its nodes are freed, parked jobs may wake)
             self.freed(self._uncount(job_id) or None)
-        else:  # (not pinned: nothing counted per node, so no node list to build: freed())
+        else:  # (not pinned: nothing counted per node, so no node list to build)
             self._finite.discard(job_id)
-            self._released = True
-            self._freed = None
+            self.freed()
         return True
 
     def expire(self, job_id: str) -> bool:
