@@ -36,6 +36,7 @@ from fluxnetes.queue.walk import (
     _walk,
     job_duration,
     schedule_cycle,
+    too_big_reason,
 )
 
 __all__ = [
@@ -488,7 +489,7 @@ class Scheduler:
         for job in queue if depth is None else islice(queue, depth):
             cores = job.cores
             if cores > capacity:
-                rejected.append((job, f"needs {cores} cores; the whole graph has {capacity}"))
+                rejected.append((job, too_big_reason(cores, capacity)))
                 continue
             answer: Any = None
             status = "BUSY"
