@@ -269,8 +269,10 @@ class FirstFit:
             # every free node is free whole; slots and whole nodes alike take the first
             # `count` in `first`'s order (each gives one candidate: no surplus to rank).
             # They come off the free lists here (commit() keeps them; another select()
-            # first puts them back), so a job costs what it takes, not the machine's size
-            self._unpend()
+            # first puts them back), so a job costs what it takes, not the machine's size.
+            # (Checked here: select() runs once per job, and is nearly always committed)
+            if self.pending is not None:
+                self._unpend(self.pending)
             fresh = self.fresh
             reused = self.reused
             if count > len(fresh) + len(reused):
@@ -295,11 +297,8 @@ class FirstFit:
             return None
         return self._nodes(count)
 
-    def _unpend(self) -> None:
-        """Put back what the last select() took when no commit() followed it."""
-        took = self.pending
-        if took is None:
-            return
+    def _unpend(self, took: list[int]) -> None:
+        """Put back ``took``, what the last select() took, when no commit() followed it."""
         self.pending = None
         fresh = self.fresh
         reused = self.reused

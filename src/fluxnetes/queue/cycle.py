@@ -36,6 +36,7 @@ from fluxnetes.queue.walk import (
     _walk,
     job_duration,
     schedule_cycle,
+    too_big_reason,
 )
 
 __all__ = [
@@ -488,7 +489,7 @@ class Scheduler:
         for job in queue if depth is None else islice(queue, depth):
             cores = job.cores
             if cores > capacity:
-                rejected.append((job, f"needs {cores} cores; the whole graph has {capacity}"))
+                rejected.append((job, too_big_reason(cores, capacity)))
                 continue
             answer: Any = None
             status = "BUSY"
@@ -762,10 +763,9 @@ class Scheduler:
             self.profile.remove(job_id)
         if job_id in self._counted:  # (pinned: its nodes are freed, parked jobs may wake)
             self.freed(self._uncount(job_id) or None)
-        else:  # (not pinned: nothing counted per node, so no node list to build: freed())
+        else:  # (not pinned: nothing counted per node, so no node list to build)
             self._finite.discard(job_id)
-            self._released = True
-            self._freed = None
+            self.freed()
         return True
 
     def expire(self, job_id: str) -> bool:

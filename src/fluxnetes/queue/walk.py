@@ -153,6 +153,12 @@ class _Unsatisfiable:
     reason: str
 
 
+def too_big_reason(cores: int, capacity: int) -> str:
+    """Why a job needing ``cores`` is rejected on a graph of ``capacity`` cores (the walk,
+    ``Scheduler.start_from_head`` and the simulator at submission say it alike)."""
+    return f"needs {cores} cores; the whole graph has {capacity}"
+
+
 def too_big_run(queue: Sequence[QueuedJob], i: int, stop: int, free: int, capacity: int) -> int:
     """The first position from ``i`` (before ``stop``) of a job that needs at most ``free``
     cores, or more than ``capacity`` (the walk rejects those); ``stop`` if none."""
@@ -214,9 +220,7 @@ def _walk(
         result.considered += 1
         cores = job.cores
         if capacity is not None and cores > capacity:
-            result.unsatisfiable.append(
-                (job, f"needs {cores} cores; the whole graph has {capacity}")
-            )
+            result.unsatisfiable.append((job, too_big_reason(cores, capacity)))
             continue
         reserve = limit is None or walk.reservations < limit
         if not reserve and not keep and hints is None and backfill and free_now is not None \

@@ -165,6 +165,7 @@ def _run(
     # count oracle shares this module's types and never needs them
     from fluxnetes.queue import QueuedJob
     from fluxnetes.queue.protocol import cores_of, share_tuple
+    from fluxnetes.queue.walk import too_big_reason
 
     ordered = sorted(jobs, key=lambda j: j.submit)  # stable: trace order at one instant
     outcomes = {job.id: JobOutcome(job) for job in ordered}
@@ -317,7 +318,7 @@ def _run(
             least = min_cores_for(job) if min_cores_for else 0
             cores = least if min_cores_for else job.procs
             if cores > total_cores:
-                reason = f"needs {cores} cores; the whole graph has {total_cores}"
+                reason = too_big_reason(cores, total_cores)
                 outcomes[job.id].rejected = reason
                 state.done += 1
                 if observer is not None:
