@@ -438,7 +438,8 @@ class GroupBook:
         owner = controller_of(meta)
         okind = kind_of(owner.kind) if owner else None
         if owner is not None and okind is not None and okind.owns_pods:
-            if self.owner_obj(owner, ns) is None:  # its owner (this uid) not seen yet
+            owner_obj = self.owner_obj(owner, ns)
+            if owner_obj is None:  # its owner (this uid) not seen yet
                 self._parked[uid] = pod
                 return
             gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
@@ -446,15 +447,13 @@ class GroupBook:
                 if gkey in self._groups and self.same_owner(self._groups[gkey], owner.uid):
                     # a workload group (Job): pods join by owner
                     self.add_member(self._groups[gkey], uid, pod)
-                    owner_obj = self.owner_obj(owner, ns)
-                    if owner_obj is not None:  # beyond a running Job's slots: its parallelism was raised
-                        self._side.scaling.job_grown(gkey, okind, owner_obj)
+                    # beyond a running Job's slots: its parallelism was raised
+                    self._side.scaling.job_grown(gkey, okind, owner_obj)
                     return
             elif (gkey in self._groups or gkey in self._side.scaling.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
                 target = self._side.scaling.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
                 if target is None:
-                    owner_obj = self.owner_obj(owner, ns)
-                    target = self._side.scaling.replacement_group(gkey, okind, owner_obj) if owner_obj is not None else None
+                    target = self._side.scaling.replacement_group(gkey, okind, owner_obj)
                 if target is not None:
                     self.add_member(target, uid, pod)
                     return
