@@ -271,6 +271,10 @@ class Scaling:
             return len(g.slots) - len(g.released)
         return 0 if g.phase.final else g.spec.size
 
+    def family_capacity(self, base: tuple[str, str]) -> int:
+        """Pods a workload's live groups (its ``family``) stand for together."""
+        return sum(self.capacity(g) for g in self.family(base))
+
     def survivors(self, base: tuple[str, str], owner_uid: str) -> int:
         """Pods of the workload still running outside its live groups: survivors of a group
         failed by node loss (members whose shares it keeps until they end) and, after a
@@ -362,7 +366,7 @@ class Scaling:
                     self._side.book.add_member(other, uid, g.members.pop(uid))
             elif other.phase == Phase.PROVISIONAL or other.phase in QUEUED:  # not started: the strays join it
                 self.take_strays(base, other)
-        wanted = kind.pods_left(obj) - sum(self.capacity(x) for x in self.family(base))
+        wanted = kind.pods_left(obj) - self.family_capacity(base)
         if len(g.waiting()) > g.free_slots() and wanted > 0:
             self.new_scale_group(base, g, kind, wanted)
 
