@@ -162,8 +162,7 @@ class Scaling:
             return
         name = str(_meta(obj).get("name", ""))
         base = object_name(f"{kind.kind.lower()}-{wl.get('name', '')}")
-        scale = name.startswith(base + SCALE_SEP) and name.rsplit(SCALE_SEP, 1)[-1].isdigit()
-        if kind.resume_patch({}) is not None and not scale:  # queued whole (a Job): never queued again
+        if kind.resume_patch({}) is not None and scale_number(name, base) is None:  # queued whole (a Job): never queued again
             self._ended_workloads.add(str(wl["uid"]))
         elif kind.owns_pods:  # replicated, or a Job's scale group (job_grown): that group name is spent
             self._spent_names.setdefault(str(wl["uid"]), set()).add(name)
@@ -180,8 +179,7 @@ class Scaling:
     def next_scale_name(self, base: tuple[str, str], owner_uid: str) -> str:
         """"<base>-scale-N" with N above every live and spent scale group of the workload."""
         names = [k[1] for k in self._scale_groups.get(base, ())] + list(self._spent_names.get(owner_uid, ()))
-        used = {int(n.rsplit(SCALE_SEP, 1)[-1]) for n in names
-                if n.startswith(base[1] + SCALE_SEP) and n.rsplit(SCALE_SEP, 1)[-1].isdigit()}
+        used = {n for n in (scale_number(name, base[1]) for name in names) if n is not None}
         return f"{base[1]}{SCALE_SEP}{max(used, default=0) + 1}"
 
     # ---------------------------------------------------------------- scaling
@@ -450,3 +448,11 @@ class Scaling:
                  fam[0].qid, _meta(pod).get("name", ""), kind.kind,
                  kind.size(obj) if obj is not None else "?")
         return fam[0]
+
+
+def scale_number(name: str, base_name: str) -> int | None:
+    """N when ``name`` is "<base_name>-scale-N", else None."""
+    if not name.startswith(base_name + SCALE_SEP):
+        return None
+    n = name.rsplit(SCALE_SEP, 1)[-1]
+    return int(n) if n.isdigit() else None
