@@ -328,3 +328,38 @@ def test_a_jobs_ended_scale_group_spends_its_name_and_does_not_end_the_job() -> 
     assert c.scaling.next_scale_name(KEY, "job-g") == "job-g-scale-2"
     c.scaling.on_fluxjob(fluxjob("job-g"))
     assert c.scaling.ended("job-g")
+
+
+def test_a_raised_job_that_failed_while_the_operator_was_away_ends_its_waiting_scale_group_as_live() -> None:
+    """Raised to 6 on 4 nodes (the scale group of 4 waits), then the Job fails while the
+    operator is away: after the restart the waiting scale group ends as it does when the
+    operator sees the failure live (cancelled: it never ran), not with the Job's outcome."""
+    from test_k8s_recovery_unit import Kube, placed, restart
+    from test_k8s_recovery_unit import controller as recovery_controller
+
+    async def main() -> None:
+        kube = Kube()
+        c = recovery_controller(kube)
+        c.reconciled = True
+        await running_two(c, kube)
+        c.handle(("Job", "MODIFIED", big_job(6, suspend=False)))
+        for i in range(2, 6):
+            c.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c)
+        base = c.groups[KEY]
+        (scale,) = c.scaling.scale_groups[KEY]
+        pods = [job_pod(i) for i in range(2, 6)]
+        for slot, uid in enumerate(base.slot_pod):
+            fresh = job_pod(int(str(base.members[uid]["metadata"]["name"]).split("-")[1]))
+            pods.append(placed(fresh, base.slots[slot], slot, int(base.jobid or 0), base.spec.name))
+        over = big_job(6, suspend=False)
+        over["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+        c2 = restart(kube, [over], list(kube.fluxjobs.values()), pods)
+        await settle(c2)
+        await settle(c2)
+        st = kube.fluxjobs[scale]["status"]  # (the ended group itself is pruned)
+        assert st["phase"] == "Cancelled" and not st.get("shares"), st
+        assert "finished before this group was allocated" in st["reason"], st["reason"]
+        assert sorted(kube.placed) == ["g-0", "g-1"]
+
+    asyncio.run(main())

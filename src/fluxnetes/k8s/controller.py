@@ -259,7 +259,7 @@ class Controller(Context):
         elif g is not None and kind.resume_patch(obj) is not None:
             if g.kind is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
                 self.book.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
-            elif g.phase == Phase.RUNNING and kind.size(obj) < sum(map(self.scaling.capacity, self.scaling.family(gkey))):
+            elif g.phase == Phase.RUNNING and kind.size(obj) < self.scaling.family_capacity(gkey):
                 self.scaling.rescale(gkey, kind, obj)  # parallelism lowered: give back empty slots
             elif g.phase == Phase.RUNNING:
                 self.scaling.job_grown(gkey, kind, obj)  # parallelism raised: its waiting pods get a group

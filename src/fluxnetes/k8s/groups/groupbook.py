@@ -68,6 +68,7 @@ class BookScaling(Protocol):
     def base_key(self, g: Group) -> tuple[str, str] | None: ...
     def capacity(self, g: Group) -> int: ...
     def family(self, base: tuple[str, str], stuck: bool = False) -> list[Group]: ...
+    def family_capacity(self, base: tuple[str, str]) -> int: ...
     def follow_owner(self, kind_name: str, namespace: str, name: str) -> None: ...
     def index_group(self, g: Group) -> None: ...
     def index_scale_group(self, g: Group) -> None: ...
@@ -438,7 +439,8 @@ class GroupBook:
         owner = controller_of(meta)
         okind = kind_of(owner.kind) if owner else None
         if owner is not None and okind is not None and okind.owns_pods:
-            if self.owner_obj(owner, ns) is None:  # its owner (this uid) not seen yet
+            owner_obj = self.owner_obj(owner, ns)
+            if owner_obj is None:  # its owner (this uid) not seen yet
                 self._parked[uid] = pod
                 return
             gkey = (ns, object_name(f"{owner.kind.lower()}-{owner.name}"))
@@ -446,15 +448,13 @@ class GroupBook:
                 if gkey in self._groups and self.same_owner(self._groups[gkey], owner.uid):
                     # a workload group (Job): pods join by owner
                     self.add_member(self._groups[gkey], uid, pod)
-                    owner_obj = self.owner_obj(owner, ns)
-                    if owner_obj is not None:  # beyond a running Job's slots: its parallelism was raised
-                        self._side.scaling.job_grown(gkey, okind, owner_obj)
+                    # beyond a running Job's slots: its parallelism was raised
+                    self._side.scaling.job_grown(gkey, okind, owner_obj)
                     return
             elif (gkey in self._groups or gkey in self._side.scaling.scale_groups) and not explicit_group(_meta(pod).get("labels") or {}):
                 target = self._side.scaling.route_pod(gkey, okind, pod)  # replicas: base group or a scale group
                 if target is None:
-                    owner_obj = self.owner_obj(owner, ns)
-                    target = self._side.scaling.replacement_group(gkey, okind, owner_obj) if owner_obj is not None else None
+                    target = self._side.scaling.replacement_group(gkey, okind, owner_obj)
                 if target is not None:
                     self.add_member(target, uid, pod)
                     return
@@ -531,7 +531,7 @@ class GroupBook:
         if base is not None and g.kind is not None and (
                 g.kind.resume_patch({}) is None or g.key == base or g.key in self._side.scaling.scale_groups.get(base, ())):
             # with its scale groups (a Job has some once its parallelism was raised: job_grown)
-            unreleased = sum(self._side.scaling.capacity(x) for x in self._side.scaling.family(base))
+            unreleased = self._side.scaling.family_capacity(base)
         succeeded = (pod.get("status") or {}).get("phase") == "Succeeded"
         # Who makes a pod for this one? Nothing for a pod without a workload (a label group of
         # bare pods, a lone pod) nor for a finished or suspended workload, nor past the pods

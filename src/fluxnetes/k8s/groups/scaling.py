@@ -162,8 +162,7 @@ class Scaling:
             return
         name = str(_meta(obj).get("name", ""))
         base = object_name(f"{kind.kind.lower()}-{wl.get('name', '')}")
-        scale = name.startswith(base + SCALE_SEP) and name.rsplit(SCALE_SEP, 1)[-1].isdigit()
-        if kind.resume_patch({}) is not None and not scale:  # queued whole (a Job): never queued again
+        if kind.resume_patch({}) is not None and scale_number(name, base) is None:  # queued whole (a Job): never queued again
             self._ended_workloads.add(str(wl["uid"]))
         elif kind.owns_pods:  # replicated, or a Job's scale group (job_grown): that group name is spent
             self._spent_names.setdefault(str(wl["uid"]), set()).add(name)
@@ -180,8 +179,7 @@ class Scaling:
     def next_scale_name(self, base: tuple[str, str], owner_uid: str) -> str:
         """"<base>-scale-N" with N above every live and spent scale group of the workload."""
         names = [k[1] for k in self._scale_groups.get(base, ())] + list(self._spent_names.get(owner_uid, ()))
-        used = {int(n.rsplit(SCALE_SEP, 1)[-1]) for n in names
-                if n.startswith(base[1] + SCALE_SEP) and n.rsplit(SCALE_SEP, 1)[-1].isdigit()}
+        used = {n for n in (scale_number(name, base[1]) for name in names) if n is not None}
         return f"{base[1]}{SCALE_SEP}{max(used, default=0) + 1}"
 
     # ---------------------------------------------------------------- scaling
@@ -270,6 +268,10 @@ class Scaling:
         if g.phase == Phase.RUNNING:
             return len(g.slots) - len(g.released)
         return 0 if g.phase.final else g.spec.size
+
+    def family_capacity(self, base: tuple[str, str]) -> int:
+        """Pods a workload's live groups (its ``family``) stand for together."""
+        return sum(self.capacity(g) for g in self.family(base))
 
     def survivors(self, base: tuple[str, str], owner_uid: str) -> int:
         """Pods of the workload still running outside its live groups: survivors of a group
@@ -362,7 +364,7 @@ class Scaling:
                     self._side.book.add_member(other, uid, g.members.pop(uid))
             elif other.phase == Phase.PROVISIONAL or other.phase in QUEUED:  # not started: the strays join it
                 self.take_strays(base, other)
-        wanted = kind.pods_left(obj) - sum(self.capacity(x) for x in self.family(base))
+        wanted = kind.pods_left(obj) - self.family_capacity(base)
         if len(g.waiting()) > g.free_slots() and wanted > 0:
             self.new_scale_group(base, g, kind, wanted)
 
@@ -446,3 +448,11 @@ class Scaling:
                  fam[0].qid, _meta(pod).get("name", ""), kind.kind,
                  kind.size(obj) if obj is not None else "?")
         return fam[0]
+
+
+def scale_number(name: str, base_name: str) -> int | None:
+    """N when ``name`` is "<base_name>-scale-N", else None."""
+    if not name.startswith(base_name + SCALE_SEP):
+        return None
+    n = name.rsplit(SCALE_SEP, 1)[-1]
+    return int(n) if n.isdigit() else None

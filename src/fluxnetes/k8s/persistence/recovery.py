@@ -146,7 +146,7 @@ class Recovery:
             # good with no pod to use them (the chaos soak: its Failed status write was lost
             # with an API server restart, its FluxJob still said Running on the lost node)
             self._side.allocation.release_all(g)
-            g.held, g.alloc = {}, []
+            g.alloc = []  # (release_all emptied g.held)
             g.end = self._ctx.now()
             reason = (f"none of its pods is left, and its allocation from before the restart is on "
                       f"nodes that are gone ({', '.join(gone)})")
