@@ -64,7 +64,9 @@ def gated(p: dict[str, Any]) -> bool:
 def test_a_running_job_pod_deleted_is_retried_on_its_kept_slot(cluster: Any, ns: str) -> None:
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "gang"},
            "spec": {"parallelism": 3, "completions": 3, "completionMode": "Indexed", "backoffLimit": 2,
-                    "template": {"metadata": {"annotations": {DELAY: "15s"}},
+                    # long enough that index 0 still runs when it is deleted, even on a slow,
+                    # busy machine (the test waits for states; this only bounds the run)
+                    "template": {"metadata": {"annotations": {DELAY: "60s"}},
                                  "spec": {"restartPolicy": "Never",
                                           "containers": [{"name": "c", "image": "busybox",
                                                           "resources": {"requests": {"cpu": "2"}}}]}}}}
@@ -85,7 +87,7 @@ def test_a_running_job_pod_deleted_is_retried_on_its_kept_slot(cluster: Any, ns:
         again = wait("index 0 made again and placed", retried, timeout=90)
         assert again["metadata"]["annotations"]["fluxnetes.io/slot"] == slot
         assert again["spec"]["nodeName"] == node  # the slot kept for it: the same node
-        wait("gang complete", lambda: job_complete(cluster, ns, "gang"), timeout=120)
+        wait("gang complete", lambda: job_complete(cluster, ns, "gang"), timeout=300)
     assert watch.violations == []
 
 
