@@ -577,7 +577,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     if args.variant or args.variant_src:  # e.g. before/after a change, in the same run
         for v in args.variant:  # label=operator args
             label, _, extra = v.partition("=")
-            runs.append((f"fluxnetes_{label}", "suspend", extra.split(), None))
+            runs.append((f"fluxnetes_{label}", args.job_modes[0], extra.split(), None))
         extra_of = dict(v.partition("=")[::2] for v in args.variant_args)
         for v in args.variant_src:  # label=a checkout's src/
             label, _, src = v.partition("=")
@@ -732,14 +732,15 @@ def main() -> None:
         "--job-modes",
         default="auto",
         type=lambda t: t.split(","),
-        help="operator --job-mode values to run, comma separated (placement: the default, auto)",
+        help="operator --job-mode values to run, comma separated (auto: the operator's default; suspend; gate); "
+        "--variant and --variant-src runs use the first",
     )
     ap.add_argument(
         "--variant",
         action="append",
         default=[],
         help="LABEL=ARGS: run the operator with these extra `fluxnetes run` arguments as "
-        "fluxnetes_LABEL (repeatable; replaces --job-modes), e.g. before/after in one run",
+        "fluxnetes_LABEL (repeatable; replaces --job-modes but for its first value, the job mode), e.g. before/after in one run",
     )
     ap.add_argument(
         "--variant-src",
