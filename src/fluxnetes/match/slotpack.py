@@ -125,11 +125,10 @@ def free_candidates(
     return per, unit
 
 
-def pack_slots(per: Per, high: bool, split: bool) -> list[Slot]:
-    """cnt_slot (how many slots the candidates give: whole candidates, remainders not
-    carried; split pools carry theirs), then the slots' members, sorted by key.
-    ``per``: per slot element, (count per slot, candidates (score, amount, vertex) in
-    packing order)."""
+def count_slots(per: Per, split: bool) -> int:
+    """cnt_slot: how many slots the candidates give, the fewest over the elements (whole
+    candidates, remainders not carried; a split pool carries its remainder). Every count in
+    ``per`` is at least 1."""
     nslots = None
     for cnt, cands in per:
         fit = 0
@@ -145,12 +144,17 @@ def pack_slots(per: Per, high: bool, split: bool) -> list[Slot]:
                 fit += 1
                 acc = 0
         nslots = fit if nslots is None else min(nslots, fit)
-    if not nslots:
-        return []
-    slots: list[Slot] = []
+    return nslots or 0
+
+
+def build_slots(per: Per, nslots: int, split: bool) -> list[tuple[int, list[tuple[VState, int]]]]:
+    """The first ``nslots`` slots, in packing order: (score, members (vertex, amount)). Each
+    element's candidates are taken in turn; a split pool gives a slot what it still needs and
+    the next slot the rest. Fewer slots when the candidates run out."""
+    out: list[tuple[int, list[tuple[VState, int]]]] = []
     pos = [0] * len(per)
-    left = [0] * len(per)
-    for i in range(nslots):
+    left = [0] * len(per)  # split pools: amount left in the current candidate
+    for _ in range(nslots):
         score = 1
         members: list[tuple[VState, int]] = []
         for ei, (cnt, cands) in enumerate(per):
@@ -158,8 +162,7 @@ def pack_slots(per: Per, high: bool, split: bool) -> list[Slot]:
             while j < cnt:
                 gi = pos[ei]
                 if gi >= len(cands):
-                    slots.sort(key=slot_key)
-                    return slots
+                    return out
                 s, a, c = cands[gi]
                 if split and c.v.size > 1 and not c.children:
                     if left[ei] == 0:
@@ -176,7 +179,21 @@ def pack_slots(per: Per, high: bool, split: bool) -> list[Slot]:
                 members.append((c, a))
                 score += s
                 j += a
-        slots.append((-score if high else score, i, members))
+        out.append((score, members))
+    return out
+
+
+def pack_slots(per: Per, high: bool, split: bool) -> list[Slot]:
+    """A host's slots sorted by key (the root's order: descending score when ``high``).
+    ``per``: per slot element, (count per slot, candidates (score, amount, vertex) in
+    packing order)."""
+    nslots = count_slots(per, split)
+    if not nslots:
+        return []
+    slots: list[Slot] = [
+        (-score if high else score, i, members)
+        for i, (score, members) in enumerate(build_slots(per, nslots, split))
+    ]
     slots.sort(key=slot_key)
     return slots
 

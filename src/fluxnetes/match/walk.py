@@ -8,11 +8,12 @@ The top layer of :class:`~.engine.Engine`."""
 from __future__ import annotations
 
 from fluxnetes.graph.model import UP
-from fluxnetes.jobspec.model import UINT_MAX, Resource
+from fluxnetes.jobspec.model import Resource
 from fluxnetes.match.commit import Commit
 from fluxnetes.match.counts import calc_count, effective_max
 from fluxnetes.match.jobmeta import AT_ALLOC, AT_SAT, Meta, Share
 from fluxnetes.match.scoring import EG, Dfu, Evals, perf_class, score_runs, sort_groups
+from fluxnetes.match.slotpack import Per, build_slots, count_slots
 from fluxnetes.match.vstate import (
     VState,
 )
@@ -393,65 +394,27 @@ class Walk(Commit):
         for ev in dslot.m.values():  # dom_finish_slot: choose_accum_all
             if ev.qual:
                 sort_groups(ev.groups, high, self.exact)
-        # cnt_slot
-        qual_slots = UINT_MAX
-        per: list[tuple[Resource, int, list[EG]]] = []
+        # cnt_slot and the slots, packed as the slot index packs them (slotpack.py)
+        per: Per = []
         for elem in shape:
             evs = dslot.m.get(elem.type)
-            qc = evs.qual if evs is not None else 0
-            cnt = calc_count(elem.count, qc)
-            fit = 0
-            if cnt and evs is not None:
-                acc = 0
-                for g in evs.groups:
-                    e0 = g.edges[0]
-                    c0 = e0[3]
-                    if self.split_pools and c0 is not None and c0.v.size > 1 and not c0.children:
-                        acc += e0[0]
-                        fit += acc // cnt
-                        acc %= cnt
-                        continue
-                    acc += e0[0]
-                    if acc >= cnt:
-                        fit += 1
-                        acc = 0
-            if fit < qual_slots:
-                qual_slots = fit
-            per.append((elem, cnt, evs.groups if evs is not None else []))
-        if qual_slots == 0 or qual_slots == UINT_MAX:
-            return False
+            cnt = calc_count(elem.count, evs.qual) if evs is not None else 0
+            if cnt == 0 or evs is None:
+                return False
+            cands: list[tuple[int, int, VState]] = []
+            for g in evs.groups:
+                e0 = g.edges[0]
+                c = e0[3]
+                assert c is not None  # (only the root's group has no vertex)
+                cands.append((g.score, e0[0], c))
+            per.append((cnt, cands))
         split = self.split_pools
-        iters = [0] * len(per)
-        left = [0] * len(per)  # split pools: amount left in the current candidate
-        made: list[EG] = []
-        for _ in range(qual_slots):
-            score = 1
-            edges: list[tuple[int, int, bool, VState | None]] = []
-            for ei, (_elem, cnt, groups) in enumerate(per):
-                j = 0
-                while j < cnt:
-                    gi = iters[ei]
-                    if gi >= len(groups):
-                        return False
-                    g = groups[gi]
-                    e0 = g.edges[0]
-                    c = e0[3]
-                    if split and c is not None and c.v.size > 1 and not c.children:
-                        if left[ei] == 0:
-                            left[ei] = e0[0]
-                        take = min(left[ei], cnt - j)
-                        left[ei] -= take
-                        if left[ei] == 0:
-                            iters[ei] = gi + 1
-                        edges.append((take, take, True, c))
-                        score += g.score
-                        j += take
-                        continue
-                    iters[ei] = gi + 1
-                    edges.append((e0[0], e0[0], True, c))
-                    score += g.score
-                    j += e0[0]
-            made.append(EG(score, 1, True, edges))
-        for eg in made:
-            dfu.add("slot", eg)
+        qual_slots = count_slots(per, split)
+        if qual_slots == 0:
+            return False
+        made = build_slots(per, qual_slots, split)
+        if len(made) < qual_slots:
+            return False
+        for score, members in made:
+            dfu.add("slot", EG(score, 1, True, [(n, n, True, c) for c, n in members]))
         return True
