@@ -14,9 +14,7 @@ from fluxnetes.match.counts import calc_count, effective_max
 from fluxnetes.match.jobmeta import AT_ALLOC, AT_SAT, Meta, Share
 from fluxnetes.match.scoring import EG, Dfu, Evals, perf_class, score_runs, sort_groups
 from fluxnetes.match.slotpack import Per, build_slots, count_slots
-from fluxnetes.match.vstate import (
-    VState,
-)
+from fluxnetes.match.vstate import VState
 
 
 class Walk(Commit):
