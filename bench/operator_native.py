@@ -41,7 +41,10 @@ OPERATOR_ONLY: tuple[str, ...] = (
     "fluxnetes.k8s.persistence.status",
     "fluxnetes.k8s.persistence.fluxjob",
     "fluxnetes.jobspec.pods",
-    # not fluxnetes.match.fast: compiles, but fails at run time (SlotIndex._refresh: "tuple[object, int] or None object expected; got int")
+    # not fluxnetes.match.fast (now match.slotindex and its neighbours): compiles, but fails at run time (SlotIndex._refresh: "tuple[object, int] or None object expected; got int")
+    "fluxnetes.match.walktree",  # the Engine's layers: a compiled class's bases are compiled too
+    "fluxnetes.match.commit",
+    "fluxnetes.match.walk",
     "fluxnetes.match.engine",
 )
 SKIP = tuple(m for m in os.environ.get("OPERATOR_NATIVE_SKIP", "").split(",") if m)

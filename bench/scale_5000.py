@@ -7,7 +7,7 @@ For each node count, in a fresh subprocess (so RSS is per size):
 * build: Node dicts -> resource graph (the operator's path: graph.topology
   .from_k8s_nodes_topology, which k8s/topology.build_graph calls) -> Matcher (policy lonode,
   the operator's default); seconds and RSS growth;
-* the first allocate after the build also builds the matcher's fast slot index (match/fast.py):
+* the first allocate after the build also builds the matcher's fast slot index (match/slotindex.py):
   it is reported separately ("first_ms"), as the operator pays it on its first match after a
   start or a graph rebuild;
 * on an empty graph and on two 90%-full graphs, the time of one `allocate` of a 1-pod group and
@@ -195,7 +195,7 @@ def one_size(count: int, repeat: int, compare: bool = False) -> dict[str, Any]:
             # failing questions: allocate_orelse_reserve (no node has 16 cores free, nothing
             # ever ends, so no reservation: then the satisfiability question), plain allocate,
             # satisfiability alone. The first call of a new request shape also builds the
-            # slot index (fast.py) and the empty-graph slot counts (pristine.py): "first_ms".
+            # slot index (slotindex.py) and the empty-graph slot counts (pristine.py): "first_ms".
             for label, js in (("1pod_16cpu", big_one), ("10pod_16cpu", big_ten)):
                 st[f"fail_orelse_reserve_{label}"] = measure(m, "allocate_orelse_reserve", js, repeat, False)
                 st[f"fail_allocate_{label}"] = measure(m, "allocate", js, repeat, False)

@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MATCHER_TOP = [("match/matcher.py", "allocate"), ("match/matcher.py", "allocate_orelse_reserve"),
                ("match/matcher.py", "satisfiability"), ("match/matcher.py", "cancel")]
 MATCHER_PARTS = {
-    "walk (Engine.select)": [("match/engine.py", "select")],
-    "commit (Engine.update)": [("match/engine.py", "update")],
-    "release (Engine.remove_entries)": [("match/engine.py", "remove_entries")],
+    "walk (Engine.select)": [("match/walk.py", "select")],
+    "commit (Engine.update)": [("match/commit.py", "update")],
+    "release (Engine.remove_entries)": [("match/commit.py", "remove_entries")],
     "counters select (firstfit)": [("match/firstfit.py", "select")],
     "counters commit (firstfit)": [("match/firstfit.py", "commit")],
     "counters release (firstfit)": [("match/firstfit.py", "release")],

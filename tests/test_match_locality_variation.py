@@ -1,4 +1,4 @@
-"""`locality` and `variation` from the index fast paths (match/fast.py): every answer equals
+"""`locality` and `variation` from the index fast paths (match/slotindex.py, match/nodeindex.py): every answer equals
 the walk's (stable ties), on random graphs whose ids leave gaps or do not follow the tree,
 with perf_class properties set before and during a session, down nodes, hostlist
 constraints and cancels."""
@@ -16,8 +16,8 @@ from fluxnetes.graph import from_description
 from fluxnetes.graph.model import ResourceGraph
 from fluxnetes.jobspec import parse_jobspec
 from fluxnetes.match import Matcher
-from fluxnetes.match import fast as fastmod
-from fluxnetes.match.fast import ScoreRuns
+from fluxnetes.match import slotindex as slotindexmod
+from fluxnetes.match.scoreruns import ScoreRuns
 from fluxnetes.match.scoring import score_runs
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -112,12 +112,12 @@ def test_index_answers_equal_the_walks(seed: int, policy: str) -> None:
 @given(st.integers(0, 10**6))
 def test_locality_runs_wider_than_the_merge_limit_scan_the_hosts(seed: int) -> None:
     """Runs of many distinct scores are read by scanning hosts instead of merging buckets."""
-    old = fastmod._MERGE_MAX
-    fastmod._MERGE_MAX = 1
+    old = slotindexmod._MERGE_MAX
+    slotindexmod._MERGE_MAX = 1
     try:
         session(seed, "locality")
     finally:
-        fastmod._MERGE_MAX = old
+        slotindexmod._MERGE_MAX = old
 
 
 def test_the_index_answers_most_matches() -> None:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from fluxnetes.queue.policy import QueuePolicy
 from fluxnetes.store import JobState, Store, StoreUnavailable, Submission
 from fluxnetes.store.service import QueueService, wait_for_store
+from fluxnetes.store.transitions import lock_job
 from test_store_helpers import (
     fresh_pg_database,
     jobspec_text,
@@ -400,7 +401,7 @@ def test_postgres_one_cycle_at_a_time_and_rows_being_changed_are_skipped() -> No
             report = service(b, clock).run_cycle()
             assert report.skipped and report.started == []
         with a.session() as s:  # A is changing j0 (e.g. cancelling it) right now
-            a._lock_job(s, ids[0])
+            lock_job(s, a.backend, ids[0])
             report = service(b, clock).run_cycle()
             assert sorted(report.started) == ids[1:]  # j0 is left for the next cycle
         assert b.get(ids[0]).state is JobState.PENDING

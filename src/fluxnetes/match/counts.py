@@ -1,6 +1,6 @@
 """Fluxion's count rules (matcher_util ``calc_count``, fluxion-spec §2.4): how many of a
 jobspec resource to take when ``qc`` are qualified. Shared by the walk (:mod:`.engine`),
-the index fast paths (:mod:`.fast`), the pristine counts (:mod:`.pristine`) and the matcher,
+the index fast paths (:mod:`.slotindex`), the pristine counts (:mod:`.pristine`) and the matcher,
 so it lives apart from any of them.
 """
 

@@ -1,5 +1,20 @@
-"""The index fast paths' indexes (``match/fast.py``), one per request shape, built on first use
-and kept current as the matcher commits, releases and edits the graph."""
+"""The index fast paths: indexes that give the walk's answer for the common request shapes
+(``shapes.py``) of the policies that explore every child (the static ones, `locality`,
+`variation`) without walking every vertex (on a 4096-node core-level graph a walk is ~270k
+vertex visits per match). One index per request shape, built on first use and kept current as
+the matcher commits, releases and edits the graph:
+
+* ``SlotIndex`` (``slotindex.py``; a future window: ``slotwindow.py``) for
+  ``slot[N] -> {leaf types}`` with no node level;
+* ``NodeIndex`` (``nodeindex.py``) for ``node[N] (exclusive) -> slot[k] -> {leaf types}``.
+
+They return the *same* answer as the walk (with the stable tie-break; tests compare both on
+random graphs), and the matcher uses them only when their preconditions hold (otherwise it
+walks): a match at ``now`` while every recorded job is active at ``now`` (started at or
+before it, ending after it) - then "free over the window" is simply "no job on it". A jobspec
+constraint (RFC 31) is a filter on node vertices, as in the walk: hosts / nodes whose node
+fails it are skipped, and counts are taken against what remains.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +23,8 @@ from typing import Any
 from fluxnetes.graph.model import gc_paused
 from fluxnetes.jobspec.model import Resource
 from fluxnetes.match.engine import Engine
-from fluxnetes.match.fast import NodeIndex, SlotIndex
+from fluxnetes.match.nodeindex import NodeIndex
+from fluxnetes.match.slotindex import SlotIndex
 from fluxnetes.match.vstate import VState
 
 

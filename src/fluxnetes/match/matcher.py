@@ -22,7 +22,6 @@ from fluxnetes.match.edits import (
     set_vertex_status,
 )
 from fluxnetes.match.engine import Engine
-from fluxnetes.match.fast import SlotIndex, node_shape, slot_shape
 from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
 from fluxnetes.match.indexes import Indexes
 from fluxnetes.match.invariants import check_invariants
@@ -56,6 +55,8 @@ from fluxnetes.match.results import (
     node_shares,
 )
 from fluxnetes.match.satcache import SAT_CACHE_MAX, SatAnswers
+from fluxnetes.match.shapes import node_shape, slot_shape
+from fluxnetes.match.slotindex import SlotIndex
 from fluxnetes.match.spans import SAT_SAFE_END, JobSpans
 from fluxnetes.match.vstate import VState
 

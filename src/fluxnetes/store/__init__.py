@@ -3,6 +3,13 @@ clusters), and the queue service that runs the scheduling cycle against it. See 
 
 from fluxnetes.store.allocations import AllocationError, AllocationRecord, NodeAmount
 from fluxnetes.store.db import StoreConfigError, StoreError, StoreUnavailable, check_url, redact
+from fluxnetes.store.records import (
+    EventRecord,
+    JobNotFound,
+    JobRecord,
+    Submission,
+    SubmissionError,
+)
 from fluxnetes.store.states import (
     QUEUED,
     TERMINAL,
@@ -11,14 +18,7 @@ from fluxnetes.store.states import (
     JobState,
     check_transition,
 )
-from fluxnetes.store.store import (
-    EventRecord,
-    JobNotFound,
-    JobRecord,
-    Store,
-    Submission,
-    SubmissionError,
-)
+from fluxnetes.store.store import Store
 
 __all__ = [
     "QUEUED",

@@ -101,6 +101,17 @@ def write(s: Session, allocs: Sequence[Start]) -> None:
     )
 
 
+def release(s: Session, job_ids: Sequence[int], now: int) -> None:
+    """The jobs left running: their live allocations are marked released at ``now`` (the rows
+    stay, for the record; recovery and the queue service read only live ones)."""
+    a = ALLOCATIONS.c
+    s.connection().execute(
+        update(ALLOCATIONS)
+        .where(a.job_id.in_(job_ids), a.released_time.is_(None))
+        .values(released_time=now)
+    )
+
+
 def drop(s: Session, job_id: int, names: Iterable[str]) -> int:
     """The job gives back ``names`` whole. Returns how many nodes it still holds."""
     s.execute(

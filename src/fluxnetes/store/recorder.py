@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fluxnetes.store.allocations import NodeAmount, node_amount
+from fluxnetes.store.records import Submission
 from fluxnetes.store.states import JobState
-from fluxnetes.store.store import Store, Submission
+from fluxnetes.store.store import Store
 
 
 def _nodes(allocation: Any) -> list[NodeAmount]:

@@ -32,7 +32,8 @@ from typing import Any
 
 from fluxnetes.store.allocations import AllocationRecord, NodeAmount, node_amount
 from fluxnetes.store.db import StoreUnavailable, redact
-from fluxnetes.store.store import JobRecord, Store
+from fluxnetes.store.records import JobRecord
+from fluxnetes.store.store import Store
 
 log = logging.getLogger("fluxnetes.store.service")
 
