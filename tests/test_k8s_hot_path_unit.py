@@ -1,0 +1,89 @@
+"""Unit level (no cluster): the shortcuts on a single-pod Job's path (issue #31, the operator's
+CPU per Job: bench/event_handlers.py, bench/http_costs.py) give what the general code gives.
+
+- ``fluxjob.rfc3339`` formats whole seconds once each (a cache), other times as before;
+- ``TimedMatcher`` counts each outcome on a counter child looked up once per status;
+- the admission answer's JSON patch is encoded by orjson: the same operations as json's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from fluxnetes.k8s.admission import review
+from fluxnetes.k8s.cluster.mirror import TimedMatcher
+from fluxnetes.k8s.persistence import fluxjob
+from fluxnetes.match.results import MatchStatus
+from fluxnetes.metrics import METRICS
+
+
+def _general(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.parametrize("seconds", [0, 1, 59, 60, 1_764_474_000, 1_764_474_001, 4_102_444_800])
+def test_rfc3339_of_whole_seconds_is_the_general_formatting_also_when_asked_again(seconds: int) -> None:
+    assert fluxjob.rfc3339(seconds) == _general(seconds)
+    assert fluxjob.rfc3339(seconds) == _general(seconds)  # (the second answer comes from the cache)
+
+
+def test_rfc3339_of_other_times_is_formatted_as_before() -> None:
+    for t in (1_764_474_000.4, 1_764_474_000.9999, 12.5):
+        assert fluxjob.rfc3339(t) == _general(t)
+    assert fluxjob.rfc3339(True) == _general(True)  # a bool is an int subclass: not cached, same text
+
+
+def test_rfc3339_cache_stays_small() -> None:
+    for s in range(1000):
+        fluxjob.rfc3339(1_764_474_000 + s)
+    assert fluxjob._rfc3339_whole.cache_info().currsize <= 64
+
+
+class _Res:
+    def __init__(self, status: MatchStatus) -> None:
+        self.status = status
+
+
+class _Matcher:
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers
+
+    def allocate(self, js: Any, *, now: int = 0, jobid: int | None = None) -> Any:
+        a = self.answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    allocate_orelse_reserve = allocate
+
+
+def _count(outcome: str) -> float:
+    return METRICS.match_outcomes.labels(outcome=outcome)._value.get()
+
+
+def test_timed_matcher_counts_every_outcome_as_the_label_lookup_did() -> None:
+    before = {o: _count(o) for o in ("allocated", "busy", "reserved", "error")}
+    tm = TimedMatcher(_Matcher([_Res(MatchStatus.ALLOCATED), _Res(MatchStatus.BUSY), _Res(MatchStatus.ALLOCATED),
+                                RuntimeError("boom"), _Res(MatchStatus.RESERVED), _Res(MatchStatus.ALLOCATED)]))
+    tm.allocate(None)
+    tm.allocate(None)
+    tm.allocate(None)
+    with pytest.raises(RuntimeError):
+        tm.allocate(None)
+    tm.allocate_orelse_reserve(None)
+    tm.allocate(None)
+    after = {o: _count(o) for o in before}
+    assert {o: after[o] - before[o] for o in before} == {"allocated": 3, "busy": 1, "reserved": 1, "error": 1}
+
+
+def test_admission_patch_is_the_same_operations_as_json_encoded_them() -> None:
+    ops = [{"op": "add", "path": "/spec/template/metadata/labels", "value": {"fluxnetes.io/managed": "true"}},
+           {"op": "add", "path": "/metadata/annotations/x~1y", "value": "é ✓ \u2028"}]
+    patch = review._response("u", patch=ops)["response"]["patch"]
+    assert json.loads(base64.b64decode(patch)) == ops
+    assert json.loads(base64.b64decode(patch)) == json.loads(json.dumps(ops))
