@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "event_handlers.json"
 
 CHILD = r"""
-import asyncio, copy, gc, json, sys, time
+import asyncio, copy, gc, json, os, sys, time
 sys.path.insert(0, sys.argv[2])
 from test_k8s_prune import job, node, pod
 from fluxnetes.k8s import names
@@ -61,6 +61,9 @@ class StubKube(Kube):
         return {}
 
 
+REQUESTS = {"cpu": "1", "memory": "64Mi"}  # operator_bench.py's Job
+
+
 def held_job(i: int) -> dict:
     # what the webhook made of bench/operator_bench.py's Job (--placement auto, --job-mode
     # auto, no deadline): not suspended, its template held by fluxnetes' scheduler name
@@ -71,6 +74,7 @@ def held_job(i: int) -> dict:
     t = j["spec"]["template"]["spec"]
     t.pop("schedulingGates")
     t["schedulerName"] = names.SCHEDULER_NAME
+    t["containers"][0]["resources"]["requests"] = dict(REQUESTS)
     return j
 
 
@@ -78,10 +82,14 @@ def held_pod(j: dict) -> dict:
     p = pod(f"{j['metadata']['name']}-x", owner=j)
     p["spec"].pop("schedulingGates")
     p["spec"]["schedulerName"] = names.SCHEDULER_NAME
+    p["spec"]["containers"][0]["resources"]["requests"] = dict(REQUESTS)
     return p
 
 
 async def main() -> None:
+    # the operator's log lines (fluxnetes run: JSON, INFO), written where nobody reads them
+    from fluxnetes.logging import configure_logging
+    configure_logging("INFO", "json", stream=open(os.devnull, "w"))
     kube = StubKube()
     # --fluxjobs waiting, as operator_bench.py runs it; every pod its Event (the operator's
     # 20/s cap is above the rates it places pods at on a real cluster, not at this loop's)

@@ -3,18 +3,22 @@ CPU per Job: bench/event_handlers.py, bench/http_costs.py) give what the general
 
 - ``fluxjob.rfc3339`` formats whole seconds once each (a cache), other times as before;
 - ``TimedMatcher`` counts each outcome on a counter child looked up once per status;
-- the admission answer's JSON patch is encoded by orjson: the same operations as json's.
+- the admission answer's JSON patch is encoded by orjson: the same operations as json's;
+- a JSON log line holds the same fields, in the same order, as before its formatter's shortcuts.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from fluxnetes import logging as flog
 from fluxnetes.k8s.admission import review
 from fluxnetes.k8s.cluster.mirror import TimedMatcher
 from fluxnetes.k8s.persistence import fluxjob
@@ -87,3 +91,36 @@ def test_admission_patch_is_the_same_operations_as_json_encoded_them() -> None:
     patch = review._response("u", patch=ops)["response"]["patch"]
     assert json.loads(base64.b64decode(patch)) == ops
     assert json.loads(base64.b64decode(patch)) == json.loads(json.dumps(ops))
+
+
+def _reference_format(record: logging.LogRecord) -> dict[str, Any]:
+    """JsonFormatter's fields as it made them before its shortcuts (every value through _jsonable)."""
+    out: dict[str, Any] = {"ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
+                           "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+    for key, value in flog._bound().items():
+        out.setdefault(key, flog._jsonable(value))
+    for key, value in vars(record).items():
+        if key not in flog._RECORD_ATTRS and not key.startswith("_"):
+            out[key] = flog._jsonable(value)
+    return out
+
+
+def test_json_log_lines_are_the_fields_and_order_the_formatter_wrote_before() -> None:
+    stream = io.StringIO()
+    handler = flog.configure_logging("INFO", "json", stream=stream)
+    try:
+        log = logging.getLogger("fluxnetes.test.hot_path")
+        refs: list[dict[str, Any]] = []  # made as the line is written (inside its log context)
+        handler.addFilter(lambda r: refs.append(_reference_format(r)) or True)
+        with flog.log_context(job="ns/job-a", group="job-a", namespace="ns", jobid=3):
+            log.info("%s: %s -> %s", "ns/job-a", "Pending", "Running",
+                     extra={"phase": "Running", "size": 1, "jobid": 17, "nodes": ["n1", "n2"],
+                            "shares": {"n1": 2}, "ratio": 0.5, "ok": True, "none": None, "obj": object.__new__(_Res)})
+        log.warning("plain line")
+        lines = stream.getvalue().splitlines()
+        assert [json.loads(line) for line in lines] == refs
+        assert [list(json.loads(line)) for line in lines] == [list(r) for r in refs]  # the same key order
+        assert json.loads(lines[0])["group"] == "job-a"
+        assert json.loads(lines[0])["jobid"] == 17  # a record's own field wins over the context's
+    finally:
+        logging.getLogger().removeHandler(handler)

@@ -82,6 +82,9 @@ class ContextFilter(logging.Filter):
         return True
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})  # written as they are (_jsonable's first case)
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, str | int | float | bool) or value is None:
         return value
@@ -105,10 +108,10 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in _bound().items():
-            out.setdefault(key, _jsonable(value))
-        for key, value in vars(record).items():
-            if key not in _RECORD_ATTRS and not key.startswith("_"):
-                out[key] = _jsonable(value)
+            out.setdefault(key, value if type(value) in _PLAIN else _jsonable(value))
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRS and key[:1] != "_":
+                out[key] = value if type(value) in _PLAIN else _jsonable(value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
@@ -153,6 +156,14 @@ def configure_logging(
                 f"log level: must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {level!r}"
             )
         level = numeric
+    # Neither formatter writes where a call was made from, its thread or its process (those
+    # record attributes are never emitted: _RECORD_ATTRS), so the records need not collect them
+    # (the logging HOWTO's "Optimization"): ~5 us less per line, and the operator writes a
+    # line per phase change of every group (bench/event_handlers.py)
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ContextFilter())
