@@ -160,7 +160,7 @@ def configure_logging(
     # record attributes are never emitted: _RECORD_ATTRS), so the records need not collect them
     # (the logging HOWTO's "Optimization"): ~5 us less per line, and the operator writes a
     # line per phase change of every group (bench/event_handlers.py)
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
