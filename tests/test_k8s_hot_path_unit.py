@@ -124,3 +124,35 @@ def test_json_log_lines_are_the_fields_and_order_the_formatter_wrote_before() ->
         assert json.loads(lines[0])["jobid"] == 17  # a record's own field wins over the context's
     finally:
         logging.getLogger().removeHandler(handler)
+
+
+def test_the_webhook_sends_no_session_tickets() -> None:
+    # the API server's webhook client keeps no TLS session cache (client-go sets none): tickets
+    # would be made on every new connection and never used
+    import ssl
+    from datetime import timedelta
+
+    from fluxnetes.k8s.admission.webhook import ssl_context
+    from fluxnetes.k8s.certs import CertBundle, make_ca, make_serving
+
+    now = datetime.now(UTC) - timedelta(minutes=1)
+    ca_crt, ca_key = make_ca(now)
+    crt, key = make_serving(ca_crt, ca_key, ["localhost"], now)
+    server_ctx = ssl_context(CertBundle(ca_crt, ca_key, crt, key))
+    client_ctx = ssl.create_default_context(cadata=ca_crt.decode())
+    bios = [ssl.MemoryBIO() for _ in range(4)]
+    server = server_ctx.wrap_bio(bios[0], bios[1], server_side=True)
+    client = client_ctx.wrap_bio(bios[2], bios[3], server_hostname="localhost")
+    for _ in range(10):  # the handshake, then one byte each way (tickets follow the handshake)
+        for side in (client, server):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+        bios[0].write(bios[3].read())
+        bios[2].write(bios[1].read())
+    server.write(b"x")
+    bios[2].write(bios[1].read())
+    assert client.read() == b"x"
+    assert client.version() == "TLSv1.3"
+    assert client.session is not None and not client.session.has_ticket
