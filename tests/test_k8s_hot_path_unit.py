@@ -155,3 +155,17 @@ def test_the_webhook_sends_no_session_tickets() -> None:
     assert client.read() == b"x"
     assert client.version() == "TLSv1.3"
     assert client.session is not None and not client.session.has_ticket
+
+
+def test_log_timestamps_are_datetimes_isoformat_to_the_millisecond() -> None:
+    import random
+
+    rng = random.Random(31)
+    base = 1_764_474_000
+    times = [base + rng.random() * 5 for _ in range(5000)]  # (in time order and not: the cache)
+    times += [base + s + f for s in range(3) for f in (0.0, 0.0004995, 0.0005, 0.9994999, 0.9995, 0.9999994,
+                                                       0.9999995, 0.99999951, 0.9999999)]
+    times += [0.0, 0.5, 59.9999996, 86_399.9999996, 4_102_444_799.9999995]
+    rng.shuffle(times)
+    for t in times:
+        assert flog._utc_ms(t) == datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds"), t
