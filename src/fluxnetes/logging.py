@@ -96,7 +96,8 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-_second: list[Any] = [None, ""]  # the last whole second formatted, and its text
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text (one
+# tuple, read and replaced whole: threads that log (the lease's) never see a half-updated pair)
 
 
 def _utc_ms(t: float) -> str:
@@ -108,9 +109,11 @@ def _utc_ms(t: float) -> str:
     us = round((t - sec) * 1e6)
     if us >= 1_000_000:
         sec, us = sec + 1, us - 1_000_000
-    if _second[0] != sec:
-        _second[:] = [sec, _dt.datetime.fromtimestamp(sec, tz=_dt.UTC).isoformat()[:19]]
-    return f"{_second[1]}.{us // 1000:03d}+00:00"
+    global _second
+    known = _second
+    if known[0] != sec:
+        known = _second = (sec, _dt.datetime.fromtimestamp(sec, tz=_dt.UTC).isoformat()[:19])
+    return f"{known[1]}.{us // 1000:03d}+00:00"
 
 
 class JsonFormatter(logging.Formatter):
