@@ -428,3 +428,19 @@ def test_the_book_drives_the_real_scheduler_to_the_shares(shares: tuple[int, int
 def test_a_cap_holds_in_the_real_cycle() -> None:
     _, reasons = drive((1, 1), 30, cap_b=3)
     assert reasons and all(r.startswith("account team-b: max running cores 3") for r in reasons)
+
+
+def test_an_empty_queue_zeroes_the_queued_and_held_counts_with_or_without_limits() -> None:
+    # the cycle asks arrange([]) whenever nothing is queued: it answers from its shortcut
+    # (nothing held, every count 0), as the full computation did
+    for limits in ({"maxRunningCores": 4, "maxQueuedJobs": 1}, None):
+        book = FairShareBook(FairShareConfig(half_life=HOUR))
+        book.configure([account("a", **({"limits": limits} if limits else {}))], [namespace("ns-a", "a")], 0)
+        _, held = book.arrange([job("ns-a/one", submit=1), job("ns-a/two", submit=2)], 10)
+        assert held == ({"ns-a/two": "account a: max queued jobs 1 reached (1 queued ahead)"} if limits else {})
+        rows = {r.name: r for r in book.snapshot(10)}
+        assert (rows["a"].queued, rows["a"].held) == ((2, 1) if limits else (2, 0))
+        assert book.arrange([], 20) == ([], {})
+        rows = {r.name: r for r in book.snapshot(20)}
+        assert (rows["a"].queued, rows["a"].held) == (0, 0)
+        assert book.arrange([], 30) == ([], {}) and book.held(None, [], 30) == {}

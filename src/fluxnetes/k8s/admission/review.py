@@ -34,9 +34,10 @@ No API calls and no shared state: the webhook is a pure function, fast and repli
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Collection, Mapping
 from typing import Any
+
+import orjson
 
 from fluxnetes.jobspec.packing import PackingError, packing_from_annotations
 from fluxnetes.k8s import names
@@ -53,7 +54,7 @@ def _response(uid: str, allowed: bool = True, patch: JsonPatch | None = None,
     resp: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch:
         resp["patchType"] = "JSONPatch"
-        resp["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        resp["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     if message is not None and not allowed:
         resp["status"] = {"code": code, "message": message, "reason": "BadRequest" if code == 400 else "Forbidden"}
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}

@@ -49,9 +49,11 @@ class TimedMatcher:
 
     def __init__(self, matcher: Matcher) -> None:
         self._m = matcher
+        # outcome counter children by the result's status, looked up once each (a label
+        # lookup and the status' name cost more than the count itself, per match)
+        self._outcomes: dict[object, Any] = {}
 
-    @staticmethod
-    def _timed(fn: Callable[[], MatchResult]) -> MatchResult:
+    def _timed(self, fn: Callable[[], MatchResult]) -> MatchResult:
         t0 = time.perf_counter()
         try:
             res = fn()
@@ -60,8 +62,12 @@ class TimedMatcher:
             raise
         finally:
             METRICS.match_seconds.observe(time.perf_counter() - t0)
-        status = str(getattr(res, "status", "")).rsplit(".", 1)[-1].lower()
-        METRICS.match_outcomes.labels(outcome=status or "unknown").inc()
+        status = getattr(res, "status", "")
+        child = self._outcomes.get(status)
+        if child is None:
+            name = str(status).rsplit(".", 1)[-1].lower()
+            child = self._outcomes[status] = METRICS.match_outcomes.labels(outcome=name or "unknown")
+        child.inc()
         return res
 
     def allocate(self, js: Jobspec, *, now: int = 0, jobid: int | None = None) -> MatchResult:

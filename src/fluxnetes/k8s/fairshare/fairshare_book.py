@@ -270,6 +270,14 @@ class FairShareBook:
         return self._held_of(self.order(pending, now), running)
 
     def _held_of(self, ordered: Sequence[Job], running: Iterable[Job] | None) -> dict[str, str]:
+        if not ordered:
+            # nothing queued (most cycles of a quiet queue: the cycle asks to zero the counts):
+            # nothing is held and every count is 0, whichever branch below would run
+            if self._queued:
+                self._queued = Counter()
+            if self._held:
+                self._held = Counter()
+            return {}
         tree = self.fs.tree
         leaf_of: dict[str, str] = {}
 
