@@ -30,13 +30,12 @@ from fluxnetes.queue.walk import (
     CountedReservation,
     CycleResult,
     _reserved_key,
-    _satisfiable,
-    _shape_key,
     _Walk,
     _walk,
     job_duration,
     schedule_cycle,
     too_big_reason,
+    unsatisfiable_head,
 )
 
 __all__ = [
@@ -53,11 +52,17 @@ __all__ = [
 DYNAMIC_ORDER_POLICIES = frozenset({"first", "firstnodex"})
 
 
-@dataclass
 class _Running:
-    result: Any
-    cores: int
-    expired: bool = False  # its window is over and already given back in the matcher
+    """A running job: its match result and cores; ``expired``: its window is over and
+    already given back in the matcher (``Scheduler.expire``). (A plain class: one per job,
+    and a dataclass's ``__init__`` stays interpreted in the native build.)"""
+
+    __slots__ = ("cores", "expired", "result")
+
+    def __init__(self, result: Any, cores: int, expired: bool = False) -> None:
+        self.result = result
+        self.cores = cores
+        self.expired = expired
 
 
 @dataclass
@@ -441,6 +446,24 @@ class Scheduler:
         self._record(result)
         return result
 
+    def starts_nothing(self, queue: Sequence[QueuedJob], now: int) -> bool:
+        """(simulator) Would a ``cycle`` over ``queue`` at ``now`` start and reject nothing,
+        for certain? True with counted reservations, none held starting by ``now``, and
+        every waiting job needing more cores than the core profile has free at ``now``:
+        then no job fits now by count, so the walk asks the matcher nothing (a head that
+        cannot start gets its counted reservation from the profile alone) and only places
+        the head's reservation. The caller may skip such a cycle right after a ``release``:
+        the next cycle then walks in full (something was released since the last one), and
+        places that reservation from the state it sees. O(len(queue)), no matcher call."""
+        if self._policy.reservation_style != "counted" or self.profile is None:
+            return False
+        if self.reservations and self._due_from <= now:
+            return False  # (a lower bound: maybe one is due; then the cycle starts it)
+        free = self.free_now(now)
+        if free is None:
+            return False
+        return all(job.cores > free for job in queue)
+
     def start_from_head(
         self, queue: Sequence[QueuedJob], now: int, free: int
     ) -> tuple[list[tuple[QueuedJob, Any]], list[tuple[QueuedJob, str]]]:
@@ -507,18 +530,12 @@ class Scheduler:
             if status == "UNSATISFIABLE":
                 rejected.append((job, str(getattr(answer, "reason", "") or "unsatisfiable")))
                 continue
-            # BUSY: plain allocate says so even for a request that can never fit, so ask once
-            # per job and shape (as the walk does) before it blocks the queue
-            if job.id not in sat:
-                shape = _shape_key(job)
-                if shape not in sat:
-                    ok, reason = _satisfiable(matcher, job)
-                    calls += 1
-                    if not ok:
-                        rejected.append((job, reason))
-                        continue
-                sat.add(shape)
-                sat.add(job.id)
+            # BUSY: is it satisfiable at all (as the walk asks) before it blocks the queue?
+            reason, asked = unsatisfiable_head(matcher, job, sat)
+            calls += asked
+            if reason:
+                rejected.append((job, reason))
+                continue
             self._stuck = (job.id, free)
             break
         self.matcher_calls += calls
