@@ -172,7 +172,12 @@ def test_queued_job_is_a_value_as_the_dataclass_was() -> None:
 
     spec = batch_jobspec(3, 10)
     assert QueuedJob("8", spec, 0).cores == 3 and QueuedJob("8", spec, 0, min_cores=2).cores == 2
+    assert QueuedJob("8", spec, 0).duration == 10 and QueuedJob("9", None, 0).duration == 0
     assert repr(a).startswith("QueuedJob(id='7', ")
+    moved = QueuedJob("8", spec, 0, min_cores=2).replace(priority=4, min_cores=0)
+    assert (moved.id, moved.priority, moved.min_cores, moved.cores, moved.jobspec) == ("8", 4, 0, 3, spec)
+    with pytest.raises(TypeError, match="no field prio"):
+        a.replace(prio=1)
 
 
 def test_shape_key_is_made_once_per_resource_tree() -> None:

@@ -350,7 +350,7 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
 
     machine = machine_from_size(4, 1)
     jobs = [SimJob("1", 0, 10, 5, 2), SimJob("2", 0, 3, 10, 2), SimJob("3", 1, 4, 4, 3),
-            SimJob("4", 2, 2, 2, 1), SimJob("5", 6, 1, 1, 1)]
+            SimJob("4", 2, 2, 2, 1), SimJob("5", 6, 1, 1, 1), SimJob("6", 11, 1, 1, 1)]
     scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
                           QueuePolicy.parse("fcfs", reservation_style="counted"),
                           capacity_cores=machine.total_cores)
@@ -362,11 +362,22 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
         return original(now)
 
     scheduler.free_now = free_now  # type: ignore[method-assign]
+    expired: list[str] = []
+    expire = scheduler.expire
+
+    def record_expire(job_id: str) -> bool:
+        expired.append(job_id)
+        return expire(job_id)
+
+    scheduler.expire = record_expire  # type: ignore[method-assign]
     run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
                    min_cores_for=machine.min_cores)
     assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
-        "1": (0, 5), "2": (0, 3), "3": (5, 9), "4": (5, 7), "5": (7, 8)}
+        "1": (0, 5), "2": (0, 3), "3": (5, 9), "4": (5, 7), "5": (7, 8), "6": (11, 12)}
     assert len(asked) == 1
+    # only the jobs that run to their planned end are expired (J2 ended at 3, before its
+    # planned end at 10, which the run passes)
+    assert sorted(expired) == ["1", "3", "4", "5", "6"]
 
 
 def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[int]]:

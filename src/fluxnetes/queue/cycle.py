@@ -523,7 +523,7 @@ class Scheduler:
             if status == "ALLOCATED":
                 held = cores_of(answer)
                 running[job.id] = _Running(answer, held)
-                unplanned[job.id] = (now, job_duration(job), held)  # (see _unplanned)
+                unplanned[job.id] = (now, job.duration, held)  # (see _unplanned)
                 free -= held
                 started.append((job, answer))
                 continue

@@ -30,9 +30,14 @@ class QueuedJob:
     when every field but the jobspec is equal, as the frozen dataclass it replaces was. A
     plain class with slots, not a dataclass: the simulator builds one per job, and a
     dataclass's generated ``__init__`` runs as interpreted Python even in the native build.
+
+    Read from the jobspec once, here (a cycle asks them of every waiting job): ``cores``,
+    the fewest cores the job needs (``min_cores``, else the jobspec's core total), and
+    ``duration`` (the jobspec's, whole seconds; 0 = unknown: holds until released).
     """
 
-    __slots__ = ("account", "id", "jobspec", "min_cores", "priority", "queue", "submit_time")
+    __slots__ = ("account", "cores", "duration", "id", "jobspec", "min_cores", "priority",
+                 "queue", "submit_time")
 
     def __init__(self, id: str, jobspec: Any, submit_time: int, priority: int = 0,
                  queue: str = "default", min_cores: int = 0, account: str = "") -> None:
@@ -43,6 +48,12 @@ class QueuedJob:
         self.queue = queue
         self.min_cores = min_cores
         self.account = account
+        if min_cores:
+            self.cores = min_cores
+        else:
+            totals = getattr(jobspec, "totals", None)
+            self.cores = int(totals.get("core", 0)) if isinstance(totals, dict) else 0
+        self.duration = int(getattr(jobspec, "duration", 0) or 0)
 
     def _fields(self) -> tuple[str, int, int, str, int, str]:
         return (self.id, self.submit_time, self.priority, self.queue, self.min_cores,
@@ -61,13 +72,19 @@ class QueuedJob:
                 f"submit_time={self.submit_time!r}, priority={self.priority!r}, "
                 f"queue={self.queue!r}, min_cores={self.min_cores!r}, account={self.account!r})")
 
-    @property
-    def cores(self) -> int:
-        """Fewest cores the job needs: ``min_cores``, else the jobspec's core total."""
-        if self.min_cores:
-            return self.min_cores
-        totals = getattr(self.jobspec, "totals", None)
-        return int(totals.get("core", 0)) if isinstance(totals, dict) else 0
+    def replace(self, **changes: Any) -> QueuedJob:
+        """A copy with ``changes`` (field=value), what ``dataclasses.replace`` made of the
+        frozen dataclass this class was. TypeError naming an unknown field."""
+        fields: dict[str, Any] = {
+            "id": self.id, "jobspec": self.jobspec, "submit_time": self.submit_time,
+            "priority": self.priority, "queue": self.queue, "min_cores": self.min_cores,
+            "account": self.account}
+        unknown = sorted(changes.keys() - fields.keys())
+        if unknown:
+            raise TypeError(f"QueuedJob.replace: no field {', '.join(unknown)} (fields: "
+                            f"{', '.join(fields)})")
+        fields.update(changes)
+        return QueuedJob(**fields)
 
     def sort_key(self) -> tuple[int, int, tuple[int, int, str]]:
         """Priority (higher first), then submit time, then id (numeric ids numerically)."""

@@ -74,8 +74,7 @@ class CycleResult:
 
 def job_duration(job: QueuedJob) -> int:
     """The job's duration in seconds (0 = unknown: holds resources until released)."""
-    value = getattr(job.jobspec, "duration", 0) or 0
-    return int(value)
+    return job.duration
 
 
 class _Walk:
@@ -297,7 +296,7 @@ def _walk(
             result.considered += j - i
             i = j
             continue
-        duration = job_duration(job)
+        duration = job.duration
         old = keep.pop(job.id, None) if keep else None
         if old is not None:
             if reserve and profile is not None and int(old.at) > now \
@@ -369,7 +368,7 @@ def _walk(
         elif reserve:
             if hints is not None and hints.known_busy(job, result, reserve=True):
                 pass  # BUSY (and satisfiable): see _Hints.forever
-            elif hints is not None and job_duration(job) == 0 and hints.forever:
+            elif hints is not None and duration == 0 and hints.forever:
                 answer, status = _reserve_forever(matcher, job, now, hints, result)
             else:
                 answer = matcher.allocate_orelse_reserve(job.jobspec, now=now)

@@ -196,7 +196,8 @@ def _run(
     # that set its planned start (ends at one instant come in the order jobs started)
     planned = scheduler.policy.reservations is None
     ends: list[tuple[int, int, int, str]] = []  # heap of (end, start, decision, job id)
-    windows: list[tuple[int, str]] = []  # heap of (planned end, job id) of started jobs
+    # heap of (planned end, job id) of started jobs that run until their planned end
+    windows: list[tuple[int, str]] = []
     due: list[tuple[int, str]] = []  # heap of (reserved start, job id); stale ones skipped
     plan: dict[str, tuple[int, int]] = {}  # job id -> (reserved start, decision)
     pending: dict[str, QueuedJob] = {}
@@ -231,8 +232,11 @@ def _run(
         else:
             state.decision += 1
             decision = state.decision
-        heapq.heappush(ends, (now + job.effective_runtime, now, decision, queued.id))
-        if job.estimate > 0:
+        runtime = job.effective_runtime
+        heapq.heappush(ends, (now + runtime, now, decision, queued.id))
+        if 0 < job.estimate <= runtime:
+            # it runs to its planned end (killed at its limit): expired at that instant. A
+            # job that ends earlier is released before then, and its expiry would do nothing
             heapq.heappush(windows, (now + job.estimate, queued.id))
         if observer is not None:
             observer.on_start(job, now, allocation)
