@@ -192,3 +192,25 @@ def test_shape_key_is_made_once_per_resource_tree() -> None:
     assert _shape_key(QueuedJob("2", other, 0)) is first
     assert _shape_key(QueuedJob("3", batch_jobspec(4, 60), 0)) == first  # (another tree)
     assert _shape_key(QueuedJob("4", batch_jobspec(5, 60), 0)) != first
+
+
+def test_status_name_remembers_statuses_by_identity_without_hashing_them() -> None:
+    # hashing an Enum member runs enum's interpreted __hash__ on every match: status_name
+    # keys its memo by identity instead (and still names any status it is given)
+    from fluxnetes.match import MatchStatus
+    from fluxnetes.queue.protocol import status_name
+
+    class NoHash:
+        name = "busy"
+
+        def __hash__(self) -> int:
+            raise AssertionError("status_name hashed the status")
+
+    class Result:
+        def __init__(self, status: object) -> None:
+            self.status = status
+
+    status = NoHash()
+    assert status_name(Result(status)) == "BUSY" and status_name(Result(status)) == "BUSY"
+    assert status_name(Result(MatchStatus.ALLOCATED)) == "ALLOCATED"
+    assert status_name(Result("reserved")) == "RESERVED"

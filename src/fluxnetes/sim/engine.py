@@ -380,7 +380,7 @@ def _run(
             if idle_gate and queue and scheduler.starts_nothing(queue, now):
                 continue
             run_cycle(now)
-        at = next_due() if pending else None
+        at = next_due() if pending and due else None
         if at is not None and at <= now:
             run_cycle(now)  # a reservation's time came and no cycle of this instant started it
             while pending and (at := next_due()) is not None and at <= now:
