@@ -6,7 +6,7 @@ import pytest
 
 from fluxnetes.graph import from_description
 from fluxnetes.jobspec import JobspecError
-from fluxnetes.jobspec.batch import batch_jobspec
+from fluxnetes.jobspec.batch import batch_jobspec, with_duration
 from fluxnetes.match import Matcher, MatchStatus
 
 
@@ -53,3 +53,26 @@ def test_bad_requests_name_the_field(kwargs: dict[str, object], path: str, rule:
     with pytest.raises(JobspecError) as info:
         batch_jobspec(procs, 60, **kwargs)  # type: ignore[arg-type]
     assert info.value.path == path and rule in info.value.rule
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"exclusive_nodes": True, "nodes": 2},
+                                    {"exclusive_nodes": True, "nodes": 2, "pack": "rack"}])
+@pytest.mark.parametrize("duration", [0, 1, 3600])
+def test_with_duration_is_the_jobspec_parsed_with_that_duration(
+        kwargs: dict[str, object], duration: int) -> None:
+    base = batch_jobspec(5, 60, **kwargs)  # type: ignore[arg-type]
+    other = with_duration(base, duration)
+    parsed = batch_jobspec(5, duration, **kwargs)  # type: ignore[arg-type]
+    assert other.duration == parsed.duration == duration
+    assert other.to_dict() == parsed.to_dict()
+    assert (other.totals, other.types, other.sets, other.queue, other.constraint) == \
+        (parsed.totals, parsed.types, parsed.sets, parsed.queue, parsed.constraint)
+    assert other.resources is base.resources  # shared, not parsed again
+    assert base.duration == 60 and base.to_dict()["attributes"]["system"]["duration"] == 60
+
+
+@pytest.mark.parametrize("duration", [-1, 1.5, True, "60"])
+def test_with_duration_names_the_field(duration: object) -> None:
+    with pytest.raises(JobspecError) as info:
+        with_duration(batch_jobspec(5, 60), duration)  # type: ignore[arg-type]
+    assert info.value.path == "attributes.system.duration" and ">= 0" in info.value.rule

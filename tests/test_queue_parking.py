@@ -6,7 +6,6 @@ with the real matcher on random event sequences."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -235,7 +234,7 @@ class World:
             self.sched.withdraw(job_id)
         elif kind == "priority" and self.pending:
             job_id = sorted(self.pending)[event[1] % len(self.pending)]
-            self.pending[job_id] = replace(self.pending[job_id], priority=event[2])
+            self.pending[job_id] = self.pending[job_id].replace(priority=event[2])
         elif kind == "respec" and self.pending:  # its request rebuilt (no invalidate)
             old = self.pending[sorted(self.pending)[event[1] % len(self.pending)]]
             new = job(old.id, event[2], submit=old.submit_time, priority=old.priority)

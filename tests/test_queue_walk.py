@@ -159,3 +159,58 @@ def test_too_big_run(start: int, stop: int, free: int, capacity: int, expected: 
     sizes = [3, 2, 4, 1, 3, 5]
     queue: list[Any] = [job(str(k), c, 1) for k, c in enumerate(sizes)]
     assert too_big_run(queue, start, stop, free, capacity) == expected
+
+
+def test_queued_job_is_a_value_as_the_dataclass_was() -> None:
+    # positional or keyword; equal (and hashed alike) when every field but the jobspec is
+    a, b = QueuedJob("7", Spec(1, 10), 5), QueuedJob(id="7", jobspec=Spec(2, 20), submit_time=5)
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != QueuedJob("7", Spec(1, 10), 5, priority=1)
+    assert a != QueuedJob("7", Spec(1, 10), 5, account="x") and a != "7"
+    assert (a.priority, a.queue, a.min_cores, a.account) == (0, "default", 0, "")
+    from fluxnetes.jobspec.batch import batch_jobspec
+
+    spec = batch_jobspec(3, 10)
+    assert QueuedJob("8", spec, 0).cores == 3 and QueuedJob("8", spec, 0, min_cores=2).cores == 2
+    assert QueuedJob("8", spec, 0).duration == 10 and QueuedJob("9", None, 0).duration == 0
+    assert repr(a).startswith("QueuedJob(id='7', ")
+    moved = QueuedJob("8", spec, 0, min_cores=2).replace(priority=4, min_cores=0)
+    assert (moved.id, moved.priority, moved.min_cores, moved.cores, moved.jobspec) == ("8", 4, 0, 3, spec)
+    with pytest.raises(TypeError, match="no field prio"):
+        a.replace(prio=1)
+
+
+def test_shape_key_is_made_once_per_resource_tree() -> None:
+    # jobspecs that differ only by duration share their resource tree, and its key: the
+    # repr of the tree is made once, not per jobspec
+    from fluxnetes.jobspec.batch import batch_jobspec, with_duration
+    from fluxnetes.queue.walk import _shape_key
+
+    base = batch_jobspec(4, 60)
+    other = with_duration(base, 120)
+    first = _shape_key(QueuedJob("1", base, 0))
+    assert _shape_key(QueuedJob("2", other, 0)) is first
+    assert _shape_key(QueuedJob("3", batch_jobspec(4, 60), 0)) == first  # (another tree)
+    assert _shape_key(QueuedJob("4", batch_jobspec(5, 60), 0)) != first
+
+
+def test_status_name_remembers_statuses_by_identity_without_hashing_them() -> None:
+    # hashing an Enum member runs enum's interpreted __hash__ on every match: status_name
+    # keys its memo by identity instead (and still names any status it is given)
+    from fluxnetes.match import MatchStatus
+    from fluxnetes.queue.protocol import status_name
+
+    class NoHash:
+        name = "busy"
+
+        def __hash__(self) -> int:
+            raise AssertionError("status_name hashed the status")
+
+    class Result:
+        def __init__(self, status: object) -> None:
+            self.status = status
+
+    status = NoHash()
+    assert status_name(Result(status)) == "BUSY" and status_name(Result(status)) == "BUSY"
+    assert status_name(Result(MatchStatus.ALLOCATED)) == "ALLOCATED"
+    assert status_name(Result("reserved")) == "RESERVED"

@@ -350,7 +350,7 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
 
     machine = machine_from_size(4, 1)
     jobs = [SimJob("1", 0, 10, 5, 2), SimJob("2", 0, 3, 10, 2), SimJob("3", 1, 4, 4, 3),
-            SimJob("4", 2, 2, 2, 1), SimJob("5", 6, 1, 1, 1)]
+            SimJob("4", 2, 2, 2, 1), SimJob("5", 6, 1, 1, 1), SimJob("6", 11, 1, 1, 1)]
     scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
                           QueuePolicy.parse("fcfs", reservation_style="counted"),
                           capacity_cores=machine.total_cores)
@@ -362,11 +362,85 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
         return original(now)
 
     scheduler.free_now = free_now  # type: ignore[method-assign]
+    expired: list[str] = []
+    expire = scheduler.expire
+
+    def record_expire(job_id: str) -> bool:
+        expired.append(job_id)
+        return expire(job_id)
+
+    scheduler.expire = record_expire  # type: ignore[method-assign]
     run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
                    min_cores_for=machine.min_cores)
     assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
-        "1": (0, 5), "2": (0, 3), "3": (5, 9), "4": (5, 7), "5": (7, 8)}
+        "1": (0, 5), "2": (0, 3), "3": (5, 9), "4": (5, 7), "5": (7, 8), "6": (11, 12)}
     assert len(asked) == 1
+    # only the jobs that run to their planned end are expired (J2 ended at 3, before its
+    # planned end at 10, which the run passes)
+    assert sorted(expired) == ["1", "3", "4", "5", "6"]
+
+
+def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[int]]:
+    """An easy scheduler (counted reservations) on ``nodes`` one-core nodes that records the
+    time of every cycle it runs."""
+    import copy
+
+    from fluxnetes.match import Matcher
+
+    machine = machine_from_size(nodes, 1)
+    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                          QueuePolicy.parse("easy", reservation_style="counted"),
+                          capacity_cores=machine.total_cores, incremental=True)
+    cycles: list[int] = []
+    original = scheduler.cycle
+
+    def cycle(pending: Any, now: int, **kw: Any) -> Any:
+        cycles.append(now)
+        return original(pending, now, **kw)
+
+    scheduler.cycle = cycle  # type: ignore[method-assign]
+    return machine, scheduler, cycles
+
+
+def test_easy_runs_no_pass_that_can_start_nothing() -> None:
+    # 4 one-core nodes. J1 (3 cores) and J2 (1 core, ends at 2) start at 0; J3 (4 cores)
+    # waits for J1. J2's end frees 1 core: no waiting job fits, so no pass; J1's end at 10
+    # starts J3; J3's end at 15 leaves an empty queue: no pass either
+    machine, scheduler, cycles = _counting_easy(4)
+    jobs = [SimJob("1", 0, 10, 10, 3), SimJob("2", 0, 2, 10, 1), SimJob("3", 1, 5, 5, 4)]
+    run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
+                   min_cores_for=machine.min_cores)
+    assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
+        "1": (0, 10), "2": (0, 2), "3": (10, 15)}
+    assert cycles == [0, 0, 10]  # (J3's submission runs none: it does not fit at 1)
+    assert run.cycles == 3
+
+
+def test_starts_nothing_is_false_when_a_reservation_is_due() -> None:
+    # 2 one-core nodes. J2 and J3 (2 cores each) wait for J1; J2 holds a counted
+    # reservation from 5. Before 5 nothing fits; at 5 the profile shows J2's reservation
+    # holding both cores, so no job fits "now" by count, yet the cycle starts J2 on it
+    from fluxnetes.queue import QueuedJob
+
+    machine, scheduler, _ = _counting_easy(2)
+
+    def queued(job: SimJob) -> QueuedJob:
+        return QueuedJob(job.id, machine.jobspec(job), job.submit, min_cores=job.procs)
+
+    j1, j2, j3 = (queued(SimJob("1", 0, 5, 5, 1)), queued(SimJob("2", 1, 3, 3, 2)),
+                  queued(SimJob("3", 2, 4, 100, 2)))
+    assert [j.id for j, _ in scheduler.cycle([j1], 0).started] == ["1"]
+    assert scheduler.starts_nothing([j2], 0)  # (one core free)
+    assert not scheduler.starts_nothing([j2, queued(SimJob("4", 0, 1, 1, 1))], 0)
+    result = scheduler.cycle([j2, j3], 2)
+    assert [(j.id, res.at) for j, res in result.reserved] == [("2", 5)]
+    assert scheduler.starts_nothing([j2, j3], 4)
+    scheduler.expire("1")
+    scheduler.release("1")
+    assert not scheduler.starts_nothing([j2, j3], 5)
+    assert [j.id for j, _ in scheduler.cycle([j2, j3], 5).started] == ["2"]
+    pinned = Scheduler(scheduler.matcher, QueuePolicy.parse("easy"), capacity_cores=2)
+    assert not pinned.starts_nothing([j3], 5)  # (pinned reservations: never claimed)
 
 
 def test_counted_needs_a_core_profile() -> None:

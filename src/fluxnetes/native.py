@@ -41,6 +41,7 @@ from types import ModuleType
 #: cProfile of a KTH-SP2 run; bench/results/sim_native.json). Others stay Python.
 NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.queue.cycle",
+    "fluxnetes.queue.book",
     "fluxnetes.queue.walk",
     "fluxnetes.queue.profile",
     "fluxnetes.queue.protocol",

@@ -23,6 +23,8 @@ Pure: no Kubernetes, no clock.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fluxnetes.jobspec.model import Jobspec, JobspecError, parse_jobspec
 from fluxnetes.jobspec.pods import slots_entry
 
@@ -57,3 +59,17 @@ def batch_jobspec(procs: int, duration: int, *, exclusive_nodes: bool = False, n
         "tasks": [{"command": [command], "slot": "task", "count": {"per_slot": 1}}],
         "attributes": {"system": {"duration": duration}},
     })
+
+
+def with_duration(js: Jobspec, duration: int) -> Jobspec:
+    """``js`` asking the same resources for ``duration`` seconds (0 = unknown): what parsing
+    ``js`` with that duration gives, without parsing again. The resource tree, the tasks
+    and the totals are shared with ``js`` (a parsed jobspec is treated as immutable by the
+    matcher and the queue), so requests that differ only by duration cost no parse and key
+    alike where the key is the resource tree (``queue.walk._shape_key``)."""
+    if isinstance(duration, bool) or not isinstance(duration, int) or duration < 0:
+        raise JobspecError("attributes.system.duration",
+                           f"must be a whole number of seconds >= 0, got {duration!r}")
+    system = dict(js.attributes.get("system") or {})
+    system["duration"] = duration
+    return replace(js, attributes={**js.attributes, "system": system}, duration=duration)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -13,7 +12,6 @@ def _id_key(job_id: str) -> tuple[int, int, str]:
     return (1, 0, job_id)
 
 
-@dataclass(frozen=True)
 class QueuedJob:
     """A pending job.
 
@@ -27,23 +25,66 @@ class QueuedJob:
     * ``account``: the account (a leaf of the fair-share tree: user, namespace or account)
       the job charges; "" = none named (the tree's default, if any). Read by
       ``queue.priority.FairShare``; the plain queue order ignores it.
+
+    A value: treat it as immutable (the queue keys its answers by these fields). Equal
+    when every field but the jobspec is equal, as the frozen dataclass it replaces was. A
+    plain class with slots, not a dataclass: the simulator builds one per job, and a
+    dataclass's generated ``__init__`` runs as interpreted Python even in the native build.
+
+    Read from the jobspec once, here (a cycle asks them of every waiting job): ``cores``,
+    the fewest cores the job needs (``min_cores``, else the jobspec's core total), and
+    ``duration`` (the jobspec's, whole seconds; 0 = unknown: holds until released).
     """
 
-    id: str
-    jobspec: Any = field(compare=False)
-    submit_time: int
-    priority: int = 0
-    queue: str = "default"
-    min_cores: int = 0
-    account: str = ""
+    __slots__ = ("account", "cores", "duration", "id", "jobspec", "min_cores", "priority",
+                 "queue", "submit_time")
 
-    @property
-    def cores(self) -> int:
-        """Fewest cores the job needs: ``min_cores``, else the jobspec's core total."""
-        if self.min_cores:
-            return self.min_cores
-        totals = getattr(self.jobspec, "totals", None)
-        return int(totals.get("core", 0)) if isinstance(totals, dict) else 0
+    def __init__(self, id: str, jobspec: Any, submit_time: int, priority: int = 0,
+                 queue: str = "default", min_cores: int = 0, account: str = "") -> None:
+        self.id = id
+        self.jobspec = jobspec
+        self.submit_time = submit_time
+        self.priority = priority
+        self.queue = queue
+        self.min_cores = min_cores
+        self.account = account
+        if min_cores:
+            self.cores = min_cores
+        else:
+            totals = getattr(jobspec, "totals", None)
+            self.cores = int(totals.get("core", 0)) if isinstance(totals, dict) else 0
+        self.duration = int(getattr(jobspec, "duration", 0) or 0)
+
+    def _fields(self) -> tuple[str, int, int, str, int, str]:
+        return (self.id, self.submit_time, self.priority, self.queue, self.min_cores,
+                self.account)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QueuedJob):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"QueuedJob(id={self.id!r}, jobspec={self.jobspec!r}, "
+                f"submit_time={self.submit_time!r}, priority={self.priority!r}, "
+                f"queue={self.queue!r}, min_cores={self.min_cores!r}, account={self.account!r})")
+
+    def replace(self, **changes: Any) -> QueuedJob:
+        """A copy with ``changes`` (field=value), what ``dataclasses.replace`` made of the
+        frozen dataclass this class was. TypeError naming an unknown field."""
+        fields: dict[str, Any] = {
+            "id": self.id, "jobspec": self.jobspec, "submit_time": self.submit_time,
+            "priority": self.priority, "queue": self.queue, "min_cores": self.min_cores,
+            "account": self.account}
+        unknown = sorted(changes.keys() - fields.keys())
+        if unknown:
+            raise TypeError(f"QueuedJob.replace: no field {', '.join(unknown)} (fields: "
+                            f"{', '.join(fields)})")
+        fields.update(changes)
+        return QueuedJob(**fields)
 
     def sort_key(self) -> tuple[int, int, tuple[int, int, str]]:
         """Priority (higher first), then submit time, then id (numeric ids numerically)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -47,20 +46,21 @@ class MatcherLike(Protocol):
     def cancel(self, jobid: Any) -> Any: ...
 
 
-_STATUS_NAMES: dict[Any, str] = {}  # status object -> its name (asked once per match)
+# id(status object) -> (the object, its name): asked once per match. Keyed by identity, not
+# by the object: hashing an Enum member runs enum's interpreted __hash__ (even in the native
+# build); the entry holds the object, so its id is not reused while remembered
+_STATUS_NAMES: dict[int, tuple[Any, str]] = {}
 
 
 def status_name(result: Any) -> str:
     """``ALLOCATED`` / ``RESERVED`` / ``BUSY`` / ``UNSATISFIABLE`` of a match result."""
     status = result.status
-    try:
-        return _STATUS_NAMES[status]
-    except (KeyError, TypeError):  # (TypeError: an unhashable status, never remembered)
-        pass
+    known = _STATUS_NAMES.get(id(status))
+    if known is not None and known[0] is status:
+        return known[1]
     name = str(getattr(status, "name", status)).upper()
     if len(_STATUS_NAMES) < 64:
-        with contextlib.suppress(TypeError):
-            _STATUS_NAMES[status] = name
+        _STATUS_NAMES[id(status)] = (status, name)
     return name
 
 

@@ -10,7 +10,7 @@ between cycles (kept reservations, parking hints: ``hints.py``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fluxnetes.queue.job import QueuedJob, queue_order
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from fluxnetes.queue.hints import _Hints
 
 
-@dataclass
 class CycleResult:
     """What one cycle decided.
 
@@ -38,18 +37,34 @@ class CycleResult:
       arrived jobs walked) or ``idle`` (nothing could have changed: the previous answers,
       no matcher call) - see ``Scheduler``. ``parked`` / ``memo``: questions answered
       without the matcher (see ``Scheduler``, "Parking").
+
+    (A plain class, not a dataclass: one is made per cycle, and a dataclass's generated
+    ``__init__`` stays interpreted Python in the native build.)
     """
 
-    now: int
-    started: list[tuple[QueuedJob, Any]] = field(default_factory=list)
-    reserved: list[tuple[QueuedJob, Any]] = field(default_factory=list)
-    unsatisfiable: list[tuple[QueuedJob, str]] = field(default_factory=list)
-    blocked: list[QueuedJob] = field(default_factory=list)
-    considered: int = 0
-    matcher_calls: int = 0
-    mode: str = "reset"
-    parked: int = 0  # plain-allocate questions answered BUSY from the park (no matcher call)
-    memo: int = 0  # answered BUSY because the same shape already failed in this walk
+    __slots__ = ("blocked", "considered", "matcher_calls", "memo", "mode", "now", "parked",
+                 "reserved", "started", "unsatisfiable")
+
+    def __init__(self, now: int, *, mode: str = "reset", considered: int = 0) -> None:
+        self.now = now
+        self.started: list[tuple[QueuedJob, Any]] = []
+        self.reserved: list[tuple[QueuedJob, Any]] = []
+        self.unsatisfiable: list[tuple[QueuedJob, str]] = []
+        self.blocked: list[QueuedJob] = []
+        self.considered = considered
+        self.matcher_calls = 0
+        self.mode = mode
+        # plain-allocate questions answered BUSY from the park (no matcher call)
+        self.parked = 0
+        self.memo = 0  # answered BUSY because the same shape already failed in this walk
+
+    def __repr__(self) -> str:
+        return (f"CycleResult(now={self.now}, mode={self.mode!r}, "
+                f"started={[job.id for job, _ in self.started]}, "
+                f"reserved={[job.id for job, _ in self.reserved]}, "
+                f"unsatisfiable={[job.id for job, _ in self.unsatisfiable]}, "
+                f"blocked={[job.id for job in self.blocked]}, considered={self.considered}, "
+                f"matcher_calls={self.matcher_calls}, parked={self.parked}, memo={self.memo})")
 
     @property
     def changed(self) -> bool:
@@ -59,19 +74,22 @@ class CycleResult:
 
 def job_duration(job: QueuedJob) -> int:
     """The job's duration in seconds (0 = unknown: holds resources until released)."""
-    value = getattr(job.jobspec, "duration", 0) or 0
-    return int(value)
+    return job.duration
 
 
-@dataclass
 class _Walk:
-    """Counters carried through one walk (and across an incremental continuation)."""
+    """Counters carried through one walk (and across an incremental continuation). (A
+    plain class, as ``CycleResult``: one per cycle.)"""
 
-    considered: int = 0
-    reservations: int = 0
-    stopped: bool = False  # fcfs hit a job that cannot start
-    unreservable: bool = False  # some job within the reservation depth got BUSY on reserve
-    order: list[str] = field(default_factory=list)  # ids considered and still pending
+    __slots__ = ("considered", "order", "reservations", "stopped", "unreservable")
+
+    def __init__(self, considered: int = 0, reservations: int = 0, stopped: bool = False,
+                 unreservable: bool = False, order: list[str] | None = None) -> None:
+        self.considered = considered
+        self.reservations = reservations
+        self.stopped = stopped  # fcfs hit a job that cannot start
+        self.unreservable = unreservable  # a job within the reservation depth got BUSY on reserve
+        self.order: list[str] = [] if order is None else order  # ids considered, still pending
 
 
 def _satisfiable(matcher: Any, job: QueuedJob) -> tuple[bool, str]:
@@ -86,44 +104,83 @@ def _satisfiable(matcher: Any, job: QueuedJob) -> tuple[bool, str]:
     return True, ""
 
 
-_SHAPE_KEYS: dict[int, tuple[Any, str]] = {}  # id(jobspec) -> (jobspec, key): see _shape_key
+# id(resources) -> (resources, constraint, key): see _shape_key
+_SHAPE_KEYS: dict[int, tuple[Any, Any, str]] = {}
 
 
 def _shape_key(job: QueuedJob) -> str:
-    """What satisfiability depends on: the requested resources (not the duration).
-    Remembered per jobspec object (jobs often share one; the cache holds the object, so its
-    id is not reused while cached): the repr of the resources is dear."""
+    """What satisfiability depends on: the requested resources and constraint (not the
+    duration). Remembered per resource tree object (jobspecs that differ only by duration
+    share one: ``jobspec.batch.with_duration``; the cache holds the objects, so their ids
+    are not reused while cached): the repr of the resources is dear."""
     js = job.jobspec
-    known = _SHAPE_KEYS.get(id(js))
-    if known is not None and known[0] is js:
-        return known[1]
     resources = getattr(js, "resources", None)
-    constraint = getattr(js, "constraint", None)
     if resources is None:
         return f"job:{job.id}"
+    constraint = getattr(js, "constraint", None)
+    known = _SHAPE_KEYS.get(id(resources))
+    if known is not None and known[0] is resources and known[1] is constraint:
+        return known[2]
     key = f"{resources!r}|{constraint!r}"
     if len(_SHAPE_KEYS) >= 4096:
         _SHAPE_KEYS.clear()
-    _SHAPE_KEYS[id(js)] = (js, key)
+    _SHAPE_KEYS[id(resources)] = (resources, constraint, key)
     return key
+
+
+def unsatisfiable_head(matcher: Any, job: QueuedJob, known: set[str] | None) -> tuple[str, int]:
+    """fcfs: ``job`` got BUSY from plain ``allocate`` and would block the queue; plain
+    allocate says BUSY even for a request that can never fit, so ask ``satisfiability``
+    (qmanager rejects on ENODEV). Asked once per job and request shape: ``known`` holds
+    the job ids and shapes already found satisfiable (until ``Scheduler.invalidate``; None:
+    always ask). Returns (why it can never run, "" if it can; matcher calls made). The one
+    home of this check for ``_walk`` and ``Scheduler.start_from_head``."""
+    if known is not None and job.id in known:
+        return "", 0
+    shape = _shape_key(job)
+    calls = 0
+    if known is None or shape not in known:
+        ok, reason = _satisfiable(matcher, job)
+        calls = 1
+        if not ok:
+            return reason, calls
+    if known is not None:
+        known.add(shape)
+        known.add(job.id)
+    return "", calls
 
 
 def _reserved_key(job_id: str) -> tuple[str, str]:
     return ("reserved", job_id)
 
 
-@dataclass(frozen=True)
 class CountedReservation:
     """A ``counted``-style reservation: ``cores`` cores from ``at`` for ``duration``,
-    held by the queue's core profile only (nothing recorded in the matcher)."""
+    held by the queue's core profile only (nothing recorded in the matcher); read like a
+    match result (``status`` RESERVED, no ``jobid``, no ``nodes``). A value: treat it as
+    immutable. (A plain class: easy makes one per pass.)"""
 
-    at: int
-    duration: int
-    cores: int
-    status: str = "RESERVED"
-    jobid: None = None
-    reason: str = ""
-    nodes: tuple[Any, ...] = ()
+    __slots__ = ("at", "cores", "duration", "jobid", "nodes", "reason", "status")
+
+    def __init__(self, at: int, duration: int, cores: int) -> None:
+        self.at = at
+        self.duration = duration
+        self.cores = cores
+        self.status = "RESERVED"
+        self.jobid: None = None
+        self.reason = ""
+        self.nodes: tuple[Any, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CountedReservation):
+            return NotImplemented
+        return (self.at, self.duration, self.cores) == (other.at, other.duration, other.cores)
+
+    def __hash__(self) -> int:
+        return hash((self.at, self.duration, self.cores))
+
+    def __repr__(self) -> str:
+        return f"CountedReservation(at={self.at}, duration={self.duration}, cores={self.cores})"
 
 
 def _reserve_forever(
@@ -239,7 +296,7 @@ def _walk(
             result.considered += j - i
             i = j
             continue
-        duration = job_duration(job)
+        duration = job.duration
         old = keep.pop(job.id, None) if keep else None
         if old is not None:
             if reserve and profile is not None and int(old.at) > now \
@@ -311,7 +368,7 @@ def _walk(
         elif reserve:
             if hints is not None and hints.known_busy(job, result, reserve=True):
                 pass  # BUSY (and satisfiable): see _Hints.forever
-            elif hints is not None and job_duration(job) == 0 and hints.forever:
+            elif hints is not None and duration == 0 and hints.forever:
                 answer, status = _reserve_forever(matcher, job, now, hints, result)
             else:
                 answer = matcher.allocate_orelse_reserve(job.jobspec, now=now)
@@ -363,19 +420,12 @@ def _walk(
             result.unsatisfiable.append((job, str(getattr(answer, "reason", "") or "unsatisfiable")))
             continue
         if policy.name == "fcfs":
-            # plain allocate says BUSY even for requests that can never fit: ask once per
-            # job, so an impossible head job is rejected instead of blocking the queue
-            if satisfiable is None or job.id not in satisfiable:
-                shape = _shape_key(job)
-                if satisfiable is None or shape not in satisfiable:
-                    ok, reason = _satisfiable(matcher, job)
-                    result.matcher_calls += 1
-                    if not ok:
-                        result.unsatisfiable.append((job, reason))
-                        continue
-                if satisfiable is not None:
-                    satisfiable.add(shape)
-                    satisfiable.add(job.id)
+            # an impossible head job is rejected instead of blocking the queue
+            reason, calls = unsatisfiable_head(matcher, job, satisfiable)
+            result.matcher_calls += calls
+            if reason:
+                result.unsatisfiable.append((job, reason))
+                continue
             result.blocked.append(job)
             walk.order.append(job.id)
             walk.stopped = True

@@ -92,9 +92,6 @@ class _Job(JobOutcome):
     ``plan + estimate``; ``held`` the units it holds while running."""
 
     __slots__ = ("est", "held", "key", "plan", "pred_end", "run", "units")
-    # one object per job: identity, not the dataclass's field-by-field equality
-    __eq__ = object.__eq__
-    __hash__ = object.__hash__
 
     def __init__(self, sim: SimJob, units: int, key: tuple[int, int, int]) -> None:
         JobOutcome.__init__(self, sim)

@@ -31,6 +31,7 @@ class Machine:
     _graph: Any = field(default=None, repr=False)  # fluxnetes.graph.ResourceGraph
     _build: Callable[[], Any] | None = field(default=None, repr=False)
     _specs: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
+    _shapes: dict[int, Any] = field(default_factory=dict, repr=False)  # procs -> first jobspec
     _node_cores: dict[str, int] | None = field(default=None, repr=False)
     # rack packing (``set_pack``, whole-node jobs): the level, and the nodes of the largest
     # rack; a job needing more nodes than that is not packed
@@ -71,13 +72,19 @@ class Machine:
         key = (job.procs, job.estimate)
         spec = self._specs.get(key)
         if spec is None:
-            from fluxnetes.jobspec.batch import batch_jobspec
+            from fluxnetes.jobspec.batch import batch_jobspec, with_duration
 
-            nodes = self.nodes_for(job.procs)
-            packed = self.pack is not None and nodes <= self.rack_capacity
-            spec = self._specs[key] = batch_jobspec(job.procs, job.estimate,
-                                                    exclusive_nodes=self.whole_nodes, nodes=nodes,
-                                                    pack=self.pack if packed else None)
+            # one parse per processor count; other estimates share its resource tree
+            # (a trace has a few hundred sizes but thousands of (size, estimate) pairs)
+            shape = self._shapes.get(job.procs)
+            if shape is None:
+                nodes = self.nodes_for(job.procs)
+                packed = self.pack is not None and nodes <= self.rack_capacity
+                shape = self._shapes[job.procs] = batch_jobspec(
+                    job.procs, job.estimate, exclusive_nodes=self.whole_nodes, nodes=nodes,
+                    pack=self.pack if packed else None)
+            spec = self._specs[key] = (shape if shape.duration == job.estimate
+                                       else with_duration(shape, job.estimate))
         return spec
 
     def set_pack(self, level: str | None, flag: str = "--pack") -> None:
@@ -86,6 +93,7 @@ class Machine:
         if level is None:
             self.pack, self.rack_capacity = None, 0
             self._specs.clear()
+            self._shapes.clear()
             return
         if level != "rack":
             raise MachineError(f"{flag}: must be racks or none (got {level!r})")
@@ -102,6 +110,7 @@ class Machine:
                                "--racks N (or a --graph / --from-cluster with a rack level)")
         self.pack, self.rack_capacity = level, capacity
         self._specs.clear()
+        self._shapes.clear()
 
 
 def _from_graph(graph: Any, origin: str, whole_nodes: bool) -> Machine:
