@@ -41,8 +41,10 @@ MATCHER_PARTS = {
     "walk (Engine.select)": [("match/engine.py", "select")],
     "commit (Engine.update)": [("match/engine.py", "update")],
     "release (Engine.remove_entries)": [("match/engine.py", "remove_entries")],
-    "counters select (firstfit)": [("match/firstfit.py", "select")],
-    "counters commit (firstfit)": [("match/firstfit.py", "commit")],
+    # (select and commit before 2026-11-30; one `allocate` since)
+    "counters allocate (firstfit: select + commit)": [
+        ("match/firstfit.py", "select"), ("match/firstfit.py", "commit"),
+        ("match/firstfit.py", "allocate")],
     "counters release (firstfit)": [("match/firstfit.py", "release")],
 }
 SCHEDULER_TOP = [("queue/cycle.py", "cycle"), ("queue/cycle.py", "release"),
