@@ -41,12 +41,14 @@ MATCHER_PARTS = {
     "walk (Engine.select)": [("match/walk.py", "select")],
     "commit (Engine.update)": [("match/commit.py", "update")],
     "release (Engine.remove_entries)": [("match/commit.py", "remove_entries")],
-    "counters select (firstfit)": [("match/firstfit.py", "select")],
-    "counters commit (firstfit)": [("match/firstfit.py", "commit")],
+    # (select and commit before 2026-11-30; one `allocate` since)
+    "counters allocate (firstfit: select + commit)": [
+        ("match/firstfit.py", "select"), ("match/firstfit.py", "commit"),
+        ("match/firstfit.py", "allocate")],
     "counters release (firstfit)": [("match/firstfit.py", "release")],
 }
-SCHEDULER_TOP = [("queue/cycle.py", "cycle"), ("queue/cycle.py", "release"),
-                 ("queue/cycle.py", "expire")]
+SCHEDULER_TOP = [("queue/cycle.py", "cycle"), ("queue/book.py", "release"),
+                 ("queue/book.py", "expire")]
 
 
 def _cum(stats: dict[Any, Any], keys: list[tuple[str, str]]) -> float:

@@ -90,6 +90,7 @@ def _random_steps(rng: random.Random, fast: Matcher, walk: Matcher, steps: int, 
         if a.ok:
             live.append(a.jobid)
             allocated += 1
+        assert fast.earliest_end() == walk.earliest_end()
     return allocated, live, now
 
 
@@ -192,9 +193,10 @@ def test_ended_job_leaves_counters() -> None:
 
 
 def test_one_core_select_without_commit_takes_nothing() -> None:
-    """On one-core nodes under the root ``select`` takes its nodes off the free lists (a
-    job costs what it takes, not the machine's size); a ``select`` that no ``commit``
-    follows must leave the next answer, and the order after releases, as the walk's."""
+    """On one-core nodes under the root ``allocate`` takes its nodes off the free lists (a
+    job costs what it takes, not the machine's size); ``select``, the same question without
+    the allocation, must leave the next answer, and the order after releases, as the
+    walk's."""
     fast = Matcher(_graph(8, 1, 0), "first", counters=True)
     walk = Matcher(_graph(8, 1, 0), "first")
     ff = fast._ff
@@ -212,6 +214,47 @@ def test_one_core_select_without_commit_takes_nothing() -> None:
     assert ff.select(0, 7) is None  # (more than is free: still nothing taken)
     for procs in (4, 2):
         _same(fast.allocate(_spec(procs, False, 1), now=0), walk.allocate(_spec(procs, False, 1), now=0))
+    assert fast.counting
+    fast.check_invariants()
+
+
+def test_time_going_back() -> None:
+    """The counters answer only while every live job has started by ``now`` and not ended
+    (the walk's precondition for `first`'s room lists). Their bound on the latest start is
+    raised by allocations only: when ``now`` is below it, it is made exact from the live
+    jobs, so a later job that was released no longer counts, and one that lives does."""
+    fast = Matcher(_graph(6, 1, 0), "first", counters=True)
+    walk = Matcher(_graph(6, 1, 0), "first")
+    for m in (fast, walk):
+        assert m.allocate(_spec(2, False, 1), now=10).ok
+        late = m.allocate(_spec(1, False, 1), now=12)
+        assert late.ok
+        m.cancel(late.jobid)
+    _same(fast.allocate(_spec(1, False, 1), now=11), walk.allocate(_spec(1, False, 1), now=11))
+    assert fast.counting  # (job 2, started at 12, is gone: every live job started by 11)
+    _same(fast.allocate(_spec(1, False, 1), now=5), walk.allocate(_spec(1, False, 1), now=5))
+    assert not fast.counting  # (jobs started at 10 and 11 live: not all active at 5)
+    fast.check_invariants()
+
+
+def test_released_windows_do_not_pile_up() -> None:
+    """Jobs released long before their window ends leave their end in the counters' heap
+    until it reaches the top; the heap is rebuilt when such entries outnumber the live
+    jobs, and the earliest end stays the walk's."""
+    fast = Matcher(_graph(4, 1, 0), "first", counters=True)
+    walk = Matcher(_graph(4, 1, 0), "first")
+    ff = fast._ff
+    assert ff is not None
+    for m in (fast, walk):
+        assert m.allocate(_spec(1, False, 1, duration=LONG), now=0).ok  # (the earliest end)
+    for step in range(300):
+        js = _spec(1, False, 1, duration=LONG + 1 + (step * 7919) % 1000)
+        a, b = fast.allocate(js, now=0), walk.allocate(js, now=0)
+        _same(a, b)
+        fast.cancel(a.jobid)
+        walk.cancel(b.jobid)
+        assert fast.earliest_end() == walk.earliest_end() == LONG
+        assert len(ff.ends) <= 2 * len(ff.jobs) + 65
     assert fast.counting
     fast.check_invariants()
 

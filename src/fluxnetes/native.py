@@ -50,6 +50,8 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.queue.policy",
     "fluxnetes.sim.engine",
     "fluxnetes.match.firstfit",
+    "fluxnetes.match.counted",
+    "fluxnetes.match.freenodes",
     "fluxnetes.match.matcher",
     "fluxnetes.match.spans",
     "fluxnetes.match.multiset",

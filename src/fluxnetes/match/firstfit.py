@@ -22,8 +22,16 @@ exactly that and answers from it:
   every node and rack it touched;
 * a release gives the cores back (weights stay).
 
+On one-core nodes under the root (every SWF machine of one-processor nodes) this is
+simpler still: every free node is free whole, so the free nodes in the policy's order are
+all that is kept (``freenodes.py``), and the static policies are answered there too.
+
 Nothing is written in the engine's per-vertex state while the counters are in use: a
-commit and a release are a loop over the job's nodes. Any other operation
+commit and a release are a loop over the job's nodes. The live jobs are the counters'
+own answers (:class:`CountedResult`, one object per job: what it took, its window); while
+the counters answer every live job is theirs, so "has every live job started by now and
+not ended?" is answered here too (:meth:`FirstFit.active`), and the matcher's job windows
+(``spans.py``) are written only when the counters hand over. Any other operation
 (``Matcher`` decides which) first writes the live jobs into the engine
 (:meth:`FirstFit.flush`, the ordinary update pass per job, then the weights) and the
 matcher carries on with its walk for good. ``tests/test_match_firstfit.py`` runs the walk
@@ -35,20 +43,22 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 from heapq import heappop, heappush
-from itertools import repeat
 from typing import Any
 
 from fluxnetes.graph.model import UP
 from fluxnetes.jobspec.model import Jobspec, Resource
+from fluxnetes.match.counted import CORE0 as _CORE0
+from fluxnetes.match.counted import CountedResult
 from fluxnetes.match.engine import Engine
+from fluxnetes.match.freenodes import FreeNodes
+from fluxnetes.match.freenodes import U as _U
 from fluxnetes.match.jobmeta import Entry
-from fluxnetes.match.results import AllocVertex, MatchResult, MatchStatus, NodeShare
 from fluxnetes.match.vstate import MAXW, VState
 
 SLOTS = 0  # slot[P] -> core[1]
 NODES = 1  # node[N] exclusive -> slot[1] -> core[1]
 
-_U = 1 << 40  # uniq ids below this (checked): an order key is one int
+# (_U: uniq ids below this, checked: an order key is one int)
 
 
 def _fixed(r: Resource) -> int:
@@ -107,9 +117,6 @@ class _Room:
         del self.items[j]
 
 
-_CORE0 = [0]  # the one core of a one-core node (shared: position lists are never changed)
-
-
 def _key(weight: int, uniq: int) -> int:
     return (MAXW - weight) * _U + (_U - 1 - uniq)
 
@@ -126,6 +133,7 @@ class FirstFit:
         n = len(nodes)
         self.cores_per = len(nodes[0].children)
         # per node: its core VStates in `first`'s core order, free flags, free count, weight
+        # (not kept on one-core nodes under the root: `free_list` holds all there is)
         self.core_order: list[list[VState]] = []
         self.core_free: list[list[bool]] = []
         self.free = [self.cores_per] * n
@@ -150,31 +158,15 @@ class FirstFit:
         # node indexes follow uniq ids (tree order): shares come out in pick order
         self.by_index = all(nodes[i].v.uniq_id < nodes[i + 1].v.uniq_id for i in range(n - 1))
         # one-core nodes under the root, indexes in uniq id order (KTH-SP2's machine, any
-        # SWF machine of one-processor nodes). `first`'s order among free nodes has two
-        # classes: nodes never taken (weight MAXW) before nodes taken once (their weight
-        # is 0 from then on: a release leaves it), each by descending uniq id, i.e. node
-        # index. So the free nodes are a stack of never-taken indexes (ascending: the next
-        # is the last) and a heap of the taken-before ones (negated: the highest index on
-        # top). A job pops its nodes and a release pushes them back: O(P log n) per call,
-        # nothing proportional to the machine (a sorted list of every free node's key,
-        # which this replaced, was re-sorted on every release)
+        # SWF machine of one-processor nodes): the free nodes in the policy's order are
+        # all that is kept (freenodes.py). The static policies (low, high, lonode, hinode)
+        # have counters on this machine only (build())
         self.unit = self.cores_per == 1 and flat and self.by_index
-        self.fresh: list[int] = []
-        self.reused: list[int] = []  # heap of -index (static: of skey)
-        self.pending: list[int] | None = None  # indexes select() took, until commit()
-        # the static policies (low, high, lonode, hinode; one-core nodes under the root
-        # only: build()): the walk ranks the free slots, one per free node, by a score that
-        # never changes (the slot index's key: ``fast.vertex_score`` of the core under its
-        # node's factor, negated for high, then discovery order), so the free nodes are one
-        # heap of those keys with the node index as the low part
         self.static = not engine.first
-        self.skey: list[int] = []
-        if self.unit:  # (the free lists hold the order: `nkey` is not read on this path)
-            if self.static:
-                self.skey = [self._static_key(i) for i in range(n)]
-                self.reused = sorted(self.skey)  # (a sorted list is a heap)
-            else:
-                self.fresh = list(range(n))
+        self.free_list: FreeNodes | None = None
+        if self.unit:
+            self.free_list = FreeNodes(
+                n, [self._static_key(i) for i in range(n)] if self.static else None)
         # racks (flat: one pseudo-rack, the root)
         self.rweight = [MAXW] * max(1, len(racks))
         self.rfree = [0] * max(1, len(racks))
@@ -194,8 +186,14 @@ class FirstFit:
         self.root_room = _Room()
         for k, rv in enumerate(racks):
             self.root_room.add(_key(MAXW, rv.v.uniq_id), k)
-        # live jobs: jobid -> (kind, [(node, [core positions])], at, end)
-        self.jobs: dict[int, tuple[int, list[tuple[int, list[int]]], int, int]] = {}
+        # live jobs (their answers hold what they took and their windows)
+        self.jobs: dict[int, CountedResult] = {}
+        # "has every live job started by now and not ended?" (``active``): a bound on the
+        # latest start (raised by every allocation, made exact again only when it is above
+        # `now`: the simulator's time never goes back) and a heap of (end, job id) whose
+        # entries of released jobs are dropped when they reach the top
+        self.latest = -1
+        self.ends: list[tuple[int, int]] = []
 
     def _static_key(self, i: int) -> int:
         """Node ``i``'s one slot's rank under a static policy, as one int (module
@@ -263,32 +261,57 @@ class FirstFit:
         """Nodes not held whole (the root filter's ``node`` count)."""
         return len(self.nodes) - sum(self.rxnodes)
 
+    def fits_machine(self, kind: int, count: int) -> bool:
+        """The satisfiability walk's answer (far future: every node up and free)."""
+        return count <= (len(self.nodes) * self.cores_per if kind == SLOTS else len(self.nodes))
+
+    def busy_reason(self, js: Jobspec) -> str:
+        """``Matcher._busy_reason`` from the counters (the root filter's core and node
+        counts)."""
+        for t, n in js.totals.items():
+            if t == "slot":
+                continue
+            free = self.free_cores() if t == "core" else self.free_nodes()
+            if n > free:
+                return f"needs {n} {t}, {free} free now"
+        return "resources are free in total but not in the requested shape/place now"
+
+    def active(self, now: int) -> bool:
+        """Has every live job started by ``now`` and not ended at ``now``?"""
+        if self.latest > now:
+            self.latest = max([r.at for r in self.jobs.values()], default=-1)
+            if self.latest > now:
+                return False
+        ends = self.ends
+        jobs = self.jobs
+        while ends:
+            top = ends[0]
+            if top[1] in jobs:
+                return now < top[0]
+            heappop(ends)
+        return True
+
+    def earliest_end(self) -> int | None:
+        """The earliest end of a live job's window (None: no live job)."""
+        ends = self.ends
+        jobs = self.jobs
+        while ends:
+            top = ends[0]
+            if top[1] in jobs:
+                return top[0]
+            heappop(ends)
+        return None
+
     def select(self, kind: int, count: int) -> list[tuple[int, list[int]]] | None:
-        """The walk's choice: [(node, core positions)] in tree order, or None (BUSY)."""
-        if self.unit:
-            # every free node is free whole; slots and whole nodes alike take the first
-            # `count` in `first`'s order (each gives one candidate: no surplus to rank).
-            # They come off the free lists here (commit() keeps them; another select()
-            # first puts them back), so a job costs what it takes, not the machine's size.
-            # (Checked here: select() runs once per job, and is nearly always committed)
-            if self.pending is not None:
-                self._unpend(self.pending)
-            fresh = self.fresh
-            reused = self.reused
-            if count > len(fresh) + len(reused):
-                return None
-            if self.static:
-                took = [heappop(reused) % _U for _ in range(count)]
-            else:
-                m = count if count <= len(fresh) else len(fresh)
-                took = fresh[len(fresh) - m:]
-                del fresh[len(fresh) - m:]
-                for _ in range(count - m):
-                    took.append(-heappop(reused))
-            self.pending = took
-            took = sorted(took)
-            # (zip builds the pairs in C: this runs once per job, over every node it takes)
-            return list(zip(took, repeat(_CORE0)))
+        """The walk's choice: [(node, core positions)] in tree order, or None (BUSY).
+        Takes nothing (:meth:`allocate` does)."""
+        free_list = self.free_list
+        if free_list is not None:
+            took = free_list.peek(count)
+            return None if took is None else [(i, _CORE0) for i in took]
+        return self._select(kind, count)
+
+    def _select(self, kind: int, count: int) -> list[tuple[int, list[int]]] | None:
         if kind == SLOTS:
             if count > self.free_cores():
                 return None
@@ -296,23 +319,6 @@ class FirstFit:
         if count > self.free_nodes():
             return None
         return self._nodes(count)
-
-    def _unpend(self, took: list[int]) -> None:
-        """Put back ``took``, what the last select() took, when no commit() followed it."""
-        self.pending = None
-        fresh = self.fresh
-        reused = self.reused
-        weight = self.weight
-        if self.static:
-            skey = self.skey
-            for i in took:
-                heappush(reused, skey[i])
-            return
-        for i in took:
-            if weight[i] == MAXW:  # never taken: back on the stack, in index order
-                fresh.insert(bisect_left(fresh, i), i)
-            else:
-                heappush(reused, -i)
 
     def _rack_order(self) -> list[int]:
         return [0] if self.flat else self.root_room.items
@@ -391,13 +397,38 @@ class FirstFit:
         return sorted(by.items())
 
     # ---------------------------------------------------------------- changes
-    def commit(self, jobid: int, kind: int, picks: list[tuple[int, list[int]]], at: int,
-               end: int) -> None:
-        """Hold ``picks`` (the answer of the last :meth:`select`) for ``jobid`` and reorder
-        as the update pass does."""
-        if self.unit:
-            self._commit_unit(jobid, kind, picks, at, end)
-            return
+    def allocate(self, jobid: int, kind: int, count: int, at: int, end: int,
+                 queue: str) -> CountedResult | None:
+        """Take what the walk would choose for ``count`` slots (or whole nodes) for
+        ``jobid`` over [at, end), reorder as the update pass does; the answer, or None
+        (BUSY: nothing taken)."""
+        free_list = self.free_list
+        if free_list is not None:
+            took = free_list.take(count)
+            if took is None:
+                return None
+            p = len(took)
+            self.rfree[0] -= p
+            if kind == NODES:
+                self.rxnodes[0] += p
+            res = CountedResult(jobid, at, end, queue, self, kind, took, None,
+                                tuple([self.unit_shares[i] for i in took]), p)
+        else:
+            picks = self._select(kind, count)
+            if picks is None:
+                return None
+            self._commit(kind, picks)
+            res = CountedResult(jobid, at, end, queue, self, kind, None, picks, self.shares(picks),
+                                sum([len(ps) for _i, ps in picks]))
+        self.jobs[jobid] = res
+        if at > self.latest:
+            self.latest = at
+        heappush(self.ends, (end, jobid))
+        return res
+
+    def _commit(self, kind: int, picks: list[tuple[int, list[int]]]) -> None:
+        """Hold ``picks`` (an answer of :meth:`_select`) and reorder as the update pass
+        does (nodes and racks of more than one core or in racks)."""
         free = self.free
         weight = self.weight
         rooms = self.rooms
@@ -442,46 +473,24 @@ class FirstFit:
                 self.rweight[k] = self.rnodes[k] - self.rxnodes[k]
                 if rfree[k] > 0:
                     self.root_room.add(_key(self.rweight[k], u), k)
-        self.jobs[jobid] = (kind, picks, at, end)
 
-    def _commit_unit(self, jobid: int, kind: int, picks: list[tuple[int, list[int]]], at: int,
-                     end: int) -> None:
-        p = len(picks)
-        self.pending = None  # (select took them off the free lists)
-        free = self.free
-        weight = self.weight
-        core_free = self.core_free
-        for i, _positions in picks:  # (the order keys are the free lists' own: no nkey)
-            free[i] = 0
-            core_free[i][0] = False
-            weight[i] = 0  # the node's core is held: what the update pass writes
-        self.rfree[0] -= p
-        if kind == NODES:
-            for i, _positions in picks:
-                self.excl[i] = True
-            self.rxnodes[0] += p
-        self.jobs[jobid] = (kind, picks, at, end)
-
-    def release(self, jobid: int) -> None:
-        """Give back what ``jobid`` holds (weights stay, as in the engine)."""
-        kind, picks, _at, _end = self.jobs.pop(jobid)
-        if self.unit:
-            free = self.free
-            core_free = self.core_free
-            reused = self.reused
-            skey = self.skey
-            static = self.static
-            for i, _positions in picks:
-                free[i] = 1
-                core_free[i][0] = True
-                # (`first`: taken once, weight 0 for good, the heap's class)
-                heappush(reused, skey[i] if static else -i)
-            self.rfree[0] += len(picks)
+    def release(self, jobid: int) -> bool:
+        """Give back what ``jobid`` holds (weights stay, as in the engine); False when it
+        is not a live job of the counters."""
+        res = self.jobs.pop(jobid, None)
+        if res is None:
+            return False
+        if len(self.ends) > 2 * len(self.jobs) + 64:  # mostly released jobs' ends: rebuild
+            self.ends = sorted([(r.end, j) for j, r in self.jobs.items()])
+        kind = res.kind
+        free_list = self.free_list
+        took = res.took
+        if free_list is not None and took is not None:
+            free_list.give(took)
+            self.rfree[0] += len(took)
             if kind == NODES:
-                for i, _positions in picks:
-                    self.excl[i] = False
-                self.rxnodes[0] -= len(picks)
-            return
+                self.rxnodes[0] -= len(took)
+            return True
         free = self.free
         nkey = self.nkey
         rack_of = self.rack_of
@@ -489,7 +498,7 @@ class FirstFit:
         core_free = self.core_free
         rfree = self.rfree
         flat = self.flat
-        for i, positions in picks:
+        for i, positions in res.picks():
             flags = core_free[i]
             for j in positions:
                 flags[j] = True
@@ -507,6 +516,7 @@ class FirstFit:
             if not flat and rfree[k] == 0:
                 self.root_room.add(_key(self.rweight[k], self.racks[k].v.uniq_id), k)
             rfree[k] += len(positions)
+        return True
 
     # ---------------------------------------------------------------- output
     def entries(self, kind: int, picks: list[tuple[int, list[int]]]) -> list[Entry]:
@@ -537,9 +547,6 @@ class FirstFit:
 
     def shares(self, picks: list[tuple[int, list[int]]]) -> tuple[tuple[str, int], ...]:
         """(node name, cores) per node, by node uniq id (``MatchResult.core_shares``)."""
-        if self.unit:  # (one core per node: each pick holds its node's one core)
-            unit_shares = self.unit_shares
-            return tuple([unit_shares[i] for i, _p in picks])
         if self.by_index:
             names = self.names
             return tuple([(names[i], len(p)) for i, p in picks])
@@ -548,56 +555,29 @@ class FirstFit:
         return tuple((name, n) for _u, name, n in rows)
 
     # ---------------------------------------------------------------- leaving
-    def flush(self, commit: Callable[[int, int, int, int, list[tuple[VState, int, bool]]], None]) -> None:
-        """Write every live job into the engine (``commit(jobid, kind, at, end, marks)`` runs the
-        update pass and records the job) and the weights into the child orders."""
+    def flush(self, commit: Callable[[CountedResult, list[tuple[VState, int, bool]]], None]) -> None:
+        """Write every live job into the engine (``commit(answer, marks)`` runs the update
+        pass and records the job) and the weights into the child orders."""
         for jobid in sorted(self.jobs):
-            kind, picks, at, end = self.jobs[jobid]
+            res = self.jobs[jobid]
             marks: list[tuple[VState, int, bool]] = []
-            for i, positions in picks:
-                if kind == NODES:
+            for i, positions in res.picks():
+                if res.kind == NODES:
                     nv = self.nodes[i]
                     marks.append((nv, nv.v.size, True))
                 else:
                     order = self.core_order[i]
                     marks.extend((order[j], 1, True) for j in positions)
-            commit(jobid, kind, at, end, marks)
+            commit(res, marks)
         if not self.static:  # (only `first`'s update pass weighs children)
+            free_list = self.free_list
             for i, nv in enumerate(self.nodes):
-                nv.weight = self.weight[i]
+                nv.weight = free_list.weight(i) if free_list is not None else self.weight[i]
             for k, rv in enumerate(self.racks):
                 rv.weight = self.rweight[k]
         self.jobs.clear()
+        self.ends.clear()
         self.engine.prime()  # child orders and room lists from the weights
 
     def describe(self) -> dict[str, Any]:
         return {"nodes": len(self.nodes), "racks": len(self.racks), "jobs": len(self.jobs)}
-
-
-class CountedResult(MatchResult):
-    """An allocation answered from the counters: what it holds per node is known at once,
-    the emitted vertices (``vertices``, R, JGF) are built on first use."""
-
-    __slots__ = ("_ff", "_kind", "_picks")
-
-    def __init__(self, jobid: int, at: int, duration: int, queue: str,
-                 shares: tuple[tuple[str, int], ...], ff: FirstFit, kind: int,
-                 picks: list[tuple[int, list[int]]]) -> None:
-        super().__init__(MatchStatus.ALLOCATED, jobid, at, duration, "", None, None, queue, None)
-        self._core_shares = shares
-        self._cores = sum(len(p) for _i, p in picks) if not ff.unit else len(picks)
-        self._ff: FirstFit | None = ff
-        self._kind = kind
-        self._picks = picks
-
-    @property
-    def vertices(self) -> list[AllocVertex]:
-        if self._emitted is None and self._ff is not None:
-            self._emitted = self._ff.entries(self._kind, self._picks)
-            self._ff = None
-        return super().vertices  # not MatchResult.vertices.fget: compiled, it has no fget
-
-    @property
-    def nodes(self) -> list[NodeShare]:
-        self.vertices  # noqa: B018 (builds the emitted records)
-        return super().nodes

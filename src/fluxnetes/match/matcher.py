@@ -14,6 +14,7 @@ from typing import Any
 
 from fluxnetes.graph.model import UP, GraphError, ResourceGraph
 from fluxnetes.jobspec.model import Jobspec, exclusive_types, parse_jobspec
+from fluxnetes.match.counted import CountedResult
 from fluxnetes.match.counts import calc_count
 from fluxnetes.match.edits import (
     attach_subgraph,
@@ -22,7 +23,7 @@ from fluxnetes.match.edits import (
     set_vertex_status,
 )
 from fluxnetes.match.engine import Engine
-from fluxnetes.match.firstfit import NODES, SLOTS, CountedResult, FirstFit, request_shape
+from fluxnetes.match.firstfit import NODES, FirstFit, request_shape
 from fluxnetes.match.indexes import Indexes
 from fluxnetes.match.invariants import check_invariants
 from fluxnetes.match.jobmeta import (
@@ -57,7 +58,7 @@ from fluxnetes.match.results import (
 from fluxnetes.match.satcache import SAT_CACHE_MAX, SatAnswers
 from fluxnetes.match.shapes import node_shape, slot_shape
 from fluxnetes.match.slotindex import SlotIndex
-from fluxnetes.match.spans import SAT_SAFE_END, JobSpans
+from fluxnetes.match.spans import JobSpans
 from fluxnetes.match.vstate import VState
 
 # policy name -> (high, node_centric, stop_on_1, node_exclusive)   (fluxion-spec §4.1)
@@ -142,7 +143,6 @@ class Matcher:
         # `first` on per-node counters (match/firstfit.py) until an operation they do not
         # cover: then every live job is written into the engine and the walk takes over
         self._ff: FirstFit | None = FirstFit.build(self.engine) if counters else None
-        self._ff_res: dict[int, MatchResult] = {}
         self._ff_shapes: dict[int, tuple[Jobspec, tuple[int, int] | None]] = {}
 
     # ------------------------------------------------------------------ properties
@@ -162,6 +162,8 @@ class Matcher:
 
     def earliest_end(self) -> int | None:
         """The earliest end of a recorded job's window (None: no job is recorded)."""
+        if self._ff is not None:  # (every live job is the counters')
+            return self._ff.earliest_end()
         ends = self._book.ends
         return ends.min() if ends else None
 
@@ -199,6 +201,21 @@ class Matcher:
     def _match(self, js_in: Jobspec | str | Mapping[str, Any], op: str, now: int,
                jobid: int | None) -> MatchResult:
         js = js_in if isinstance(js_in, Jobspec) else parse_jobspec(js_in)
+        ff = self._ff
+        if ff is not None and jobid is None and op != "satisfiability" and 0 <= now < GRAPH_END \
+                and js.duration <= GRAPH_END:
+            # the counters' allocation, without the checks below that cannot fail here: a
+            # request of the counters' shapes names only types their graph has, and while
+            # they answer no job is recorded in `_jobs` (the next id is free)
+            shape = self._counted_shape(js)
+            if shape is not None and not (shape[0] == NODES and ff.static):
+                jid = self._next_jobid
+                self._next_jobid = jid + 1
+                duration = js.duration if js.duration > 0 else GRAPH_END
+                res = self._counted_alloc(js, op, now, jid, duration, ff, shape[0], shape[1])
+                if res is not None:
+                    return res
+                return self._walk_match(js, op, now, jid, duration)  # (the counters left)
         if now < 0:
             raise MatchError("now must be >= 0")
         sat_only = op == "satisfiability"
@@ -230,6 +247,11 @@ class Matcher:
             counted = self._counted(js, op, now, jid, duration)
             if counted is not None:
                 return counted
+        return self._walk_match(js, op, now, jid, duration)
+
+    def _walk_match(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult:
+        """The match by the walk (and the index fast paths), job id ``jid`` given."""
+        sat_only = op == "satisfiability"
         if js.sets:  # several pod sets: one transaction of ordinary walks (match/gang.py)
             from fluxnetes.match.gang import match_gang
 
@@ -314,73 +336,54 @@ class Matcher:
         return self._fail(MatchStatus.UNSATISFIABLE, jid, js, self._unsat_reason(js))
 
     # ------------------------------------------------------------------ counters (firstfit.py)
-    def _counted(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult | None:
-        """The answer from the counters, or None after leaving them (the walk answers)."""
-        ff = self._ff
-        assert ff is not None
+    def _counted_shape(self, js: Jobspec) -> tuple[int, int] | None:
+        """``request_shape(js)``, remembered per jobspec object (asked on every match)."""
         known = self._ff_shapes.get(id(js))
         if known is None or known[0] is not js:
             if len(self._ff_shapes) >= SAT_CACHE_MAX:
                 self._ff_shapes.clear()
             known = self._ff_shapes[id(js)] = (js, request_shape(js))
-        shape = known[1]
+        return known[1]
+
+    def _counted(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult | None:
+        """The answer from the counters, or None after leaving them (the walk answers)."""
+        ff = self._ff
+        assert ff is not None
+        shape = self._counted_shape(js)
         if shape is None or (shape[0] == NODES and ff.static):
             # (the static policies' counters rank slots: whole nodes are the node index's)
             self._leave_counters()
             return None
         kind, count = shape
         if op == "satisfiability":
-            # the far-future walk sees every node up and free: it finds the slots (or whole
-            # nodes) if the machine has that many
-            ok = count <= (len(ff.nodes) * ff.cores_per if kind == SLOTS else len(ff.nodes))
-            if ok:
+            if ff.fits_machine(kind, count):
                 return MatchResult(MatchStatus.ALLOCATED, -1, now, duration, "")
             return MatchResult(MatchStatus.UNSATISFIABLE, -1, now, 0, self._unsat_reason(js))
+        return self._counted_alloc(js, op, now, jid, duration, ff, kind, count)
+
+    def _counted_alloc(self, js: Jobspec, op: str, now: int, jid: int, duration: int, ff: FirstFit,
+                       kind: int, count: int) -> MatchResult | None:
+        """An allocation from the counters (``kind``, ``count``: the request's shape), or
+        None after leaving them. While the counters answer, every live job is theirs: the
+        job windows are kept there (``FirstFit.active``), and written into ``_book`` when
+        they hand over."""
         d = duration if now + duration <= GRAPH_END else GRAPH_END - now
-        # _all_active(now, d), inline (asked on every allocation)
         book = self._book
-        starts, ends = book.starts, book.ends
-        if self.fast_fail:
-            active = (not starts or -starts.min() <= now) and (not ends or now < ends.min())
-        else:
-            active = self._all_active(now, d)
-        if not active:
+        if not (ff.active(now) if self.fast_fail else self._all_active(now, d)):
             self._leave_counters()
             return None
-        picks = ff.select(kind, count)
-        if picks is None:
+        end = now + d
+        res = ff.allocate(jid, kind, count, now, end, js.queue)
+        if res is None:
             if op == "allocate":
-                return self._fail(MatchStatus.BUSY, jid, js, self._counted_busy_reason(js))
+                return self._fail(MatchStatus.BUSY, jid, js, ff.busy_reason(js))
             self._leave_counters()  # a reservation search: the walk's
             return None
-        end = now + d
-        ff.commit(jid, kind, picks, now, end)
-        res = CountedResult(jid, now, d, js.queue, ff.shares(picks), ff, kind, picks)
-        self._ff_res[jid] = res
         book.note(now, end)
-        if jid in book.spans or end > SAT_SAFE_END:
-            book.track(jid, now, end, False)
-        else:  # JobSpans.track for a job id seen for the first time, inline
-            book.reserved.discard(jid)
-            book.spans[jid] = (now, end)
-            starts.add(-now)
-            ends.add(end)
         stats = self.stats
         stats["succeeded"] += 1
         stats["fast"] += 1
         return res
-
-    def _counted_busy_reason(self, js: Jobspec) -> str:
-        """``_busy_reason`` from the counters (the root filter's core and node counts)."""
-        ff = self._ff
-        assert ff is not None
-        for t, n in js.totals.items():
-            if t == "slot":
-                continue
-            free = ff.free_cores() if t == "core" else ff.free_nodes()
-            if n > free:
-                return f"needs {n} {t}, {free} free now"
-        return "resources are free in total but not in the requested shape/place now"
 
     def _leave_counters(self) -> None:
         """Write the counters' live jobs into the engine; the walk answers from now on."""
@@ -390,19 +393,18 @@ class Matcher:
         self._ff = None
         self._ff_shapes.clear()
         eng = self.engine
-        results = self._ff_res
+        book = self._book
 
-        def commit(jobid: int, kind: int, at: int, end: int,
-                   marks: list[tuple[VState, int, bool]]) -> None:
+        def commit(res: CountedResult, marks: list[tuple[VState, int, bool]]) -> None:
+            jobid, at, end = res.jobid, res.at, res.end
             eng.mark_selection(marks)
             meta = Meta(jobid, at, at, end - at, AT_ALLOC, None)
-            emitted = eng.update(meta, {"node"} if kind == NODES else set(), False, [])
-            res = results.get(jobid)
+            emitted = eng.update(meta, {"node"} if res.kind == NODES else set(), False, [])
             self._jobs[jobid] = JobRecord(jobid, at, end - at, False, None, None, emitted,
-                                          res.queue if res is not None else "", res)
+                                          res.queue, res)
+            book.track(jobid, at, end, False)
 
         ff.flush(commit)
-        self._ff_res = {}
         self._sat.forget_walks()
 
     # ------------------------------------------------------------------ satisfiability
@@ -583,10 +585,7 @@ class Matcher:
     # ------------------------------------------------------------------ cancel
     def cancel(self, jobid: int) -> None:
         ff = self._ff
-        if ff is not None and jobid in ff.jobs:
-            ff.release(jobid)
-            self._ff_res.pop(jobid, None)
-            self._book.untrack(jobid)
+        if ff is not None and ff.release(jobid):
             return
         rec = self._jobs.pop(jobid, None)
         if rec is None:

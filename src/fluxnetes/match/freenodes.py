@@ -1,0 +1,97 @@
+"""``FreeNodes``: the free one-core nodes under the root, in the order a policy takes them.
+
+The simulator's machines of one-processor nodes (KTH-SP2's, any SWF machine whose
+``MaxProcs`` equals ``MaxNodes``) are ``cluster -> node -> core`` with one core per node,
+node indexes in uniq id order. There every free node is free whole and gives one
+candidate, so a request of P slots (or P whole nodes) takes the first P free nodes in the
+policy's order, and nothing else needs counting (``firstfit.py``):
+
+* ``first``: the walk orders children by ``(-weight, -uniq_id)`` and a node's weight is
+  ``MAXW`` until a commit first takes it, 0 from then on (a release leaves weights). So
+  the free nodes come in two classes: never taken, by descending index, then taken before,
+  by descending index. Nodes are taken from the top of the never-taken ones, so those are
+  always the indexes ``0 .. fresh - 1`` (a count, not a list), and every node taken before
+  has an index ``>= fresh``; the taken-before free ones are a heap (negated: the highest
+  index on top);
+* the static policies (``low``, ``high``, ``lonode``, ``hinode``): the walk ranks the free
+  slots by a score that never changes (``FirstFit._static_key``), so the free nodes are
+  one heap of those keys with the node index as the low part.
+
+A job costs O(P log n) to take and to give back, nothing proportional to the machine.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush, nsmallest
+
+from fluxnetes.match.vstate import MAXW
+
+#: the low part of a static key (node indexes below this, checked by FirstFit.build)
+U = 1 << 40
+
+
+class FreeNodes:
+    """The free nodes of a one-core-node machine (module docstring). ``static_keys``: the
+    static policies' key per node (None: ``first``)."""
+
+    __slots__ = ("fresh", "keys", "n", "reused", "static")
+
+    def __init__(self, n: int, static_keys: list[int] | None) -> None:
+        self.n = n
+        self.static = static_keys is not None
+        self.keys: list[int] = static_keys if static_keys is not None else []
+        # `first`: nodes 0 .. fresh-1 were never taken; static: unused (0)
+        self.fresh = 0 if static_keys is not None else n
+        # `first`: heap of -index of the free nodes taken before; static: heap of every
+        # free node's key (a sorted list is a heap)
+        self.reused: list[int] = sorted(static_keys) if static_keys is not None else []
+
+    def __len__(self) -> int:
+        return self.fresh + len(self.reused)
+
+    def take(self, count: int) -> list[int] | None:
+        """Take the first ``count`` free nodes in the policy's order; their indexes,
+        ascending. None (nothing taken) when fewer are free."""
+        fresh = self.fresh
+        reused = self.reused
+        if count > fresh + len(reused):
+            return None
+        if self.static:
+            took = [heappop(reused) % U for _ in range(count)]
+            took.sort()
+            return took
+        m = count if count <= fresh else fresh
+        took = list(range(fresh - m, fresh))
+        self.fresh = fresh - m
+        if m < count:
+            # descending off the heap; every index there is >= fresh, above the fresh ones
+            rest = [-heappop(reused) for _ in range(count - m)]
+            rest.reverse()
+            took += rest
+        return took
+
+    def peek(self, count: int) -> list[int] | None:
+        """What :meth:`take` would answer, taking nothing (a question, not the hot path)."""
+        fresh = self.fresh
+        reused = self.reused
+        if count > fresh + len(reused):
+            return None
+        if self.static:
+            return sorted(k % U for k in nsmallest(count, reused))
+        m = count if count <= fresh else fresh
+        return list(range(fresh - m, fresh)) + sorted(-k for k in nsmallest(count - m, reused))
+
+    def give(self, nodes: list[int]) -> None:
+        """Nodes a job took come back free (``first``: as taken before)."""
+        reused = self.reused
+        if self.static:
+            keys = self.keys
+            for i in nodes:
+                heappush(reused, keys[i])
+        else:
+            for i in nodes:
+                heappush(reused, -i)
+
+    def weight(self, i: int) -> int:
+        """``first``'s weight of node ``i`` (``MAXW`` until first taken, then 0)."""
+        return MAXW if i < self.fresh else 0
