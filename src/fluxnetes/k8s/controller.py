@@ -374,17 +374,25 @@ class Controller(Context):
         for task in runs:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        synced: asyncio.Future[Any] = asyncio.ensure_future(
-            asyncio.gather(*(inf.synced.wait() for inf in self.informers)))
-        # an informer that dies (e.g. a permission is missing) ends the start instead of a hang
-        waits: list[asyncio.Future[Any]] = [synced, *runs]
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in runs:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                synced.cancel()
-                raise task.exception()  # type: ignore[misc]
-        await synced
+        synced = asyncio.ensure_future(self._all_synced())
+        try:
+            # an informer that dies (e.g. a permission is missing) ends the start instead of a hang
+            waits: list[asyncio.Future[Any]] = [synced, *runs]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in runs:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            await synced
+        finally:
+            # stopped (SIGTERM) or failed while listing: the wait goes too. (It was a gather,
+            # left pending: cancelled at the loop's close, it logged "_GatheringFuture
+            # exception was never retrieved"; a task cancelled is just cancelled.)
+            synced.cancel()
         self._informer_runs = runs
+
+    async def _all_synced(self) -> None:
+        for inf in self.informers:
+            await inf.synced.wait()
 
     def end_standby(self) -> None:
         """The replica leads: every cached object is handed over as if just listed (ADDED), in
