@@ -224,6 +224,7 @@ class Controller(Context):
                 if g is not None and not g.phase.final and self.book.same_owner(g, uid):
                     self.allocation.cancel_group(g, f"{kind_name} {name} was deleted")
             return
+        before = self.book.owners.get((kind_name, ns, name))  # (who suspends it: book.suspension)
         self.book.set_owner(kind_name, ns, name, obj)
         g = self.book.groups.get(gkey)
         if g is not None and not self.book.same_owner(g, uid):
@@ -257,6 +258,12 @@ class Controller(Context):
                 else:
                     self.allocation.cancel_group(sg, f"{kind_name} {name} finished before this group was allocated")
         elif g is not None and kind.resume_patch(obj) is not None:
+            self.book.suspension(g, kind, before, obj)
+            if g.suspended_by_user and kind.suspended(obj):
+                for k in list(self.scaling.scale_groups.get(gkey, ())):  # its parallelism was raised
+                    sg = self.book.groups.get(k)
+                    if sg is not None and not sg.phase.final and self.book.same_owner(sg, uid):
+                        self.allocation.cancel_group(sg, f"{kind_name} {name} was suspended by its user")
             if g.kind is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
                 self.book.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
             elif g.phase == Phase.RUNNING and kind.size(obj) < self.scaling.family_capacity(gkey):
