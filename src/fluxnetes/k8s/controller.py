@@ -303,7 +303,11 @@ class Controller(Context):
                 self.book.member_gone(g, uid, pod)
             else:
                 g.members[uid] = pod
+                if g.phase != Phase.RUNNING and managed and not _gated(pod) and self.recovery.take_back(g):
+                    pass  # placed by an earlier leader, seen late: the group runs again
                 if g.phase == Phase.RUNNING and uid not in g.slot_pod:
+                    if not _gated(pod):
+                        self.recovery.adopt(uid, pod)  # placed, seen late: its slot, if still free
                     self.allocation.assign(g)
             return
         if gone:
