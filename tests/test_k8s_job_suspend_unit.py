@@ -177,3 +177,22 @@ def test_a_queued_job_suspended_by_its_user_in_place_stays_queued_and_is_placed_
         assert len(held(c)) == 2
 
     asyncio.run(main())
+
+
+def test_with_a_store_the_suspended_run_ends_and_the_resumed_one_is_a_new_row(tmp_path: Any) -> None:
+    """The store keeps each run: the one its user suspended ends cancelled, the group goes on
+    under a new row (as after preemption), running once it is placed again."""
+    import asyncio
+
+    async def main() -> None:
+        c, kube = make_controller(f"sqlite:///{tmp_path / 's.db'}")
+        try:
+            pods = await running(c, kube, True)
+            await suspend_then_resume(c, kube, pods, True, True)
+            assert c.journal.drain()
+            rows = sorted((r.uid, str(r.state)) for r in c.journal.store.jobs() if r.name == "job-g")
+            assert rows == [("job-g", "cancelled"), ("job-g~requeue-1", "running")], rows
+        finally:
+            await c.stop()
+
+    asyncio.run(main())
