@@ -306,8 +306,8 @@ class Controller(Context):
                 if g.phase != Phase.RUNNING and managed and not _gated(pod) and self.recovery.take_back(g):
                     pass  # placed by an earlier leader, seen late: the group runs again
                 if g.phase == Phase.RUNNING and uid not in g.slot_pod:
-                    if not _gated(pod):
-                        self.recovery.adopt(uid, pod)  # placed, seen late: its slot, if still free
+                    if not _gated(pod) and (meta.get("annotations") or {}).get(names.ANN_FLUXJOB) == g.spec.name:
+                        self.recovery.adopt(uid, pod)  # placed for it, seen late: its slot, if still free
                     self.allocation.assign(g)
             return
         if gone:
