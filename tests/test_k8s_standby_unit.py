@@ -81,3 +81,35 @@ def test_leading_hands_over_each_cached_object_once_then_follows_changes() -> No
 
 async def _nothing() -> None:
     return None
+
+
+def test_a_stop_while_the_first_lists_run_leaves_no_future_unretrieved(caplog: Any) -> None:
+    """SIGTERM while the informers still list (a leader's start, a standby's watch): the
+    controller's run is cancelled and stopped. Nothing is left for asyncio to report when the
+    loop closes ("_GatheringFuture exception was never retrieved": the wait for every
+    informer's first list, cancelled with them, that nobody awaited)."""
+    import gc
+    import logging
+
+    class HangingKube(ListingKube):
+        async def list(self, res: Any, **_: Any) -> tuple[list[dict[str, Any]], str]:
+            await asyncio.Event().wait()
+            raise AssertionError("never listed")
+
+    async def main() -> None:
+        c, _ = make_controller()
+        kube = HangingKube([])
+        for inf in c.informers:
+            inf.kube = kube  # type: ignore[assignment]
+        c.podsets.start_addons = _nothing  # type: ignore[method-assign]
+        run = asyncio.ensure_future(c.watch())
+        await asyncio.sleep(0.01)
+        assert not run.done()
+        run.cancel()  # as operator._lead's finally does at the stop signal
+        await c.stop()
+        await asyncio.gather(run, return_exceptions=True)
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    asyncio.run(main())
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text

@@ -13,13 +13,13 @@ and the re-list's diff sends only what it had not seen (no duplicate, nothing lo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from fluxnetes.k8s.informer import Event, Informer
+from fluxnetes.k8s.informer import Backoff, Event, Informer
 from fluxnetes.k8s.kube import PODS, Kube, read_watch_batches
 
 PAUSE = 0.2  # the reader's pause after each read: long, so the faults below land inside it
@@ -198,3 +198,67 @@ def test_the_reader_hands_over_the_read_before_a_break_then_raises() -> None:
     got, exc = asyncio.run(main())
     assert got == [[b"1", b"2"]]  # the complete lines read before the break; "3" was cut
     assert exc is not None  # the break is still reported (the informer re-lists)
+
+
+class ErroringKube:
+    """Lists nothing; each watch sends what ``streams`` says next (a list of events), then ends;
+    past the last stream, its watch blocks. Counts the watches."""
+
+    def __init__(self, streams: list[list[dict[str, Any]]]) -> None:
+        self.streams = streams
+        self.watched = 0
+        self.lists = 0
+
+    async def list(self, res: Any, **_: Any) -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        return [], "1"
+
+    async def watch(self, res: Any, rv: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
+        self.watched += 1
+        if self.watched > len(self.streams):
+            await asyncio.Event().wait()
+        for ev in self.streams[self.watched - 1]:
+            yield ev
+
+
+def test_error_events_back_off_exponentially_with_jitter_and_reset_after_an_event() -> None:
+    """A watch ERROR that is not 410 (an API server in trouble) is not watched again at once:
+    each one in a row waits longer (0.5 s doubled, capped at 10 s, up to half of it taken off
+    at random), and the first event delivered resets the wait."""
+    err = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "etcd"}}
+    ok = {"type": "ADDED", "object": obj("a", 2)}
+    streams = [[err]] * 7 + [[ok, err], [err]]
+    kube = ErroringKube(streams)
+    waits: list[float] = []
+
+    async def main() -> None:
+        out: asyncio.Queue[Event] = asyncio.Queue()
+        inf = Informer(kube, PODS, "Pod", out)  # type: ignore[arg-type]
+        inf.backoff = Backoff(rand=lambda: 1.0)  # the most jitter takes off: half
+
+        async def sleep(s: float) -> None:
+            waits.append(s)
+
+        inf.sleep = sleep
+        task = asyncio.ensure_future(inf.run())
+        for _ in range(1000):
+            if kube.watched > len(streams):
+                break
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert kube.watched == len(streams) + 1 and kube.lists == 1
+    assert waits == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 0.25, 0.5]
+
+
+def test_backoff_jitter_stays_within_half_of_the_wait() -> None:
+    b = Backoff(rand=lambda: 0.0)
+    assert [b.next() for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    b.reset()
+    assert b.next() == 0.5
+    import random
+    b = Backoff(rand=random.Random(4).random)
+    for want in [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]:
+        assert want / 2 <= b.next() <= want

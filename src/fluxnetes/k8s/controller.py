@@ -224,6 +224,7 @@ class Controller(Context):
                 if g is not None and not g.phase.final and self.book.same_owner(g, uid):
                     self.allocation.cancel_group(g, f"{kind_name} {name} was deleted")
             return
+        before = self.book.owners.get((kind_name, ns, name))  # (who suspends it: book.suspension)
         self.book.set_owner(kind_name, ns, name, obj)
         g = self.book.groups.get(gkey)
         if g is not None and not self.book.same_owner(g, uid):
@@ -257,6 +258,12 @@ class Controller(Context):
                 else:
                     self.allocation.cancel_group(sg, f"{kind_name} {name} finished before this group was allocated")
         elif g is not None and kind.resume_patch(obj) is not None:
+            self.book.suspension(g, kind, before, obj)
+            if g.suspended_by_user and kind.suspended(obj):
+                for k in list(self.scaling.scale_groups.get(gkey, ())):  # its parallelism was raised
+                    sg = self.book.groups.get(k)
+                    if sg is not None and not sg.phase.final and self.book.same_owner(sg, uid):
+                        self.allocation.cancel_group(sg, f"{kind_name} {name} was suspended by its user")
             if g.kind is not None and (g.phase == Phase.PROVISIONAL or g.phase in QUEUED):
                 self.book.enqueue_workload(g, kind, obj)  # resumed (or suspended) by its user
             elif g.phase == Phase.RUNNING and kind.size(obj) < self.scaling.family_capacity(gkey):
@@ -296,7 +303,11 @@ class Controller(Context):
                 self.book.member_gone(g, uid, pod)
             else:
                 g.members[uid] = pod
+                if g.phase != Phase.RUNNING and managed and not _gated(pod) and self.recovery.take_back(g):
+                    pass  # placed by an earlier leader, seen late: the group runs again
                 if g.phase == Phase.RUNNING and uid not in g.slot_pod:
+                    if not _gated(pod) and (meta.get("annotations") or {}).get(names.ANN_FLUXJOB) == g.spec.name:
+                        self.recovery.adopt(uid, pod)  # placed for it, seen late: its slot, if still free
                     self.allocation.assign(g)
             return
         if gone:
@@ -374,17 +385,25 @@ class Controller(Context):
         for task in runs:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        synced: asyncio.Future[Any] = asyncio.ensure_future(
-            asyncio.gather(*(inf.synced.wait() for inf in self.informers)))
-        # an informer that dies (e.g. a permission is missing) ends the start instead of a hang
-        waits: list[asyncio.Future[Any]] = [synced, *runs]
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in runs:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                synced.cancel()
-                raise task.exception()  # type: ignore[misc]
-        await synced
+        synced = asyncio.ensure_future(self._all_synced())
+        try:
+            # an informer that dies (e.g. a permission is missing) ends the start instead of a hang
+            waits: list[asyncio.Future[Any]] = [synced, *runs]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in runs:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            await synced
+        finally:
+            # stopped (SIGTERM) or failed while listing: the wait goes too. (It was a gather,
+            # left pending: cancelled at the loop's close, it logged "_GatheringFuture
+            # exception was never retrieved"; a task cancelled is just cancelled.)
+            synced.cancel()
         self._informer_runs = runs
+
+    async def _all_synced(self) -> None:
+        for inf in self.informers:
+            await inf.synced.wait()
 
     def end_standby(self) -> None:
         """The replica leads: every cached object is handed over as if just listed (ADDED), in

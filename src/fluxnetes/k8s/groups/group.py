@@ -39,6 +39,12 @@ class Group:
     failed_pods: int = 0
     deleted_pods: int = 0  # pods deleted before they finished (their shares given back)
     resumed: bool = False
+    # its workload's user suspended it after it was let go (a Job resumed, by fluxnetes or its
+    # user): it waits, never resumed by fluxnetes, until the user resumes it (groupbook.suspension)
+    suspended_by_user: bool = False
+    # fluxnetes is suspending its workload itself (Allocation.evict: preempted, a node lost):
+    # a suspension seen until its next start is fluxnetes' own, not its user's
+    suspending: bool = False
     fj_exists: bool = False
     fj_dirty: bool = True
     # when the FluxJob first needed a write since the last one (monotonic): writes wait
@@ -87,6 +93,16 @@ class Group:
     def ref(self) -> dict[str, str]:
         return {"apiVersion": f"{names.API_GROUP}/{names.API_VERSION}", "kind": names.FLUXJOB_KIND,
                 "name": self.spec.name, "namespace": self.spec.namespace}
+
+    def forget_allocation(self) -> None:
+        """Its allocation is over (given back) and it waits to be allocated again: queued
+        again after preemption, or suspended by its user."""
+        self.jobid = None
+        self.slots, self.slot_pod, self.released, self.held, self.alloc = [], [], set(), {}, []
+        self.start = self.end = self.expected_start = None
+        self.resumed = self.recovered = False
+        self.failed_pods = self.deleted_pods = 0
+        self.alloc_note = None
 
     def free_slots(self) -> int:
         """Slots neither given back nor taken by a pod."""

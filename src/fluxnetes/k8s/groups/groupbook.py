@@ -318,10 +318,43 @@ class GroupBook:
         self._side.status.group_event(g, "Warning" if failed else "Normal", str(phase), g.reason, pods=False)
         self._ctx.dirty = True
 
+    def suspension(self, g: Group, kind: WorkloadKind, before: Mapping[str, Any] | None,
+                   obj: Mapping[str, Any]) -> None:
+        """Follow who suspends the group's workload (a Job), from its last object seen
+        (``before``) to this one. Suspended after it was let go (resumed, by fluxnetes or its
+        user), and not by fluxnetes itself (``g.suspending``: preempted, a node lost): its user
+        suspended it (``kubectl patch job J -p '{"spec":{"suspend":true}}'``, Kueue's way). A
+        Job resumed by fluxnetes still carries fluxnetes' mark, so the mark cannot tell; the
+        change can. Its controller deletes its pods; a running group gives back everything now
+        (its pods still running are followed as foreign pods until they are gone, so their
+        room stays taken meanwhile) and waits with the others that are not running, never
+        resumed by fluxnetes, until its user resumes it (``enqueue_workload``)."""
+        if not kind.suspended(obj):
+            g.suspended_by_user = False
+            return
+        if before is None or kind.suspended(before) or g.suspending or g.phase.final \
+                or str(_meta(before).get("uid", "")) != str(_meta(obj).get("uid", "")):
+            return
+        g.suspended_by_user = True
+        if g.phase != Phase.RUNNING:
+            return  # enqueue_workload takes it out of the queue
+        why = f"{kind.kind} {_meta(obj).get('name', '')} was suspended by its user"
+        self._side.allocation.release_all(g)
+        self._side.cluster.survivors_to_foreign(g)
+        self._side.status.end_run(g, f"{why}; it waits until it is resumed", self._ctx.now())
+        g.forget_allocation()
+        self.enqueue_workload(g, kind, obj)  # Provisional, saying why; a new store row
+
+    def held_by_user(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> bool:
+        """The workload is its user's to resume: created suspended, or suspended by its user
+        after it was let go (``suspension``)."""
+        return kind.held_by_user(obj) or (g.suspended_by_user and kind.suspended(obj))
+
     def enqueue_workload(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
         """A workload group enters the queue, unless its user holds the workload (a Job created
-        with ``spec.suspend: true``): then it waits, and fluxnetes will not resume it."""
-        if kind.held_by_user(obj):
+        with ``spec.suspend: true``, or suspended by its user since): then it waits, and
+        fluxnetes will not resume it."""
+        if self.held_by_user(g, kind, obj):
             if g.phase in QUEUED:
                 self._side.cluster.scheduler.withdraw(g.qid)
             reason = (f"{kind.kind} {_meta(obj).get('name', '')} is suspended by its user "
@@ -546,7 +579,7 @@ class GroupBook:
         # workloads are not ordered; a user suspending it again looks the same, and keeps its
         # shares until it is resumed, finished or deleted)
         suspended = owner is not None and g.kind is not None and (
-            g.kind.held_by_user(owner) or (g.kind.held_by_fluxnetes(owner) and not g.resumed))
+            self.held_by_user(g, g.kind, owner) or (g.kind.held_by_fluxnetes(owner) and not g.resumed))
         replaced = (g.kind is not None and owner is not None and not g.kind.finished(owner) and not suspended
                     and unreleased <= g.kind.size(owner)
                     and (not succeeded or (g.kind.replaces_pods(owner) and g.kind.replaces_succeeded(owner))))

@@ -195,6 +195,41 @@ class Recovery:
             g.slot_pod[slot] = uid
         return True
 
+    def take_back(self, g: Group) -> bool:
+        """A member of ``g``, a group not started in this leader's view, is seen placed for
+        it (its FluxJob annotation names the group): an earlier leader placed the group and
+        this one's start saw its pods still gated (a standby whose pod watch lagged behind,
+        through API server outages, when it took over), so ``recover_from_cluster`` could not
+        take the allocation back. It is taken back now, by the same rules, from the members
+        seen placed: then the group runs, its members not placed yet wait for its other
+        slots, and a replicated workload scaled since gets a scale group for the rest
+        (``rescale``). Left waiting as it was, it kept the placed pods out of every slot and
+        took the store's allocation with no pod in it: the workload's added pods waited
+        gated for good (the chaos soak's lost Deployments). True when taken back."""
+        placed = [p for p in g.members.values()
+                  if not _gated(p) and assigned_node(p) is not None
+                  and (_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB) == g.spec.name]
+        if not placed or g.phase.final or g.phase == Phase.RUNNING:
+            return False
+        queued = g.phase in QUEUED
+        note = placed_note(placed)
+        taken = (note is not None and self.adopt_annotated(g, placed, note)) or self.adopt_placed(g, placed)
+        if not taken:
+            stored = self._side.store_recovery.stored_allocation(g)
+            taken = stored is not None and self.adopt_placed(g, placed, stored=stored)
+        if not taken:
+            log.warning("%s: pods placed by an earlier leader seen after the start, their allocation not known; "
+                        "they hold their nodes as foreign pods once they leave the group", g.qid)
+            return False
+        if queued:
+            self._side.cluster.scheduler.withdraw(g.qid)  # (running now: never matched again)
+        base = self._side.scaling.base_key(g)
+        owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
+        if g.kind is not None and g.kind.owns_pods and g.kind.resume_patch({}) is None and base == g.key \
+                and owner is not None:
+            self._side.scaling.rescale(g.key, g.kind, owner)
+        return True
+
     # ---------------------------------------------------------------- recovery
     def recover(self, fluxjobs: list[dict[str, Any]], live: set[tuple[str, str]] | None = None) -> None:
         """Rebuild groups from FluxJobs (before any pod is looked at). ``live``: FluxJobs whose

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -166,6 +167,20 @@ class StatusWriter:
         conds.append({"type": str(phase), "status": "False", "reason": str(phase), "message": reason,
                       "lastTransitionTime": fluxjob.rfc3339(at)})
         g.fj_status = {**g.fj_status, "conditions": conds}
+
+    def end_run(self, g: Group, reason: str, now: int) -> None:
+        """The group's run ends in the store (cancelled, ``reason``) while the group goes on,
+        waiting to be allocated again (preempted and queued again, suspended by its user):
+        under a new row (uid suffix ``~requeue-N``), which its next phase starts."""
+        if self._ctx.journal is None:
+            return
+        rec = self.group_record(g)
+        self._ctx.journal.record(replace(rec, phase=Phase.CANCELLED, reason=reason), now)
+        self._ctx.journal.forget(rec.key)
+        base = g.store_uid or rec.uid
+        stem, _, n = base.rpartition("~requeue-")
+        g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
+        g.store_id = None
 
     def group_record(self, g: Group) -> Any:
         """A snapshot of the group for the store (see journal.GroupRecord)."""

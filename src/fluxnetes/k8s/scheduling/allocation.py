@@ -85,7 +85,7 @@ class Allocation:
         g.released = set()
         g.start = self._ctx.now()
         g.expected_start = None
-        g.recovered = False
+        g.recovered = g.suspending = False
         METRICS.allocations.inc()
         nodes = ",".join(sorted(set(g.slots)))
         self._side.status.set_phase(g, Phase.RUNNING, f"allocated on {nodes}" + (f" ({g.note})" if g.note else ""))
@@ -197,6 +197,7 @@ class Allocation:
             if g.kind.resume_patch({}) is not None:  # Job: suspending deletes its active pods
                 from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY, SUSPENDED_BY_US
 
+                g.suspending = True  # (its suspension is not its user's: groupbook.suspension)
                 # marked as fluxnetes' own hold, so it is resumed when allocated again
                 body = {"metadata": {"annotations": {ANN_SUSPENDED_BY: SUSPENDED_BY_US}}, "spec": {"suspend": True}}
                 suspend_at = getattr(g.kind, "suspend_path", None)  # a multi-role kind's own field

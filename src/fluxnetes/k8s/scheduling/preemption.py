@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.context import Context
@@ -158,20 +158,9 @@ class Preemption:
             self._side.status.set_phase(g, Phase.FAILED, by_text)
             self._side.status.group_event(g, "Warning", "Failed", g.reason, pods=False)
             return
-        if self._ctx.journal is not None:
-            # the run that was preempted ends in the store; the group goes on under a new row
-            rec = self._side.status.group_record(g)
-            self._ctx.journal.record(replace(rec, phase=Phase.CANCELLED, reason=f"{by_text}; queued again"), now)
-            self._ctx.journal.forget(rec.key)
-            base = g.store_uid or rec.uid
-            stem, _, n = base.rpartition("~requeue-")
-            g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
-            g.store_id = None
-        g.jobid = None
-        g.slots, g.slot_pod, g.released, g.held, g.alloc = [], [], set(), {}, []
-        g.start = g.end = g.expected_start = None
-        g.resumed = g.recovered = False
-        g.failed_pods = g.deleted_pods = 0
+        # the run that was preempted ends in the store; the group goes on under a new row
+        self._side.status.end_run(g, f"{by_text}; queued again", now)
+        g.forget_allocation()
         self._side.status.set_phase(g, Phase.PENDING, f"queued again: {by_text}")
         self._side.status.group_event(g, "Normal", "Requeued", g.reason, pods=False)
         self._ctx.dirty = True

@@ -211,6 +211,10 @@ class WorkloadKind:
         nor resumes it until the user lets it go."""
         return False
 
+    def suspended(self, obj: Mapping[str, Any]) -> bool:
+        """The workload is suspended, by whoever (a kind that cannot be: never)."""
+        return False
+
     def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
         """A finished pod will be replaced by the controller: keep its share for the new one."""
         return True
@@ -274,6 +278,9 @@ class SuspendableKind(WorkloadKind):
 
     def held_by_fluxnetes(self, obj: Mapping[str, Any]) -> bool:
         return self._suspended(obj) and marked_suspended_by_us(obj)
+
+    def suspended(self, obj: Mapping[str, Any]) -> bool:
+        return self._suspended(obj)
 
     def held_by_user(self, obj: Mapping[str, Any]) -> bool:
         return self._suspended(obj) and not marked_suspended_by_us(obj)

@@ -69,6 +69,9 @@ class JobKind(WorkloadKind):
     def held_by_user(self, obj: Mapping[str, Any]) -> bool:
         return (obj.get("spec") or {}).get("suspend") is True and not self.held_by_fluxnetes(obj)
 
+    def suspended(self, obj: Mapping[str, Any]) -> bool:
+        return (obj.get("spec") or {}).get("suspend") is True
+
     def replaces_pods(self, obj: Mapping[str, Any]) -> bool:
         # more pods than the group size will run over the Job's life: keep the shares until
         # the Job is done (a Job of N completions with parallelism N never replaces)
