@@ -112,6 +112,18 @@ class SoakOptions:
     log: Callable[[str], None] = _say
 
 
+def fluxjobs_mode(operator_args: tuple[str, ...]) -> str:
+    """The operator's ``--fluxjobs`` as these arguments set it: the last one given, else the
+    operator's default (``waiting``: a group placed at once has no FluxJob, so the shares
+    invariant cannot ask one for its pods)."""
+    args = " ".join(operator_args).replace("=", " ").split()
+    mode = "waiting"
+    for a, b in itertools.pairwise(args):
+        if a == "--fluxjobs":
+            mode = b
+    return mode
+
+
 class Soak:
     def __init__(self, opts: SoakOptions) -> None:
         self.opts = opts
@@ -125,11 +137,9 @@ class Soak:
         self.replicas: Replicas | None = None
         self.stream: Stream | None = None
         self.namespaces = ["chaos-a", "chaos-b"]
-        args = " ".join(opts.operator_args).replace("=", " ").split()
-        waiting = any(a == "--fluxjobs" and b == "waiting" for a, b in itertools.pairwise(args))
         self.checker = Checker(managed_namespaces=lambda: self.namespaces,
                                group_grace=opts.group_grace, share_grace=opts.share_grace,
-                               fluxjobs_waiting=waiting)
+                               fluxjobs_waiting=fluxjobs_mode(opts.operator_args) == "waiting")
         self.poller: Poller | None = None
         self.faults: list[Fault] = []
         self.shape = NodeShape(count=opts.nodes, cpu=str(opts.node_cpu), memory=f"{4 * opts.node_cpu}Gi",
