@@ -172,7 +172,9 @@ EXTRA = f"kwok-unsat-{RUN}"
 def op(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     o = Operator(k8s_cluster, tmp_path_factory.mktemp("operator-unsat"))
     try:
-        o.start()
+        # the FluxJob's conditions of a Job placed at once are checked below: every group gets
+        # one (--fluxjobs all; the default, waiting, gives that Job none: its pods' Events tell)
+        o.start("--fluxjobs", "all")
         yield o
     finally:
         o.kill(signal.SIGTERM)
