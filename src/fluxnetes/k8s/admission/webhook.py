@@ -59,6 +59,11 @@ def ssl_context(bundle: CertBundle) -> ssl.SSLContext:
         key.write_bytes(bundle.tls_key)
         key.chmod(0o600)
         ctx.load_cert_chain(str(crt), str(key))
+    # no TLS 1.3 session tickets: the API server's webhook client keeps no session cache, so it
+    # never resumes one, and each new connection it opens (it opens many: bench/webhook_latency.py)
+    # would cost the webhook two tickets' encryption for nothing (~15 % of a handshake here,
+    # bench/http_costs.py)
+    ctx.num_tickets = 0
     return ctx
 
 
