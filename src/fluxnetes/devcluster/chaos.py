@@ -146,6 +146,7 @@ class Soak:
                                pods=110, zones=2, racks=2)
         self._node_seq = opts.nodes
         self.t0 = 0.0
+        self.load_at_start = os.getloadavg()
         self.probe: dict[str, Any] = {}
         self.errors: list[str] = []
         self._lost_evidence: list[dict[str, Any]] | None = None
@@ -522,10 +523,13 @@ class Soak:
         injected = [f for f in self.faults if f.at and not f.error]
         return {
             "benchmark": "chaos",
-            "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()
-                           if k != "log"},
+            "parameters": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()
+                              if k != "log"},
+                           # the operator's mode, as its arguments (or its default) set it
+                           "fluxjobs": fluxjobs_mode(o.operator_args)},
             "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                        "platform": platform.platform(), "load_avg_at_end": os.getloadavg()},
+                        "platform": platform.platform(), "load_avg_at_start": self.load_at_start,
+                        "load_avg_at_end": os.getloadavg()},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0 or time.time())),
             "stream_seconds": round(o.minutes * 60, 1),
             "wall_seconds": round(time.time() - self.t0, 1) if self.t0 else 0,
