@@ -5,8 +5,9 @@ documents allowed) or fluxnetes/Flux jobspecs. Nothing is created. The answer co
 same graph, matcher and queue code the operator runs, fed in memory with:
 
 * the cluster (default): the resource graph from the Nodes; running FluxJobs hold their nodes
-  (``status.nodes`` x per-pod request) until their duration ends; pods of other schedulers
-  hold theirs for an unknown time; Pending/Reserved FluxJobs wait in the queue ahead of (or
+  (``status.nodes`` x per-pod request) until their duration ends; groups placed without a
+  FluxJob (the operator's default, ``--fluxjobs waiting``) and pods of other schedulers hold
+  theirs for an unknown time; Pending/Reserved FluxJobs wait in the queue ahead of (or
   behind, by priority) the new work;
 * or, offline, ``--graph FILE`` (JGF JSON or a cluster description YAML): an empty cluster.
 
