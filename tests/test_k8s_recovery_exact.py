@@ -261,7 +261,7 @@ def test_release_not_written_to_the_store(k8s_cluster: Any, ns: str, op: Operato
     crash_at(op, f"store-release@{ns}/pair", "--store", url, *ALL)  # (the FluxJob status is behind too)
     labels = {"fluxnetes.io/group": "pair", "fluxnetes.io/group-size": "2"}
     apply(k8s_cluster, ns, [pod(f"pair-{i}", "16", labels=labels) for i in range(2)])
-    wait("pair Running (status written)", lambda: phase(k8s_cluster, ns, "pair") == "Running")
+    wait("pair Running (status written)", lambda: fluxjob(k8s_cluster, ns, "pair")["status"]["phase"] == "Running")
     bound_nodes(k8s_cluster, ns, "fluxnetes.io/group=pair", 2)
     k8s_cluster.kubectl("delete", "pod", "-n", ns, "pair-0")
     wait_crash(op)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from k8s_helpers import Operator, OverbookingWatch, namespace, operator_session
-from test_k8s_operator import apply, fluxjob, job, job_complete, phase, pod, pods, wait
+from test_k8s_operator import apply, fluxjob, job, job_complete, pod, pods, wait
+from test_k8s_operator import fluxjob_phase as phase  # (--fluxjobs all: what the FluxJob says)
 
 pytestmark = pytest.mark.k8s
 

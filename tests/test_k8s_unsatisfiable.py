@@ -22,7 +22,8 @@ import pytest
 from fluxnetes.k8s import names
 from k8s_helpers import Operator, cleanup_webhooks, namespace
 from test_k8s_node_loss import cpu_pod, kwok_node
-from test_k8s_operator import apply, fluxjob, job, phase, pod, wait
+from test_k8s_operator import apply, fluxjob, job, pod, wait
+from test_k8s_operator import fluxjob_phase as phase  # (--fluxjobs all: what the FluxJob says)
 from test_k8s_prune import make_controller, node, settle
 
 # ---------------------------------------------------------------- unit level
