@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fluxnetes.devcluster.chaos import FAULT_KINDS, plan_faults
+from fluxnetes.devcluster.chaos import FAULT_KINDS, fluxjobs_mode, plan_faults
 from fluxnetes.devcluster.invariants import (
     ANN_FLUXJOB,
     JOB_INDEX_ANN,
@@ -133,6 +133,16 @@ def test_fluxjob_shares_must_match_its_bound_pods() -> None:
     # a pod left behind on a deleted node holds nothing: the graph rightly has no share there
     gone = {"nodes": [node("n1")], "pods": [pod("p", 2, "n9", annotations=placed("f"))], "fluxjobs": []}
     assert observe_over(Checker(share_grace=5), 10, **gone) == []
+
+
+def test_the_soak_judges_shares_as_the_operator_writes_fluxjobs() -> None:
+    """The soak's operator runs in its default mode (``--fluxjobs waiting``) unless its
+    arguments say otherwise; the last ``--fluxjobs`` given wins, as on the command line. (It
+    used to assume ``all`` without the flag, and would then have called every group placed at
+    once without a FluxJob a shares violation.)"""
+    assert fluxjobs_mode(()) == "waiting"
+    assert fluxjobs_mode(("--store", "x", "--fluxjobs=all")) == "all"
+    assert fluxjobs_mode(("--fluxjobs", "all", "--fluxjobs", "waiting")) == "waiting"
 
 
 def test_a_placed_pod_kube_scheduler_refuses_is_reported() -> None:

@@ -236,6 +236,8 @@ def test_default_render() -> None:
     # the queue while no replica serves the webhook; 2 replicas and a PodDisruptionBudget keep one
     assert args["failure-policy"] == "Fail"
     assert (args["lease-duration"], args["renew-deadline"], args["retry-period"]) == ("10", "7", "2")
+    # issue 31: only work that waits gets a FluxJob, as `fluxnetes run` does by default
+    assert args["fluxjobs"] == "waiting"
     pdb = one(objs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
@@ -386,6 +388,8 @@ def test_non_default_values() -> None:
             "--set",
             "extraArgs={--verbose}",
             "--set",
+            "scheduler.fluxjobs=all",
+            "--set",
             "createNamespace=true",
             namespace="hpc",
             release="sched",
@@ -408,6 +412,7 @@ def test_non_default_values() -> None:
     assert args["policy"] == "conservative" and args["match-policy"] == "hinodex"
     assert args["namespace-label"] == "example.com/hpc=true"
     assert args["failure-policy"] == "Ignore"
+    assert args["fluxjobs"] == "all"
     assert args["owner-cluster-role"] == one(objs, "ClusterRole")["metadata"]["name"] == "sched-fluxnetes"
     hybrid = docs(
         helm_template(
@@ -449,6 +454,7 @@ def test_existing_secret_for_the_store() -> None:
         (("--set", "scheduler.onNodeLost=ignore"), "scheduler.onNodeLost"),
         (("--set", "scheduler.placement=nearby"), "scheduler.placement"),
         (("--set", "scheduler.jobMode=pause"), "scheduler.jobMode"),
+        (("--set", "scheduler.fluxjobs=some"), "scheduler.fluxjobs"),
         (("--set", "webhook.namespaceLabel=a=b"), "webhook.namespaceLabel"),
         (
             ("--set", "postgresql.auth.generateInCluster=true", "--set", "postgresql.auth.password=x"),

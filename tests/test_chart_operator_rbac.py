@@ -103,6 +103,10 @@ def test_operator_runs_with_the_chart_service_account(own_cluster: Any, tmp_path
             NS,
             "--webhook-port",
             "0",
+            # the ServiceAccount must be able to write FluxJobs: every group gets one, the pod
+            # below placed at once too (the default, --fluxjobs waiting, would write none)
+            "--fluxjobs",
+            "all",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -216,6 +216,16 @@ def test_cluster_state_from_api_objects() -> None:
             "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
             "status": {"phase": "Running"},
         },
+        {  # placed at once, no FluxJob (the operator's default, --fluxjobs waiting): its pod holds
+            # what it asks, for an unknown time (it used to be skipped as if its FluxJob counted it)
+            "metadata": {
+                "name": "quick-0",
+                "namespace": "a",
+                "annotations": {"fluxnetes.io/fluxjob": "job-quick"},
+            },
+            "spec": {"nodeName": "n0", "containers": [{"name": "c", "resources": {"requests": {"cpu": "3"}}}]},
+            "status": {"phase": "Running"},
+        },
     ]
 
     def ts(d: int) -> str:
@@ -244,6 +254,8 @@ def test_cluster_state_from_api_objects() -> None:
     assert by_name["a/r"].shares[0].memory == 2048
     foreign = next(h for h in held if h.name.startswith("foreign: 1 other pod"))
     assert foreign.end is None and foreign.shares[0].cores == 2
+    quick = by_name["a/job-quick (no FluxJob)"]
+    assert quick.end is None and [(s.node, s.cores) for s in quick.shares] == [("n0", 3)]
     assert [(w.id, w.submit, w.priority) for w in waiting] == [("a/q", -5, 3)]
     assert notes == []
 

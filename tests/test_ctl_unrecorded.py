@@ -1,6 +1,7 @@
-"""`explain` and `cancel` of a group running without a FluxJob (the operator's
-``--fluxjobs waiting``: a group placed at once gets none), read from its pods: the pure
-parts, then both commands end to end against a fake API (the real one: tests/test_ctl.py)."""
+"""`explain`, `cancel` and `queue` of a group without a FluxJob (the operator's default,
+``--fluxjobs waiting``: a group placed at once that completes gets none), read from its pods,
+running or finished: the pure parts, then the commands end to end against a fake API (the
+real one: tests/test_ctl.py, tests/test_k8s_fluxjobs_default.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typer.testing import CliRunner
 
 from fluxnetes.cli.ctl import build
 from fluxnetes.cli.ctl import cancel as cancel_mod
+from fluxnetes.cli.ctl import common as common_mod
 from fluxnetes.cli.ctl import explain as explain_mod
+from fluxnetes.cli.ctl import queue as queue_mod
 from fluxnetes.cli.ctl.common import ClusterView, CtlError
 from fluxnetes.cli.ctl.unrecorded import cancel_targets, explain_unrecorded, group_pods
 
@@ -128,9 +131,10 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     api = FakeApi([pod("q-0", "n0", owner=("Job", "quick")), pod("q-1", "n0", owner=("Job", "quick")),
                    pod("lone", "n0", group="job-lone"), pod("o-0", "n0", group="job-orphan", owner=("Job", "gone"))],
                   {"/apis/batch/v1/namespaces/default/jobs/quick": owned("Job", "quick")})
-    for mod in (explain_mod, cancel_mod):
+    for mod in (explain_mod, cancel_mod, queue_mod):
         monkeypatch.setattr(mod, "fetch", api.fetch)
-    monkeypatch.setattr(cancel_mod, "api", api.api)
+    for mod in (cancel_mod, queue_mod, common_mod):  # (explain reads through common.api)
+        monkeypatch.setattr(mod, "api", api.api)
     return api
 
 
@@ -144,7 +148,8 @@ def test_explain_and_cancel_commands_answer_for_a_group_without_a_fluxjob(fake: 
     assert info["shares"] == [{"node": "n0", "pods": 2, "cores": 4, "memory": 2048, "gpus": 0}]
     missing = CliRunner().invoke(ctl, ["explain", "nope", "-n", "default"])
     assert missing.exit_code == 1
-    assert "FluxJob default/nope not found" in missing.output and "no running group of that name" in missing.output
+    assert "FluxJob default/nope not found" in missing.output
+    assert "nor a group of that name without a FluxJob" in missing.output
 
     res = CliRunner().invoke(ctl, ["cancel", "job-quick", "-n", "default"])
     assert res.exit_code == 0, res.output
@@ -158,6 +163,46 @@ def test_explain_and_cancel_commands_answer_for_a_group_without_a_fluxjob(fake: 
     assert "deleted Job default/gone" in CliRunner().invoke(ctl, ["cancel", "job-orphan", "-n", "default"]).output
     missing = CliRunner().invoke(ctl, ["cancel", "nope", "-n", "default"])
     assert missing.exit_code == 1 and "no running group of that name" in missing.output
+
+
+def test_a_finished_group_without_a_fluxjob_is_explained_and_listed(fake: FakeApi,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Job placed at once that completed has no FluxJob and no running pod: `explain`
+    answers from its finished pods (by the group's name or the Job's own), and `queue --all`
+    lists it; `queue` alone does not (it lists what runs and waits). (Both used to answer
+    "not found" / nothing.)"""
+    done = [pod(f"d-{i}", "n0", owner=("Job", "done"), group="job-done", phase="Succeeded") for i in range(2)]
+    failed = [pod("f-0", "n0", owner=("Job", "flop"), group="job-flop", phase="Failed")]
+    fake.pods += [*done, *failed, pod("r-0", "n0", owner=("Job", "mixed"), group="job-mixed", phase="Succeeded"),
+                  pod("r-1", "n0", owner=("Job", "mixed"), group="job-mixed")]
+    unfinished = [p for p in fake.pods if p["status"]["phase"] not in ("Succeeded", "Failed")]
+
+    def fetch(conn: Any, *, nodes: bool = False, pods: bool = False, fluxjobs: str | None = None) -> ClusterView:
+        view = fake.fetch(conn, nodes=nodes, pods=pods, fluxjobs=fluxjobs)
+        view.pods = list(unfinished) if pods else []  # as the API server's field selector gives
+        return view
+
+    for mod in (explain_mod, queue_mod):
+        monkeypatch.setattr(mod, "fetch", fetch)
+    ctl = build()
+    for name in ("job-done", "done"):
+        res = CliRunner().invoke(ctl, ["explain", name, "-n", "default"])
+        assert res.exit_code == 0, res.output
+        assert "default/job-done: Completed (no FluxJob)  size 2 x (2c,1Gi)" in res.output, res.output
+        assert "placed at once and finished, no FluxJob" in res.output and "held while it ran" in res.output
+    info = json.loads(CliRunner().invoke(ctl, ["explain", "default/job-flop", "-o", "json"]).stdout)
+    assert info["state"] == "Failed" and info["nodes"] == ["n0"] and info["fluxJob"] is False
+    # a group with one pod still running is Running, explained from that pod
+    info = json.loads(CliRunner().invoke(ctl, ["explain", "default/mixed", "-o", "json"]).stdout)
+    assert info["job"] == "default/job-mixed" and info["state"] == "Running" and info["size"] == 1
+
+    rows = json.loads(CliRunner().invoke(ctl, ["queue", "-n", "default", "-o", "json"]).stdout)
+    assert {r["name"]: r["state"] for r in rows} == {"job-quick": "Running", "job-lone": "Running",
+                                                     "job-orphan": "Running", "job-mixed": "Running"}
+    rows = json.loads(CliRunner().invoke(ctl, ["queue", "-n", "default", "--all", "-o", "json"]).stdout)
+    finished = {r["name"]: (r["state"], r["size"], r["fluxJob"]) for r in rows if r["state"] != "Running"}
+    assert finished == {"job-done": ("Completed", 2, False), "job-flop": ("Failed", 1, False)}
+    assert [r["position"] for r in rows] == list(range(1, len(rows) + 1))
 
 
 def fluxjob(name: str, workload: tuple[str, str]) -> dict[str, Any]:

@@ -200,3 +200,26 @@ def test_wait_ready_stops_when_a_component_dies() -> None:
 
     with pytest.raises(RuntimeError, match="kwok exited"):
         asyncio.run(main())
+
+
+def test_running_per_namespace_counts_groups_placed_without_a_fluxjob() -> None:
+    """The fair-share measurement (bench/fairshare_k8s.py, tests/test_k8s_fairshare.py) counts
+    what runs per account: the Running FluxJobs and, under the operator's default
+    ``--fluxjobs waiting``, the groups placed at once that have none, from their pods (it used
+    to count FluxJobs only, so jobs placed at once ran unseen)."""
+    from types import SimpleNamespace
+
+    from fluxnetes.devcluster.apicalls import fluxjobs_per_namespace
+
+    outputs = {
+        "fluxjobs": "a job-1 Running\na job-2 Pending\nb job-3 Reserved\nb job-4 Completed\n",
+        # job-1 has its FluxJob (counted once), job-5 and b's job-6 none; a foreign pod has no annotation
+        "pods": "a job-1\na job-5\nb b/job-6\nb\n",
+    }
+
+    class Cluster:
+        def kubectl(self, *args: str) -> SimpleNamespace:
+            return SimpleNamespace(stdout=outputs[args[1]])
+
+    running, waiting = fluxjobs_per_namespace(Cluster())
+    assert running == {"a": 2, "b": 1} and waiting == {"a": 1, "b": 1}

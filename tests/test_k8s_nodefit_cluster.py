@@ -36,7 +36,9 @@ def op(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[O
     k8s_cluster.kubectl("taint", "node", TAINTED_NODE, TAINT, "--overwrite")
     o = Operator(k8s_cluster, tmp_path_factory.mktemp("operator-nodefit"))
     try:
-        o.start()
+        # the jobspec of a Job placed at once is read from its FluxJob below: every group gets
+        # one (--fluxjobs all; the default, waiting, gives that Job none)
+        o.start("--fluxjobs", "all")
         yield o
     finally:
         o.kill(signal.SIGTERM)

@@ -35,7 +35,7 @@ from test_k8s_recovery_exact import (
 
 pytestmark = pytest.mark.k8s
 
-MODES = {"all": ("--status-interval", "10"), "waiting": ("--status-interval", "10", "--fluxjobs", "waiting")}
+MODES = {"all": ("--status-interval", "10", "--fluxjobs", "all"), "waiting": ("--status-interval", "10", "--fluxjobs", "waiting")}
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    with operator_session(cluster, tmp_path_factory, "deleted-operator", "--status-interval", "0.3") as op:
+    # a group's FluxJob (its podsSeen) tells below what the operator saw: every group gets one
+    # (--fluxjobs all; the default, waiting, gives the label group placed at once none)
+    with operator_session(cluster, tmp_path_factory, "deleted-operator", "--status-interval", "0.3",
+                          "--fluxjobs", "all") as op:
         yield op
 
 

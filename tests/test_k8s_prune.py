@@ -177,7 +177,9 @@ async def run_many(c: Controller, kube: RecordingKube, rounds: int) -> None:
 
 def make_controller(store: str | None = None) -> tuple[Controller, RecordingKube]:
     kube = RecordingKube()
-    c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
+    # these tests read each group's final FluxJob (what a pruned group leaves behind): every
+    # group gets one (--fluxjobs all; the default, waiting, gives none to a group placed at once)
+    c = Controller(kube, OperatorConfig(store=store, fluxjobs="all"))  # type: ignore[arg-type]
     for n in ("n0", "n1", "n2", "n3"):
         c.cluster.know_node(node(n))
     c.cluster.build_matcher()

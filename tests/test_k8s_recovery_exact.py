@@ -2,7 +2,8 @@
 FLUXNETES_DEBUG_EXIT_AT (see src/fluxnetes/k8s/crashpoints.py), then a restart.
 
 After each restart: a finished workload is never queued again and holds nothing, its FluxJob
-says what its pods did, every admitted Job gets its FluxJob, and the operator's own
+(or, placed at once in the default mode, --fluxjobs waiting, its pods) says what its pods
+did, every admitted Job completes once in the store, and the operator's own
 accounting check (FLUXNETES_DEBUG_CHECK_SECONDS: the graph's use against the bound,
 unfinished pods listed from the API server) is exact with nothing held for pods that are
 not bound. A whole-cluster job at the end proves no capacity leaked.
@@ -31,7 +32,7 @@ from k8s_helpers import (
     operator_session,
     store_at,
 )
-from test_k8s_operator import apply, fluxjob, job, job_complete, phase, pod, pods, wait
+from test_k8s_operator import apply, fluxjob, job, job_complete, phase, pod, pods, slot_nodes, wait
 from test_k8s_scaling import deployment
 
 pytestmark = pytest.mark.k8s
@@ -39,6 +40,9 @@ pytestmark = pytest.mark.k8s
 EXIT = "FLUXNETES_DEBUG_EXIT_AT"
 CHECK = {"FLUXNETES_DEBUG_CHECK_SECONDS": "1"}
 ENDED = ("Completed", "Cancelled")  # pods deleted while they ran: the group is Cancelled
+# the windows around a FluxJob's writes are only reached when a group placed at once gets one
+# (--fluxjobs all); the default, waiting, gives it none
+ALL = ("--fluxjobs", "all")
 CHECK_LINE = re.compile(r"accounting check: (ok \(\d+ nodes, \d+ bound pods, (\d+) slots not bound yet\)|MISMATCH.*)")
 
 
@@ -104,7 +108,7 @@ def test_fluxjob_created_then_crash_of_a_finished_job(k8s_cluster: Any, ns: str,
     created with its status in one write (the CRD has no status subresource), so it is never
     status-less; the restart must end it Completed, once, and leak nothing. (When it was
     created status-less, it used to be queued again, allocated and never released.)"""
-    crash_at(op, f"fluxjob-created@{ns}/job-a", "--status-interval", "10")
+    crash_at(op, f"fluxjob-created@{ns}/job-a", "--status-interval", "10", *ALL)
     apply(k8s_cluster, ns, [job("a", 2, "8")])
     wait_crash(op)
     assert fluxjob(k8s_cluster, ns, "job-a")["status"]["phase"], "created without its status"
@@ -121,8 +125,9 @@ def test_fluxjob_created_then_crash_of_a_finished_job(k8s_cluster: Any, ns: str,
 def test_job_finished_before_its_fluxjob_was_created(k8s_cluster: Any, ns: str, op: Operator) -> None:
     """Window: the Job ran and finished inside the status interval and the operator died
     before creating its FluxJob (``store-completed``: right before its completion is written
-    anywhere). After the restart it has a FluxJob saying Completed, and the store row (the
-    queue's memory) ends completed, once."""
+    anywhere). After the restart it is Completed (a FluxJob saying so, or in the default mode,
+    which gives a Job placed at once none, its pods), and the store row (the queue's memory)
+    ends completed, once."""
     url = f"sqlite:///{op.log_dir / 'b.db'}"
     crash_at(op, f"store-completed@{ns}/job-b", "--status-interval", "10", "--store", url)
     apply(k8s_cluster, ns, [job("b", 1, "4")])
@@ -130,8 +135,8 @@ def test_job_finished_before_its_fluxjob_was_created(k8s_cluster: Any, ns: str, 
     wait("b complete", lambda: job_complete(k8s_cluster, ns, "b"))
     assert k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"] == []
     restart(op, "--store", url)
-    wait("FluxJob Completed", lambda: phase(k8s_cluster, ns, "job-b") == "Completed")
-    assert fluxjob(k8s_cluster, ns, "job-b")["status"]["nodes"] == [pods(k8s_cluster, ns)[0]["spec"]["nodeName"]]
+    wait("b Completed", lambda: phase(k8s_cluster, ns, "job-b") == "Completed")
+    assert slot_nodes(k8s_cluster, ns, "job-b") == [pods(k8s_cluster, ns)[0]["spec"]["nodeName"]]
 
     def completed() -> Any:
         rows = [r for r in store_at(url).jobs() if r.namespace == ns and r.name == "job-b"]
@@ -146,8 +151,8 @@ def test_job_finished_before_its_fluxjob_was_created(k8s_cluster: Any, ns: str, 
 
 def test_resumed_job_without_fluxjob_runs_once(k8s_cluster: Any, ns: str, op: Operator) -> None:
     """Window: the Job was resumed and the operator died at once (``resumed``): no FluxJob
-    exists, its pod was created gated and nobody places it. After the restart the Job gets
-    its FluxJob, its pod is placed, it completes once."""
+    exists, its pod was created gated and nobody places it. After the restart its pod is
+    placed, it completes once (with a FluxJob only if it had to wait: the default mode)."""
     crash_at(op, f"resumed@{ns}/job-c", "--status-interval", "10")
     apply(k8s_cluster, ns, [job("c", 2, "8")])
     wait_crash(op)
@@ -155,7 +160,7 @@ def test_resumed_job_without_fluxjob_runs_once(k8s_cluster: Any, ns: str, op: Op
     assert k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"] == []
     restart(op)
     wait("c complete", lambda: job_complete(k8s_cluster, ns, "c"), timeout=90)
-    wait("FluxJob Completed", lambda: phase(k8s_cluster, ns, "job-c") == "Completed")
+    wait("c Completed", lambda: phase(k8s_cluster, ns, "job-c") == "Completed")
     assert len(pods(k8s_cluster, ns, "job-name=c")) == 2
     exact_at_rest(op)
     whole_cluster_runs(k8s_cluster, ns, "whole-c")
@@ -174,7 +179,7 @@ def test_placed_pods_without_any_record_are_the_groups_again(k8s_cluster: Any, n
     with OverbookingWatch(k8s_cluster) as watch:
         restart(op)
         wait("hold Running", lambda: phase(k8s_cluster, ns, "hold") == "Running")
-        assert sorted(fluxjob(k8s_cluster, ns, "hold")["status"]["nodes"]) == placed
+        assert sorted(slot_nodes(k8s_cluster, ns, "hold")) == placed
         exact_at_rest(op)
         wide = {"fluxnetes.io/group": "wide", "fluxnetes.io/group-size": "3"}
         apply(k8s_cluster, ns, [pod(f"wide-{i}", "16", labels=wide) for i in range(3)])
@@ -193,8 +198,8 @@ def replicaset(name: str, replicas: int, cpu: str) -> dict[str, Any]:
 
 
 def test_replicaset_placed_without_fluxjob_then_scaled_up(k8s_cluster: Any, ns: str, op: Operator) -> None:
-    """Window of the default mode (``--fluxjobs all``): a ReplicaSet's group placed, the
-    leader gone before the group's first FluxJob write (``placed``), then the ReplicaSet
+    """Window: a ReplicaSet's group placed, the leader gone before the group's first FluxJob
+    write (``placed``; in the default mode, --fluxjobs waiting, it never gets one), then the ReplicaSet
     scaled up (the short chaos soak, seed 1). The next leader takes the group back at the size
     it was placed with, from its pods: the accounting is exact, the added replica gets a
     scale group of its own on a free node, nothing is overbooked."""
@@ -207,7 +212,7 @@ def test_replicaset_placed_without_fluxjob_then_scaled_up(k8s_cluster: Any, ns: 
     with OverbookingWatch(k8s_cluster) as watch:
         restart(op)
         wait("web Running", lambda: phase(k8s_cluster, ns, "replicaset-web") == "Running")
-        assert sorted(fluxjob(k8s_cluster, ns, "replicaset-web")["status"]["nodes"]) == placed
+        assert sorted(slot_nodes(k8s_cluster, ns, "replicaset-web")) == placed
         assert len(set(bound_nodes(k8s_cluster, ns, "app=web", 3))) == 3  # one 16-cpu pod a node
         exact_at_rest(op)
     assert watch.violations == []
@@ -253,10 +258,10 @@ def test_release_not_written_to_the_store(k8s_cluster: Any, ns: str, op: Operato
     store (and the FluxJob status) heard of it (``store-release``). After the restart the
     released node is free again and the store records the release."""
     url = f"sqlite:///{op.log_dir / 'r.db'}"
-    crash_at(op, f"store-release@{ns}/pair", "--store", url)
+    crash_at(op, f"store-release@{ns}/pair", "--store", url, *ALL)  # (the FluxJob status is behind too)
     labels = {"fluxnetes.io/group": "pair", "fluxnetes.io/group-size": "2"}
     apply(k8s_cluster, ns, [pod(f"pair-{i}", "16", labels=labels) for i in range(2)])
-    wait("pair Running (status written)", lambda: phase(k8s_cluster, ns, "pair") == "Running")
+    wait("pair Running (status written)", lambda: fluxjob(k8s_cluster, ns, "pair")["status"]["phase"] == "Running")
     bound_nodes(k8s_cluster, ns, "fluxnetes.io/group=pair", 2)
     k8s_cluster.kubectl("delete", "pod", "-n", ns, "pair-0")
     wait_crash(op)
@@ -319,8 +324,9 @@ def test_partial_release_on_a_shared_node_survives_a_restart(k8s_cluster: Any, n
 
 def test_recreated_job_with_the_same_name_runs(k8s_cluster: Any, ns: str, op: Operator) -> None:
     """Delete a finished Job and create it again at once: the new Job is a new workload (its
-    own group, FluxJob and Events), never answered for by the old, finished group."""
-    restart(op)
+    own group, FluxJob and Events), never answered for by the old, finished group. (About the
+    FluxJob's record: --fluxjobs all, which gives the Jobs placed at once one.)"""
+    restart(op, *ALL)
     apply(k8s_cluster, ns, [job("again", 1, "2")])
     wait("first complete", lambda: job_complete(k8s_cluster, ns, "again"))
     first = k8s_cluster.kubectl_json("get", "job", "-n", ns, "again")["metadata"]["uid"]
@@ -336,13 +342,15 @@ def test_recreated_job_with_the_same_name_runs(k8s_cluster: Any, ns: str, op: Op
 
     wait("the new Job's FluxJob Completed", fluxjob_of_second)
     exact_at_rest(op)
+    restart(op)  # (the module's operator, as the other tests expect it)
 
 
 def test_jobs_flowing_through_two_kills_finish_once_and_leak_nothing(k8s_cluster: Any, ns: str, op: Operator,
                                                                      tmp_path: Path) -> None:
     """The issue's scenario, short: single-pod Jobs (1 cpu, activeDeadlineSeconds 30) while
-    the operator is SIGKILLed twice. Every Job completes once, no Job stays suspended, every
-    admitted Job has a FluxJob that says Completed, and nothing is held afterwards."""
+    the operator is SIGKILLed twice. Every Job completes once, no Job stays suspended, the
+    store records every admitted Job completed, once, every FluxJob (only the Jobs that had to
+    wait have one: the default mode) says Completed, and nothing is held afterwards."""
     url = f"sqlite:///{tmp_path / 'flow.db'}"
     restart(op, "--store", url)
     total = 60
@@ -370,12 +378,17 @@ def test_jobs_flowing_through_two_kills_finish_once_and_leak_nothing(k8s_cluster
     managed = {j["metadata"]["name"] for j in jobs
                if (j["spec"]["template"]["metadata"].get("labels") or {}).get("fluxnetes.io/managed") == "true"}
 
-    def fluxjobs_final() -> Any:
+    def final() -> Any:
         fjs = {f["metadata"]["name"]: (f.get("status") or {}).get("phase")
                for f in k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"]}
-        missing = [n for n in managed if fjs.get(f"job-{n}") != "Completed"]
-        return True if not missing else None
+        rows = {r.name: r for r in store_at(url).jobs() if r.namespace == ns}
+        return (all(ph == "Completed" for ph in fjs.values())
+                and all(f"job-{n}" in rows and str(rows[f"job-{n}"].state) == "completed" for n in managed))
 
-    wait("every admitted Job's FluxJob Completed", fluxjobs_final, timeout=60)
+    wait("every admitted Job completed in the store, every FluxJob Completed", final, timeout=60)
+    store = store_at(url)
+    for r in store.jobs():
+        if r.namespace == ns:
+            assert [str(e.to_state) for e in store.events(r.id)].count("running") == 1, r.name
     exact_at_rest(op)
     whole_cluster_runs(k8s_cluster, ns, "whole-flow")

@@ -74,7 +74,11 @@ class Kube(RecordingKube):
 
 
 def controller(kube: Kube, store: str | None = None) -> Controller:
-    c = Controller(kube, OperatorConfig(store=store))  # type: ignore[arg-type]
+    # the recovery played here reads FluxJobs back (``recover(fluxjobs)``): every group gets one
+    # (--fluxjobs all). Recovery from placed pods alone (no FluxJob, as after a group placed at
+    # once in the default mode) is played by the tests that pass none (e.g.
+    # tests/test_k8s_partial_placement_unit.py) and on the real control plane
+    c = Controller(kube, OperatorConfig(store=store, fluxjobs="all"))  # type: ignore[arg-type]
     for n in NODES:
         c.cluster.know_node(node(n))
     c.cluster.build_matcher()

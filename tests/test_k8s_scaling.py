@@ -14,14 +14,18 @@ from typing import Any
 import pytest
 
 from k8s_helpers import Operator, OverbookingWatch, namespace, operator_session
-from test_k8s_operator import apply, fluxjob, job, job_complete, phase, pod, pods, wait
+from test_k8s_operator import apply, fluxjob, job, job_complete, pod, pods, wait
+from test_k8s_operator import fluxjob_phase as phase  # (--fluxjobs all: what the FluxJob says)
 
 pytestmark = pytest.mark.k8s
 
 
 @pytest.fixture(scope="module")
 def op(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    with operator_session(k8s_cluster, tmp_path_factory, "operator-scaling") as o:
+    # these tests read the base group's FluxJob (its spec resized, its nodes) beside its scale
+    # groups': every group gets one (--fluxjobs all; the default, waiting, gives a base group
+    # placed at once none; scale groups always get one)
+    with operator_session(k8s_cluster, tmp_path_factory, "operator-scaling", "--fluxjobs", "all") as o:
         yield o
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from fluxnetes.k8s import names
 from fluxnetes.k8s.workloads.statefulset import KIND
-from test_k8s_operator import apply, wait
+from test_k8s_operator import apply, phase, wait
 from test_k8s_prune import bound, make_controller, pod, settle
 
 
@@ -141,10 +141,9 @@ def test_an_ordered_ready_statefulset_reaches_ready(k8s_cluster: Any, ns: str) -
     names = ("statefulset-db", "statefulset-db-scale-1", "statefulset-db-scale-2")
 
     def phases() -> dict[str, str]:
-        # FluxJob writes are asynchronous (coalesced per --status-interval): read them as the
-        # API server has them, not before they can have landed
-        items = k8s_cluster.kubectl_json("get", "fluxjobs", "-n", ns)["items"]
-        have = {f["metadata"]["name"]: (f.get("status") or {}).get("phase") for f in items}
-        return {n: have.get(n) for n in names}
+        # as the API server has them: FluxJob writes are asynchronous (coalesced per
+        # --status-interval), and a group placed at once has none in the default mode (its
+        # placed pods say Running: ``phase``)
+        return {n: phase(k8s_cluster, ns, n) for n in names}
 
     wait("the set's three groups Running", lambda: set(phases().values()) == {"Running"}, timeout=60)

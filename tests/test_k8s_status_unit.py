@@ -58,6 +58,9 @@ class FakeBook:
 def book(kube: Events | None = None, **config: Any) -> tuple[StatusWriter, FakeBook, Events]:
     """The status writer alone, with a fake book and a recording API server."""
     kube = kube if kube is not None else Events()
+    # the FluxJob writes are what these tests check: every group gets one (--fluxjobs all)
+    # unless a test asks for the default, waiting
+    config = {"fluxjobs": "all", **config}
     ctx = Context(kube, OperatorConfig(**config), clock=lambda: 1_000)  # type: ignore[arg-type]
     fake = FakeBook()
     return StatusWriter(ctx, fake), fake, kube
@@ -392,3 +395,20 @@ def test_run_refuses_an_unknown_fluxjobs_value_naming_the_flag() -> None:
     run_cmd.register(app)
     res = CliRunner().invoke(app, ["run", "--fluxjobs", "some"])
     assert res.exit_code == 2 and "--fluxjobs" in res.output and "all or waiting" in res.output, res.output
+
+
+def test_the_default_is_fluxjobs_waiting() -> None:
+    """Issue 31: only work that waits gets a FluxJob unless the user asks for all; the command
+    line (the image's entrypoint is `fluxnetes run`) and the operator's config agree."""
+    import inspect
+
+    import typer
+
+    from fluxnetes.cli import run_cmd
+
+    app = typer.Typer()
+    run_cmd.register(app)
+    (cmd,) = [c for c in app.registered_commands if c.callback is not None and c.callback.__name__ == "run"]
+    assert cmd.callback is not None
+    assert inspect.signature(cmd.callback).parameters["fluxjobs"].default == "waiting"
+    assert OperatorConfig().fluxjobs == "waiting"

@@ -45,7 +45,9 @@ class CountingKube:
 
 def controller(interval: float) -> tuple[Controller, CountingKube]:
     kube = CountingKube()
-    c = Controller(kube, OperatorConfig(status_interval=interval, event_rate=0))  # type: ignore[arg-type]
+    # counts the status writes of FluxJobs: every group gets one (--fluxjobs all; the default,
+    # waiting, gives none to a group placed at once)
+    c = Controller(kube, OperatorConfig(status_interval=interval, event_rate=0, fluxjobs="all"))  # type: ignore[arg-type]
     for n in ("n0", "n1"):
         c.cluster.know_node(node(n))
     c.cluster.build_matcher()

@@ -22,7 +22,8 @@ import pytest
 from fluxnetes.k8s import names
 from k8s_helpers import Operator, cleanup_webhooks, namespace
 from test_k8s_node_loss import cpu_pod, kwok_node
-from test_k8s_operator import apply, fluxjob, job, phase, pod, wait
+from test_k8s_operator import apply, fluxjob, job, pod, wait
+from test_k8s_operator import fluxjob_phase as phase  # (--fluxjobs all: what the FluxJob says)
 from test_k8s_prune import make_controller, node, settle
 
 # ---------------------------------------------------------------- unit level
@@ -172,7 +173,9 @@ EXTRA = f"kwok-unsat-{RUN}"
 def op(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     o = Operator(k8s_cluster, tmp_path_factory.mktemp("operator-unsat"))
     try:
-        o.start()
+        # the FluxJob's conditions of a Job placed at once are checked below: every group gets
+        # one (--fluxjobs all; the default, waiting, gives that Job none: its pods' Events tell)
+        o.start("--fluxjobs", "all")
         yield o
     finally:
         o.kill(signal.SIGTERM)

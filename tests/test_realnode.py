@@ -249,7 +249,9 @@ def operator(real_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) ->
     """The operator from the shell (`python -m fluxnetes.k8s run`), as the k8s tests run it."""
     from k8s_helpers import operator_session
 
-    with operator_session(real_cluster, tmp_path_factory, "operator-real") as op:
+    # the test below reads the FluxJob's status (`released`) of a Job placed at once: every
+    # group gets one (--fluxjobs all; the default, waiting, gives that Job none)
+    with operator_session(real_cluster, tmp_path_factory, "operator-real", "--fluxjobs", "all") as op:
         yield op
 
 

@@ -123,6 +123,9 @@ seccompProfile:
 {{- if not (has .Values.scheduler.jobMode (list "auto" "suspend" "gate")) -}}
 {{- fail (printf "scheduler.jobMode: must be auto, suspend or gate, got %q" .Values.scheduler.jobMode) -}}
 {{- end -}}
+{{- if not (has .Values.scheduler.fluxjobs (list "waiting" "all")) -}}
+{{- fail (printf "scheduler.fluxjobs: must be waiting or all, got %q" .Values.scheduler.fluxjobs) -}}
+{{- end -}}
 {{- if not (has .Values.scheduler.onNodeLost (list "fail" "requeue")) -}}
 {{- fail (printf "scheduler.onNodeLost: must be fail or requeue, got %q" .Values.scheduler.onNodeLost) -}}
 {{- end -}}

@@ -112,6 +112,18 @@ class SoakOptions:
     log: Callable[[str], None] = _say
 
 
+def fluxjobs_mode(operator_args: tuple[str, ...]) -> str:
+    """The operator's ``--fluxjobs`` as these arguments set it: the last one given, else the
+    operator's default (``waiting``: a group placed at once has no FluxJob, so the shares
+    invariant cannot ask one for its pods)."""
+    args = " ".join(operator_args).replace("=", " ").split()
+    mode = "waiting"
+    for a, b in itertools.pairwise(args):
+        if a == "--fluxjobs":
+            mode = b
+    return mode
+
+
 class Soak:
     def __init__(self, opts: SoakOptions) -> None:
         self.opts = opts
@@ -125,17 +137,16 @@ class Soak:
         self.replicas: Replicas | None = None
         self.stream: Stream | None = None
         self.namespaces = ["chaos-a", "chaos-b"]
-        args = " ".join(opts.operator_args).replace("=", " ").split()
-        waiting = any(a == "--fluxjobs" and b == "waiting" for a, b in itertools.pairwise(args))
         self.checker = Checker(managed_namespaces=lambda: self.namespaces,
                                group_grace=opts.group_grace, share_grace=opts.share_grace,
-                               fluxjobs_waiting=waiting)
+                               fluxjobs_waiting=fluxjobs_mode(opts.operator_args) == "waiting")
         self.poller: Poller | None = None
         self.faults: list[Fault] = []
         self.shape = NodeShape(count=opts.nodes, cpu=str(opts.node_cpu), memory=f"{4 * opts.node_cpu}Gi",
                                pods=110, zones=2, racks=2)
         self._node_seq = opts.nodes
         self.t0 = 0.0
+        self.load_at_start = os.getloadavg()
         self.probe: dict[str, Any] = {}
         self.errors: list[str] = []
         self._lost_evidence: list[dict[str, Any]] | None = None
@@ -512,10 +523,13 @@ class Soak:
         injected = [f for f in self.faults if f.at and not f.error]
         return {
             "benchmark": "chaos",
-            "parameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()
-                           if k != "log"},
+            "parameters": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()
+                              if k != "log"},
+                           # the operator's mode, as its arguments (or its default) set it
+                           "fluxjobs": fluxjobs_mode(o.operator_args)},
             "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                        "platform": platform.platform(), "load_avg_at_end": os.getloadavg()},
+                        "platform": platform.platform(), "load_avg_at_start": self.load_at_start,
+                        "load_avg_at_end": os.getloadavg()},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0 or time.time())),
             "stream_seconds": round(o.minutes * 60, 1),
             "wall_seconds": round(time.time() - self.t0, 1) if self.t0 else 0,

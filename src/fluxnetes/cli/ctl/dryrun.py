@@ -5,8 +5,9 @@ documents allowed) or fluxnetes/Flux jobspecs. Nothing is created. The answer co
 same graph, matcher and queue code the operator runs, fed in memory with:
 
 * the cluster (default): the resource graph from the Nodes; running FluxJobs hold their nodes
-  (``status.nodes`` x per-pod request) until their duration ends; pods of other schedulers
-  hold theirs for an unknown time; Pending/Reserved FluxJobs wait in the queue ahead of (or
+  (``status.nodes`` x per-pod request) until their duration ends; groups placed without a
+  FluxJob (the operator's default, ``--fluxjobs waiting``) and pods of other schedulers hold
+  theirs for an unknown time; Pending/Reserved FluxJobs wait in the queue ahead of (or
   behind, by priority) the new work;
 * or, offline, ``--graph FILE`` (JGF JSON or a cluster description YAML): an empty cluster.
 
@@ -24,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from fluxnetes.cli.ctl.common import ANN_FLUXJOB
+from fluxnetes.cli.ctl.common import ANN_FLUXJOB, fluxjob_keys, placed_group
 
 WORKLOAD_KINDS = ("Pod", "Job", "Deployment", "ReplicaSet", "StatefulSet")
 MAX_STEPS = (
@@ -242,7 +243,8 @@ def cluster_state(
     fluxjobs: Sequence[Mapping[str, Any]],
     now: datetime,
 ) -> tuple[list[Held], list[Waiting], list[str]]:
-    """What holds resources (running FluxJobs, foreign pods) and what waits (queued FluxJobs)."""
+    """What holds resources (running FluxJobs, groups placed without one, foreign pods) and
+    what waits (queued FluxJobs)."""
     from fluxnetes.jobspec import JobspecError, PodRequest, jobspec_from_pods, parse_jobspec
     from fluxnetes.jobspec.pods import cores_for, mib_for
     from fluxnetes.k8s.scheduling.shares import Share
@@ -261,6 +263,10 @@ def cluster_state(
     notes: list[str] = []
     known_nodes = {(n.get("metadata") or {}).get("name") for n in nodes}
     foreign: dict[str, list[Mapping[str, Any]]] = {}
+    recorded = fluxjob_keys(fluxjobs)
+    # groups placed at once have no FluxJob under the operator's default (--fluxjobs waiting):
+    # their pods hold what they ask, for an unknown time
+    unrecorded: dict[tuple[str, str], dict[str, list[Mapping[str, Any]]]] = {}
     for p in pods:
         md, spec = p.get("metadata") or {}, p.get("spec") or {}
         node = spec.get("nodeName")
@@ -271,8 +277,15 @@ def cluster_state(
         ):
             continue
         if ANN_FLUXJOB in (md.get("annotations") or {}):
-            continue  # counted through its FluxJob below
+            key = placed_group(p)
+            if key is not None and key not in recorded:
+                unrecorded.setdefault(key, {}).setdefault(str(node), []).append(p)
+            continue  # (else counted through its FluxJob below)
         foreign.setdefault(str(node), []).append(p)
+    for (ns, name), by_node in sorted(unrecorded.items()):
+        shares = [_pod_share(node, group) for node, group in sorted(by_node.items())]
+        if any(not s.empty for s in shares):
+            held.append(Held(f"{ns}/{name} (no FluxJob)", [s for s in shares if not s.empty], None))
     for node, group in sorted(foreign.items()):
         share = _pod_share(node, group)
         if not share.empty:

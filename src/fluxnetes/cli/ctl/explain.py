@@ -11,6 +11,7 @@ import typer
 from fluxnetes.cli.ctl.common import (
     GPU,
     WAITING,
+    ClusterView,
     Conn,
     ContextOpt,
     CtlError,
@@ -35,7 +36,12 @@ from fluxnetes.cli.ctl.common import (
     table,
 )
 from fluxnetes.cli.ctl.nodes import node_rows
-from fluxnetes.cli.ctl.unrecorded import explain_unrecorded, group_pods, print_unrecorded
+from fluxnetes.cli.ctl.unrecorded import (
+    explain_unrecorded,
+    group_pods,
+    groups_of_workload,
+    print_unrecorded,
+)
 
 
 def explain_job(
@@ -336,8 +342,41 @@ def could_ever_fit(
 # -- output ------------------------------------------------------------------------------------
 
 
+def resolve(conn: Conn, view: ClusterView, ns: str, name: str
+            ) -> tuple[str, dict[str, Any] | None, list[Mapping[str, Any]]]:
+    """What ``explain NAME`` is about: (group name, its FluxJob, or None and its pods). A
+    group placed at once under ``--fluxjobs waiting`` (the operator's default) has no FluxJob:
+    its running pods, or, once it finished (``view`` holds unfinished pods only), its finished
+    ones. NAME may also be the workload's own name (Job ``quick``: group ``job-quick``).
+    CtlError when nothing answers to NAME."""
+    try:
+        return name, find_fluxjob(view, ns, name), []
+    except CtlError as exc:
+        missing = exc
+    members = group_pods(view.pods, ns, name)
+    if members:
+        return name, None, members
+    listed = (_optional(conn, f"/api/v1/namespaces/{ns}/pods") or {}).get("items") or []
+    members = group_pods(listed, ns, name, include_finished=True)
+    if members:
+        return name, None, members
+    named = sorted(groups_of_workload(listed, ns, name))
+    if len(named) > 1:
+        raise CtlError(f"{missing}; the pods of workload {name} were placed for several groups: "
+                       f"{', '.join(named)} (name one)")
+    if named:
+        group = named[0]
+        for fj in view.fluxjobs:
+            md = fj.get("metadata") or {}
+            if md.get("namespace") == ns and md.get("name") == group:
+                return group, fj, []
+        return group, None, group_pods(view.pods, ns, group) or group_pods(listed, ns, group, include_finished=True)
+    raise CtlError(f"{missing}; nor a group of that name without a FluxJob (no pod was placed for it), "
+                   "nor a workload of that name with placed pods")
+
+
 def explain_cmd(
-    job: Annotated[str, typer.Argument(help="FluxJob NAME or NAMESPACE/NAME, or a running group without a FluxJob.")],
+    job: Annotated[str, typer.Argument(help="FluxJob NAME or NAMESPACE/NAME, a group without a FluxJob (placed at once), or the name of the workload (Job, ReplicaSet, pod, ...) of either.")],
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     namespace: NamespaceOpt = None,
@@ -345,8 +384,10 @@ def explain_cmd(
 ) -> None:
     """Why JOB waits: the short resource, the reservations ahead of it, its decision history.
 
-    A group running without a FluxJob (the operator's --fluxjobs waiting) is explained from
-    its pods: its nodes, its share of each, its workload."""
+    A group without a FluxJob (the operator's default, --fluxjobs waiting, gives none to a
+    group placed at once that completes) is explained from its pods, running or finished: its
+    state, nodes, share of each, workload. JOB may also name the workload (a Job `quick`
+    for its group `job-quick`)."""
     conn = Conn(kubeconfig, context, namespace)
     now = datetime.now(UTC)
     try:
@@ -355,12 +396,10 @@ def explain_cmd(
     except CtlError as exc:
         raise fail(exc) from None
     try:
-        fj = find_fluxjob(view, ns, name)
+        name, fj, members = resolve(conn, view, ns, name)
     except CtlError as exc:
-        # a group placed at once under --fluxjobs waiting has no FluxJob: its pods tell
-        members = group_pods(view.pods, ns, name)
-        if not members:
-            raise fail(CtlError(f"{exc}; no running group of that name without a FluxJob either")) from None
+        raise fail(exc) from None
+    if fj is None:
         info = explain_unrecorded(ns, name, members, now)
         if output is Output.table:
             print_unrecorded(info, console())

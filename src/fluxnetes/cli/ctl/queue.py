@@ -1,5 +1,6 @@
 """`kubectl fluxnetes queue`: waiting and running FluxJobs, in scheduling order, and running
-groups that have no FluxJob (the operator's ``--fluxjobs waiting``), read from their pods."""
+groups that have no FluxJob (the operator's default, ``--fluxjobs waiting``: a group placed
+at once gets none), read from their pods; with ``--all``, finished ones of both kinds."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fluxnetes.cli.ctl.common import (
     NamespaceOpt,
     Output,
     OutputOpt,
+    api,
     emit,
     fail,
     fetch,
@@ -32,6 +34,7 @@ from fluxnetes.cli.ctl.common import (
     relative,
     table,
 )
+from fluxnetes.cli.ctl.unrecorded import FINISHED, state_of
 
 
 def queue_rows(
@@ -86,12 +89,15 @@ def queue_rows(
 
 
 def unrecorded_rows(
-    pods: Iterable[Mapping[str, Any]], fluxjobs: Iterable[Mapping[str, Any]], namespace: str | None
+    pods: Iterable[Mapping[str, Any]], fluxjobs: Iterable[Mapping[str, Any]], namespace: str | None,
+    finished: bool = False,
 ) -> list[dict[str, Any]]:
     """Groups running with no FluxJob (``--fluxjobs waiting`` gives none to a group placed at
     once): their bound, unfinished pods name the group they were placed for (the
     ``fluxnetes.io/fluxjob`` annotation). One row per group, marked ``fluxJob: False``; its
-    size is the pods seen, its request what one of them asks. ``namespace``: None for all."""
+    size is the pods seen, its request what one of them asks. ``namespace``: None for all.
+    ``finished``: instead, the groups whose bound pods have all finished (Completed, or Failed
+    when one failed), from ``pods`` that include finished ones."""
     from fluxnetes.k8s.resources import GPU, ResourceError, pod_request
 
     known = fluxjob_keys(fluxjobs)
@@ -100,24 +106,30 @@ def unrecorded_rows(
         key = placed_group(p)
         if key is None or key in known or (namespace is not None and key[0] != namespace):
             continue
-        if not (p.get("spec") or {}).get("nodeName") or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if not (p.get("spec") or {}).get("nodeName"):
+            continue
+        if not finished and (p.get("status") or {}).get("phase") in FINISHED:
             continue
         groups.setdefault(key, []).append(p)
     rows = []
     for (ns, name), members in sorted(groups.items(), key=lambda kv: (_first_start(kv[1]), kv[0])):
+        state = state_of(members)
+        if (state != "Running") != finished:
+            continue  # (finished: a group with a pod still running is listed as running)
         try:
             r = pod_request(members[0].get("spec") or {})
             request = fmt_request({"cpu": r.cpu_millis, "memory": r.memory_bytes, GPU: r.gpus, **r.extended})
         except ResourceError:
             request = "?"  # (a request the operator would have refused; it placed the pod all the same)
         rows.append({
-            "namespace": ns, "name": name, "state": "Running", "fluxJob": False, "size": len(members),
+            "namespace": ns, "name": name, "state": state, "fluxJob": False, "size": len(members),
             "podSets": "", "podSetRequests": [],
             "request": request,
             "priority": "", "duration": "", "jobid": None, "submitted": None, "expectedStart": None,
             "startTime": _first_start(members) or None,
             "nodes": ",".join(sorted({str((p.get("spec") or {}).get("nodeName")) for p in members})),
-            "reason": "started at once: no FluxJob (--fluxjobs waiting); shown from its pods",
+            "reason": ("started at once: no FluxJob (--fluxjobs waiting); shown from its pods" if not finished
+                       else "started at once and finished: no FluxJob (--fluxjobs waiting); shown from its pods"),
         })
     return rows
 
@@ -151,6 +163,17 @@ def queue_cmd(
         r["start"] = relative(parse_time(r["startTime"]), now)
     running = sum(r["state"] == "Running" for r in rows)
     rows = rows[:running] + extra + rows[running:]
+    if include_finished:
+        # finished groups without a FluxJob: their finished pods (the view holds unfinished ones)
+        ns = None if all_namespaces else conn.resolved_namespace()
+        try:
+            listed = api(conn, "GET", f"/api/v1/namespaces/{ns}/pods" if ns else "/api/v1/pods")
+        except CtlError as exc:
+            raise fail(exc) from None
+        done = unrecorded_rows(listed.get("items") or [], view.fluxjobs, ns, finished=True)
+        for r in done:
+            r["start"] = relative(parse_time(r["startTime"]), now)
+        rows += done
     for position, r in enumerate(rows, 1):
         r["position"] = position
     where = "all namespaces" if all_namespaces else f"namespace {conn.resolved_namespace()}"

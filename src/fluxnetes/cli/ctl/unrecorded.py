@@ -1,10 +1,11 @@
-"""Groups running without a FluxJob, for `explain` and `cancel`.
+"""Groups without a FluxJob, for `explain`, `cancel` and `queue --all`.
 
-With the operator's ``--fluxjobs waiting`` a group placed at once (it never waited) gets no
-FluxJob; its bound pods are its only record: each carries the ``fluxnetes.io/fluxjob``
-annotation naming the group it was placed for (``queue`` and ``nodes`` read it too). Here:
-the pods of one such group, what ``explain`` says about it, and which workload ``cancel``
-deletes for it.
+With the operator's ``--fluxjobs waiting`` (its default) a group placed at once (it never
+waited) that completes gets no FluxJob; its bound pods are its only record: each carries the
+``fluxnetes.io/fluxjob`` annotation naming the group it was placed for (``queue`` and
+``nodes`` read it too), and keeps it once it has finished. Here: the pods of one such group,
+running or finished, what ``explain`` says about it, and which workload ``cancel`` deletes
+for it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from fluxnetes.cli.ctl.common import (
 )
 
 NO_FLUXJOB = "placed at once, no FluxJob (--fluxjobs waiting); shown from its pods"
+# the same group once its pods have all finished (it never got a FluxJob: it did not wait)
+NO_FLUXJOB_DONE = "placed at once and finished, no FluxJob (--fluxjobs waiting); shown from its pods"
+FINISHED = ("Succeeded", "Failed")
 # kinds `cancel` deletes, and where (the same table serves FluxJobs' spec.workload)
 WORKLOAD_PATHS = {
     "Job": "/apis/batch/v1",
@@ -35,15 +39,41 @@ WORKLOAD_PATHS = {
 }
 
 
-def group_pods(pods: Sequence[Mapping[str, Any]], ns: str, name: str) -> list[Mapping[str, Any]]:
-    """The bound, unfinished pods fluxnetes placed for group ``ns/name``, by name."""
+def group_pods(pods: Sequence[Mapping[str, Any]], ns: str, name: str,
+               include_finished: bool = False) -> list[Mapping[str, Any]]:
+    """The bound, unfinished pods fluxnetes placed for group ``ns/name``, by name (with
+    ``include_finished``, its bound pods that have finished too)."""
     members = [
         p for p in pods
         if placed_group(p) == (ns, name)
         and (p.get("spec") or {}).get("nodeName")
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and (include_finished or (p.get("status") or {}).get("phase") not in FINISHED)
     ]
     return sorted(members, key=lambda p: str((p.get("metadata") or {}).get("name", "")))
+
+
+def state_of(members: Sequence[Mapping[str, Any]]) -> str:
+    """What a group without a FluxJob is, from its bound pods: Running while one of them runs
+    (or is about to), else Completed when every one succeeded, else Failed."""
+    phases = [(p.get("status") or {}).get("phase") for p in members]
+    if any(ph not in FINISHED for ph in phases):
+        return "Running"
+    return "Completed" if all(ph == "Succeeded" for ph in phases) else "Failed"
+
+
+def groups_of_workload(pods: Sequence[Mapping[str, Any]], ns: str, name: str) -> set[str]:
+    """The groups fluxnetes placed the pods of workload ``name`` for (their controlling owner,
+    or the pod itself, has that name): a user names their Job ``quick``, its group is
+    ``job-quick``."""
+    found = set()
+    for p in pods:
+        key = placed_group(p)
+        if key is None or key[0] != ns:
+            continue
+        ref = controller_ref(p)
+        if (ref["name"] if ref else str((p.get("metadata") or {}).get("name", ""))) == name:
+            found.add(key[1])
+    return found
 
 
 def _request(pod: Mapping[str, Any]) -> dict[str, int]:
@@ -67,8 +97,9 @@ def explain_unrecorded(ns: str, name: str, members: Sequence[Mapping[str, Any]],
     """``explain`` of a group without a FluxJob, from its pods: the same keys as a FluxJob's
     explanation where they apply (state, reason, size, per-pod request, nodes), plus its
     pods, its share of each node (``shares``: cores, memory in MiB, GPUs, as a FluxJob's
-    ``status.shares``) and the workload its pods belong to. No priority, duration, expected
-    start or history: only a FluxJob records those."""
+    ``status.shares``; for a finished group, what it held while it ran) and the workload its
+    pods belong to. No priority, duration, expected start or history: only a FluxJob records
+    those."""
     pods: list[dict[str, Any]] = []
     shares: dict[str, dict[str, Any]] = {}
     for p in members:
@@ -86,11 +117,12 @@ def explain_unrecorded(ns: str, name: str, members: Sequence[Mapping[str, Any]],
     start = min((s for s in starts if s), default=None)
     owners = {(r["kind"], r["name"]) for r in map(controller_ref, members) if r is not None}
     requests = sorted({pp["request"] for pp in pods})
+    state = state_of(members)
     return {
         "job": f"{ns}/{name}",
-        "state": "Running",
+        "state": state,
         "fluxJob": False,
-        "reason": NO_FLUXJOB,
+        "reason": NO_FLUXJOB if state == "Running" else NO_FLUXJOB_DONE,
         "size": len(members),
         "perPod": "; ".join(requests),
         "startTime": start,
@@ -111,7 +143,8 @@ def print_unrecorded(info: Mapping[str, Any], out: Any) -> None:
     if info["workloads"]:
         out.print("workload: " + ", ".join(f"{w['kind']}/{w['name']}" for w in info["workloads"]))
     out.print(f"nodes: {', '.join(info['nodes'])}")
-    out.print(table("share of each node", ["NODE", "PODS", "CORES", "MEMORY", "GPUS"],
+    held = "share of each node" + (" (held while it ran)" if info["state"] != "Running" else "")
+    out.print(table(held, ["NODE", "PODS", "CORES", "MEMORY", "GPUS"],
                     ([s["node"], s["pods"], s["cores"], f"{s['memory']}Mi", s["gpus"]] for s in info["shares"])))
     out.print(table("pods", ["POD", "NODE", "REQUEST", "PHASE"],
                     ([p["name"], p["node"], p["request"], p["phase"]] for p in info["pods"])))
