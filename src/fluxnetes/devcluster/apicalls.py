@@ -107,17 +107,34 @@ def create_jobs(kubeconfig: Any, jobs: list[dict[str, Any]], concurrency: int = 
 
 
 def fluxjobs_per_namespace(cluster: Any) -> tuple[dict[str, int], dict[str, int]]:
-    """(FluxJobs Running, FluxJobs waiting: Pending or Reserved) per namespace, in one cheap
-    request (``cluster``: a dev cluster, through its kubectl). With one-core jobs, the cores
-    the scheduler gave each account and its backlog."""
+    """(groups Running, FluxJobs waiting: Pending or Reserved) per namespace, in two cheap
+    requests (``cluster``: a dev cluster, through its kubectl). With one-core jobs, the cores
+    the scheduler gave each account and its backlog. Running: the Running FluxJobs, and the
+    groups placed at once that have none (the operator's default, ``--fluxjobs waiting``),
+    from their bound, unfinished pods' ``fluxnetes.io/fluxjob`` annotation."""
     out = cluster.kubectl("get", "fluxjobs", "-A", "-o",
-                          'jsonpath={range .items[*]}{.metadata.namespace} {.status.phase}{"\\n"}{end}').stdout
+                          'jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name} {.status.phase}'
+                          '{"\\n"}{end}').stdout
+    placed = cluster.kubectl("get", "pods", "-A", "--field-selector",
+                             "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed", "-o",
+                             'jsonpath={range .items[*]}{.metadata.namespace} '
+                             '{.metadata.annotations.fluxnetes\\.io/fluxjob}{"\\n"}{end}').stdout
     running: dict[str, int] = {}
     waiting: dict[str, int] = {}
+    recorded: set[tuple[str, str]] = set()
     for row in (line.split() for line in out.splitlines()):
-        if len(row) != 2:
+        if len(row) != 3:
             continue
-        table = running if row[1] == "Running" else waiting if row[1] in ("Pending", "Reserved") else None
+        recorded.add((row[0], row[1]))
+        table = running if row[2] == "Running" else waiting if row[2] in ("Pending", "Reserved") else None
         if table is not None:
             table[row[0]] = table.get(row[0], 0) + 1
+    unrecorded = set()
+    for row in (line.split() for line in placed.splitlines()):
+        if len(row) == 2:  # (a pod fluxnetes did not place has no annotation: one field)
+            ns, group = row[0], row[1].removeprefix(row[0] + "/")
+            if (ns, group) not in recorded:
+                unrecorded.add((ns, group))
+    for ns, _ in unrecorded:
+        running[ns] = running.get(ns, 0) + 1
     return running, waiting
