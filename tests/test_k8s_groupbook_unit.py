@@ -122,3 +122,23 @@ def test_workloads_naming_fluxnetes_as_their_scheduler_are_placed_without_the_we
         assert kube.resumed == []  # nothing to resume: the Job was never suspended
 
     asyncio.run(main())
+
+
+def test_a_group_going_on_under_a_new_store_row_counts_its_suffix_up() -> None:
+    """Preempted and queued again, suspended by its user, or an Unsatisfiable group judged
+    again: the group's earlier store row is final and it goes on under ``uid~requeue-N``
+    (Group.new_store_row, the one place that counts N)."""
+    from fluxnetes.k8s.groups import GroupSpec
+    from fluxnetes.k8s.groups.group import Group
+    from fluxnetes.k8s.resources import PodResources
+
+    g = Group(spec=GroupSpec(namespace="ns", name="g", size=1, request=PodResources(1000, 0, 0, {}),
+                             duration=0, priority=0, owner=None), phase=Phase.PENDING)
+    g.store_id = 7
+    seen = []
+    for base in ("job-g", None, None, "a~requeue-x", "~requeue-3"):
+        g.new_store_row(g.store_uid if base is None else base)
+        seen.append(g.store_uid)
+        assert g.store_id is None
+    assert seen == ["job-g~requeue-1", "job-g~requeue-2", "job-g~requeue-3",
+                    "a~requeue-x~requeue-1", "~requeue-3~requeue-1"]

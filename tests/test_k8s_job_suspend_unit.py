@@ -196,3 +196,58 @@ def test_with_a_store_the_suspended_run_ends_and_the_resumed_one_is_a_new_row(tm
             await c.stop()
 
     asyncio.run(main())
+
+
+def merge_patched(obj: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` after a JSON merge patch (RFC 7386: null removes a key), as the API server
+    applies the operator's patches."""
+    out = dict(obj)
+    for k, v in body.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge_patched(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["held-by-fluxnetes", "created-suspended"])
+def test_a_users_suspension_outlives_the_leader_that_saw_it(marked: bool) -> None:
+    """The user suspends a running Job; the leader that saw it dies. The next leader lists the
+    Job as the API server has it after the first one's writes: it must not resume it. A Job
+    fluxnetes resumed kept fluxnetes' hold mark, so a new leader took the user's suspension
+    for fluxnetes' own hold (its first leader's ``suspended_by_user`` is memory only), queued
+    the Job and resumed it once it fitted: the first leader now takes the mark off."""
+    import asyncio
+
+    async def main() -> None:
+        c, kube = make_controller()
+        pods = await running(c, kube, marked)
+        c.handle(("Job", "MODIFIED", the_job(True, marked)))
+        for p in pods:
+            c.handle(("Pod", "DELETED", p))
+        await settle(c)
+        assert str(c.groups[KEY].phase) == "Provisional"
+        await c.stop()
+        assert [name for name, _ in kube.job_metadata] == (["g"] if marked else [])  # (none to take off)
+        job = the_job(True, marked)
+        for _, body in kube.job_metadata:
+            job = merge_patched(job, body)
+        c2, kube2 = make_controller()  # the next leader, over the cluster as it is
+        c2.handle(("Job", "ADDED", job))
+        await settle(c2)
+        await settle(c2)
+        g = c2.groups[KEY]
+        assert str(g.phase) == "Provisional" and "suspended by its user" in g.reason, (g.phase, g.reason)
+        assert kube2.resumed == [] and held(c2) == []
+        c2.handle(("Job", "MODIFIED", the_job(False, False)))  # its user resumes it: it runs again
+        for i in (2, 3):
+            c2.handle(("Pod", "ADDED", job_pod(i)))
+        await settle(c2)
+        await settle(c2)
+        assert str(g.phase) == "Running" and sorted(kube2.placed) == ["g-2", "g-3"], (g.phase, kube2.placed)
+        assert kube2.resumed == []
+        await c2.stop()
+
+    asyncio.run(main())

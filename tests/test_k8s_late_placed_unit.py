@@ -119,3 +119,41 @@ def test_placement_seen_after_the_start_then_a_scale_up_is_placed(tmp_path: Path
         await c.stop()
 
     asyncio.run(main())
+
+
+def test_a_preempted_groups_terminating_pods_do_not_take_it_back() -> None:
+    """``take_back`` is for a group this leader never started. A group it preempted is not
+    running either (Preempted) while its placed pods terminate; an update of one of them
+    (its deletion under way) once took the allocation back from those very pods: the victim
+    ran again under a second job id beside its first (both in the matcher: its nodes counted
+    twice), and the preemptor waited for nothing. (Pods of 2 cpu on nodes of 16: the matcher
+    has room to record the second allocation, as it has for any group smaller than its nodes.)"""
+
+    async def main() -> None:
+        kube = PatchKube()
+        c = controller(kube, None)
+        c.reconciled = True
+        c.handle(("ReplicaSet", "ADDED", rs(2)))
+        for i in range(2):
+            c.handle(("Pod", "ADDED", pod(f"web-{i}", owner=rs(2))))
+        await settle(c)
+        await settle(c)
+        g = c.groups[("ns", "replicaset-web")]
+        assert g.phase == Phase.RUNNING and len(kube.patches) == 2
+        placed = [placed_by(pod(f"web-{i}", owner=rs(2)), kube.patches[f"web-{i}"]) for i in range(2)]
+        for p in placed:
+            c.handle(("Pod", "MODIFIED", p))
+        await settle(c)
+        jobid, held = g.jobid, dict(g.held)
+        before = used(c)
+        c.status.set_phase(g, Phase.PREEMPTED, "preempted by ns/urgent")  # (as Preemption does)
+        deleting = {**placed[0], "metadata": {**placed[0]["metadata"],
+                                              "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+        c.handle(("Pod", "MODIFIED", deleting))
+        await settle(c)
+        assert g.phase == Phase.PREEMPTED, (g.phase, g.reason)
+        assert g.jobid == jobid and g.held == held
+        assert used(c) == before  # its nodes counted once
+        await c.stop()
+
+    asyncio.run(main())

@@ -34,6 +34,7 @@ class RecordingKube:
         self.fluxjob_writes = 0
         self.placed: list[str] = []
         self.resumed: list[str] = []
+        self.job_metadata: list[tuple[str, Any]] = []  # (Job, body) of each patch of its metadata only
         self.deleted: list[tuple[str, Any]] = []  # (path, body) of each DELETE
         self.event_reasons: list[tuple[str, str]] = []  # (involved object's kind, reason) of each Event
 
@@ -64,6 +65,8 @@ class RecordingKube:
                 self.fluxjob_status[(namespace or "", name)] = body["status"]
         elif res.plural == "pods":
             self.placed.append(name)
+        elif res.plural == "jobs" and "spec" not in body:
+            self.job_metadata.append((name, body))  # (fluxnetes' hold mark taken off)
         elif res.plural == "jobs":
             self.resumed.append(name)
         return {}

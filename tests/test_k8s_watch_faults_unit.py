@@ -262,3 +262,51 @@ def test_backoff_jitter_stays_within_half_of_the_wait() -> None:
     b = Backoff(rand=random.Random(4).random)
     for want in [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]:
         assert want / 2 <= b.next() <= want
+
+
+class DroppingKube(ErroringKube):
+    """Lists fine; each of the first ``drops`` watches breaks at once (a dropped connection),
+    then its watch blocks."""
+
+    def __init__(self, drops: int) -> None:
+        super().__init__([])
+        self.drops = drops
+
+    async def watch(self, res: Any, rv: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
+        self.watched += 1
+        if self.watched > self.drops:
+            await asyncio.Event().wait()
+        raise ConnectionResetError("dropped")
+        yield {}  # (an async generator)
+
+
+def test_dropped_watches_back_off_though_each_relist_succeeds() -> None:
+    """A watch that breaks makes the informer re-list, and the list may well succeed (the API
+    server answers, its watches break: a proxy or load balancer in between). The re-list
+    does not reset the wait: each break in a row waits longer, or every informer re-listed
+    everything twice a second for as long as it lasted (a full re-list is the costliest
+    request an informer makes). Only a watch that works (an event delivered, or a watch
+    ended cleanly) resets it."""
+    kube = DroppingKube(7)
+    waits: list[float] = []
+
+    async def main() -> None:
+        out: asyncio.Queue[Event] = asyncio.Queue()
+        inf = Informer(kube, PODS, "Pod", out)  # type: ignore[arg-type]
+        inf.backoff = Backoff(rand=lambda: 1.0)
+
+        async def sleep(s: float) -> None:
+            waits.append(s)
+
+        inf.sleep = sleep
+        task = asyncio.ensure_future(inf.run())
+        for _ in range(1000):
+            if kube.watched > kube.drops:
+                break
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert kube.watched == 8 and kube.lists == 8
+    assert waits == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]

@@ -303,8 +303,10 @@ class Controller(Context):
                 self.book.member_gone(g, uid, pod)
             else:
                 g.members[uid] = pod
-                if g.phase != Phase.RUNNING and managed and not _gated(pod) and self.recovery.take_back(g):
-                    pass  # placed by an earlier leader, seen late: the group runs again
+                if g.phase != Phase.RUNNING and managed and not _gated(pod):
+                    # placed by an earlier leader, seen late: the group runs again (when its
+                    # allocation can be taken back: recovery.take_back says which)
+                    self.recovery.take_back(g)
                 if g.phase == Phase.RUNNING and uid not in g.slot_pod:
                     if not _gated(pod) and (meta.get("annotations") or {}).get(names.ANN_FLUXJOB) == g.spec.name:
                         self.recovery.adopt(uid, pod)  # placed for it, seen late: its slot, if still free

@@ -8,7 +8,9 @@ informer keeps its cache and sends nothing (a standby replica's: ``Controller.wa
 A failure (a watch ERROR event other than 410 Gone, a refused request, a dropped connection)
 waits before the next try, longer after each failure in a row (:class:`Backoff`: doubling from
 0.5 s up to 10 s, with jitter so the informers of every replica do not return together); the
-first event delivered, or a re-list, resets it. Without the wait, an API server answering every
+first event delivered, or a watch the server ends cleanly, resets it (a re-list does not: an
+API server that answers lists while every watch breaks would be re-listed in full twice a
+second). Without the wait, an API server answering every
 watch with an ERROR would be asked again at once, in a tight loop.
 """
 
@@ -88,8 +90,7 @@ class Informer:
             failed = False
             try:
                 if not rv:
-                    rv = await self._relist()
-                    self.backoff.reset()
+                    rv = await self._relist()  # (no reset: a list answered, its watch may still break)
                 async for ev in self.kube.watch(self.resource, rv, label_selector=self.label_selector,
                                                 field_selector=self.field_selector):
                     etype, obj = ev.get("type"), ev.get("object") or {}
@@ -127,3 +128,5 @@ class Informer:
                 failed = True
             if failed:
                 await self.sleep(self.backoff.next())
+            else:
+                self.backoff.reset()  # the watch worked until the server ended it

@@ -104,6 +104,14 @@ class Group:
         self.failed_pods = self.deleted_pods = 0
         self.alloc_note = None
 
+    def new_store_row(self, base: str) -> None:
+        """The group goes on under a new store row, its earlier one final: uid ``base``
+        (its row's uid) with the suffix ``~requeue-N`` counted up (``x`` -> ``x~requeue-1``
+        -> ``x~requeue-2``), its row id to be given by the store."""
+        stem, _, n = base.rpartition("~requeue-")
+        self.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
+        self.store_id = None
+
     def free_slots(self) -> int:
         """Slots neither given back nor taken by a pod."""
         return sum(1 for i, u in enumerate(self.slot_pod) if u is None and i not in self.released)

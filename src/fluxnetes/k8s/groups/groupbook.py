@@ -38,6 +38,7 @@ from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _ended, _gated, _meta
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
+from fluxnetes.k8s.workloads.base import marked_suspended_by_us
 
 if TYPE_CHECKING:
     from fluxnetes.k8s.cluster.mirror import ClusterView
@@ -58,6 +59,7 @@ class BookAllocation(Protocol):
     def finish_group(self, g: Group) -> None: ...
     def release_all(self, g: Group) -> None: ...
     def release_slot(self, g: Group, slot: int) -> None: ...
+    def drop_hold_mark(self, g: Group) -> None: ...
 
 
 class BookScaling(Protocol):
@@ -336,6 +338,8 @@ class GroupBook:
                 or str(_meta(before).get("uid", "")) != str(_meta(obj).get("uid", "")):
             return
         g.suspended_by_user = True
+        if marked_suspended_by_us(obj):
+            self._side.allocation.drop_hold_mark(g)  # (so that the next leader knows it too)
         if g.phase != Phase.RUNNING:
             return  # enqueue_workload takes it out of the queue
         why = f"{kind.kind} {_meta(obj).get('name', '')} was suspended by its user"

@@ -209,7 +209,10 @@ class Recovery:
         placed = [p for p in g.members.values()
                   if not _gated(p) and assigned_node(p) is not None
                   and (_meta(p).get("annotations") or {}).get(names.ANN_FLUXJOB) == g.spec.name]
-        if not placed or g.phase.final or g.phase == Phase.RUNNING:
+        if not placed or g.phase.final or g.phase in (Phase.RUNNING, Phase.PREEMPTED):
+            # (a Preempted group was started here: its placed pods are terminating, and its
+            # allocation is still recorded until they are gone; taking it back from them ran
+            # the victim again under a second job id)
             return False
         queued = g.phase in QUEUED
         note = placed_note(placed)

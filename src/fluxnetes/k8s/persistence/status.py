@@ -177,10 +177,7 @@ class StatusWriter:
         rec = self.group_record(g)
         self._ctx.journal.record(replace(rec, phase=Phase.CANCELLED, reason=reason), now)
         self._ctx.journal.forget(rec.key)
-        base = g.store_uid or rec.uid
-        stem, _, n = base.rpartition("~requeue-")
-        g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
-        g.store_id = None
+        g.new_store_row(g.store_uid or rec.uid)
 
     def group_record(self, g: Group) -> Any:
         """A snapshot of the group for the store (see journal.GroupRecord)."""

@@ -191,6 +191,26 @@ class Allocation:
             return
         self._ctx.crash_point("resumed", g.qid)  # the Job runs; no FluxJob status says so
 
+    def drop_hold_mark(self, g: Group) -> None:
+        """Its user suspended the group's workload after it was let go: fluxnetes' hold mark
+        comes off it (a Job fluxnetes resumed keeps it), so that the suspension reads as the
+        user's in the object itself. ``Group.suspended_by_user`` is this leader's memory
+        only; the next one (a restart, a leader change) reads the object, and with the mark
+        still on took the suspension for its own hold and resumed the workload."""
+        from fluxnetes.k8s.workloads.base import ANN_SUSPENDED_BY
+
+        if g.kind is None or g.spec.owner is None:
+            return
+        res, name, ns = workload_resource(g.kind), g.spec.owner.name, g.spec.namespace
+
+        async def drop() -> None:
+            try:  # (a merge patch: null removes the annotation)
+                await self._ctx.kube.patch(res, name, {"metadata": {"annotations": {ANN_SUSPENDED_BY: None}}}, ns)
+            except ApiError as exc:
+                log.warning("%s: fluxnetes' hold mark not taken off its suspended workload: %s", g.qid, exc)
+
+        self._ctx.spawn(drop())
+
     async def evict(self, g: Group, pods: list[dict[str, Any]] | None = None) -> None:
         assert g.kind is not None and g.spec.owner is not None
         try:

@@ -458,10 +458,7 @@ class SchedulingCycle:
         if self._ctx.journal is not None:
             if g.store_uid:
                 self._ctx.journal.forget((g.spec.namespace, g.spec.name, g.store_uid))
-            base = g.store_uid or (g.spec.owner.uid if g.spec.owner else next(iter(g.members), ""))
-            stem, _, n = base.rpartition("~requeue-")
-            g.store_uid = f"{stem}~requeue-{int(n) + 1}" if stem and n.isdigit() else f"{base}~requeue-1"
-            g.store_id = None
+            g.new_store_row(g.store_uid or (g.spec.owner.uid if g.spec.owner else next(iter(g.members), "")))
         g.end, g.expected_start = None, None
 
     def still_waits(self, g: Group) -> bool:
