@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 
 def _id_key(job_id: str) -> tuple[int, int, str]:
@@ -41,19 +41,23 @@ class QueuedJob:
 
     def __init__(self, id: str, jobspec: Any, submit_time: int, priority: int = 0,
                  queue: str = "default", min_cores: int = 0, account: str = "") -> None:
-        self.id = id
-        self.jobspec = jobspec
-        self.submit_time = submit_time
-        self.priority = priority
-        self.queue = queue
-        self.min_cores = min_cores
-        self.account = account
+        # Final: the frozen dataclass refused assignment at run time; this class is hashed
+        # by these fields (and reads cores and duration once), so mypy refuses it instead
+        # (a __setattr__ guard would cost every construction); `replace` makes a changed copy
+        self.id: Final = id
+        self.jobspec: Final = jobspec
+        self.submit_time: Final = submit_time
+        self.priority: Final = priority
+        self.queue: Final = queue
+        self.min_cores: Final = min_cores
+        self.account: Final = account
         if min_cores:
-            self.cores = min_cores
+            cores = min_cores
         else:
             totals = getattr(jobspec, "totals", None)
-            self.cores = int(totals.get("core", 0)) if isinstance(totals, dict) else 0
-        self.duration = int(getattr(jobspec, "duration", 0) or 0)
+            cores = int(totals.get("core", 0)) if isinstance(totals, dict) else 0
+        self.cores: Final = cores
+        self.duration: Final = int(getattr(jobspec, "duration", 0) or 0)
 
     def _fields(self) -> tuple[str, int, int, str, int, str]:
         return (self.id, self.submit_time, self.priority, self.queue, self.min_cores,
