@@ -26,10 +26,12 @@ class QueuedJob:
       the job charges; "" = none named (the tree's default, if any). Read by
       ``queue.priority.FairShare``; the plain queue order ignores it.
 
-    A value: treat it as immutable (the queue keys its answers by these fields). Equal
-    when every field but the jobspec is equal, as the frozen dataclass it replaces was. A
-    plain class with slots, not a dataclass: the simulator builds one per job, and a
-    dataclass's generated ``__init__`` runs as interpreted Python even in the native build.
+    A value (the queue keys its answers by these fields): its fields are ``Final``, so mypy
+    refuses an assignment and the native build raises AttributeError (pure Python lets one
+    through at run time; ``replace`` makes a changed copy). Equal when every field but the
+    jobspec is equal, as the frozen dataclass it replaces was. A plain class with slots, not
+    a dataclass: the simulator builds one per job, and a dataclass's generated ``__init__``
+    runs as interpreted Python even in the native build.
 
     Read from the jobspec once, here (a cycle asks them of every waiting job): ``cores``,
     the fewest cores the job needs (``min_cores``, else the jobspec's core total), and
@@ -41,9 +43,7 @@ class QueuedJob:
 
     def __init__(self, id: str, jobspec: Any, submit_time: int, priority: int = 0,
                  queue: str = "default", min_cores: int = 0, account: str = "") -> None:
-        # Final: the frozen dataclass refused assignment at run time; this class is hashed
-        # by these fields (and reads cores and duration once), so mypy refuses it instead
-        # (a __setattr__ guard would cost every construction); `replace` makes a changed copy
+        # Final rather than a __setattr__ guard, which would cost every construction
         self.id: Final = id
         self.jobspec: Final = jobspec
         self.submit_time: Final = submit_time
