@@ -73,7 +73,9 @@ class CycleResult:
 
 
 def job_duration(job: QueuedJob) -> int:
-    """The job's duration in seconds (0 = unknown: holds resources until released)."""
+    """The job's duration in seconds (0 = unknown: holds resources until released):
+    ``job.duration``, which the queue reads directly; kept for callers of the package API
+    (``fluxnetes submit --dry-run``)."""
     return job.duration
 
 
