@@ -196,9 +196,9 @@ class FirstFit:
         self.ends: list[tuple[int, int]] = []
 
     def _static_key(self, i: int) -> int:
-        """Node ``i``'s one slot's rank under a static policy, as one int (module
-        docstring of ``fast.py``: the slot score is 1 + the core's score, the core's
-        score 1 + the node factor (node-centric policies) + its id + 1)."""
+        """Node ``i``'s one slot's rank under a static policy, as one int (the slot score
+        is 1 + the core's score, ``slotpack.py``; the core's score 1 + the node factor
+        (node-centric policies) + its id + 1, ``candidates.vertex_score``)."""
         eng = self.engine
         nv = self.nodes[i]
         v = nv.v

@@ -124,7 +124,7 @@ class Matcher:
         self._capacity = graph.summary()
         self.stats = {"succeeded": 0, "failed": 0, "fast": 0}
         # index fast paths (every policy that explores all children, stable ties): see
-        # match/fast.py. The counted satisfiability and the reservation index follow the
+        # match/indexes.py. The counted satisfiability and the reservation index follow the
         # static policies' order only (not `locality`/`variation`): _static_policy.
         self._fast_policy = not s1 and not nx and tie_break == "stable"
         self._static_policy = policy not in _ENGINE_EXTRAS

@@ -374,7 +374,7 @@ class Scheduler(SchedulerBook):
             need = 0
         else:
             key = (_resources_key(resources), repr(getattr(js, "constraint", None)),
-                   job_duration(job))
+                   job.duration)
             need = min(_slot_cores(resources), default=0)
         self._shapes[job.id] = (js, key, need)
         return key, need

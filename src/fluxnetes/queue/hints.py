@@ -14,7 +14,7 @@ from typing import Any
 
 from fluxnetes.queue.job import QueuedJob
 from fluxnetes.queue.protocol import shares_of
-from fluxnetes.queue.walk import CycleResult, job_duration
+from fluxnetes.queue.walk import CycleResult
 
 
 def _slot_cores(resources: Any) -> list[int]:
@@ -120,7 +120,7 @@ class _Hints:
     def known_busy(self, job: QueuedJob, result: CycleResult, *, reserve: bool = False) -> bool:
         """Is the answer to a plain ``allocate`` of ``job`` (``reserve``: to
         ``allocate_orelse_reserve``) surely BUSY?"""
-        if reserve and not (job_duration(job) == 0 and self.shape(job) in self.sat and self.forever):
+        if reserve and not (job.duration == 0 and self.shape(job) in self.sat and self.forever):
             return False  # (an unknown shape may be unsatisfiable: the matcher says so)
         if self.shape(job) in self.busy:
             result.memo += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 
 def _id_key(job_id: str) -> tuple[int, int, str]:
@@ -26,10 +26,12 @@ class QueuedJob:
       the job charges; "" = none named (the tree's default, if any). Read by
       ``queue.priority.FairShare``; the plain queue order ignores it.
 
-    A value: treat it as immutable (the queue keys its answers by these fields). Equal
-    when every field but the jobspec is equal, as the frozen dataclass it replaces was. A
-    plain class with slots, not a dataclass: the simulator builds one per job, and a
-    dataclass's generated ``__init__`` runs as interpreted Python even in the native build.
+    A value (the queue keys its answers by these fields): its fields are ``Final``, so mypy
+    refuses an assignment and the native build raises AttributeError (pure Python lets one
+    through at run time; ``replace`` makes a changed copy). Equal when every field but the
+    jobspec is equal, as the frozen dataclass it replaces was. A plain class with slots, not
+    a dataclass: the simulator builds one per job, and a dataclass's generated ``__init__``
+    runs as interpreted Python even in the native build.
 
     Read from the jobspec once, here (a cycle asks them of every waiting job): ``cores``,
     the fewest cores the job needs (``min_cores``, else the jobspec's core total), and
@@ -41,19 +43,21 @@ class QueuedJob:
 
     def __init__(self, id: str, jobspec: Any, submit_time: int, priority: int = 0,
                  queue: str = "default", min_cores: int = 0, account: str = "") -> None:
-        self.id = id
-        self.jobspec = jobspec
-        self.submit_time = submit_time
-        self.priority = priority
-        self.queue = queue
-        self.min_cores = min_cores
-        self.account = account
+        # Final rather than a __setattr__ guard, which would cost every construction
+        self.id: Final = id
+        self.jobspec: Final = jobspec
+        self.submit_time: Final = submit_time
+        self.priority: Final = priority
+        self.queue: Final = queue
+        self.min_cores: Final = min_cores
+        self.account: Final = account
         if min_cores:
-            self.cores = min_cores
+            cores = min_cores
         else:
             totals = getattr(jobspec, "totals", None)
-            self.cores = int(totals.get("core", 0)) if isinstance(totals, dict) else 0
-        self.duration = int(getattr(jobspec, "duration", 0) or 0)
+            cores = int(totals.get("core", 0)) if isinstance(totals, dict) else 0
+        self.cores: Final = cores
+        self.duration: Final = int(getattr(jobspec, "duration", 0) or 0)
 
     def _fields(self) -> tuple[str, int, int, str, int, str]:
         return (self.id, self.submit_time, self.priority, self.queue, self.min_cores,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from fluxnetes.queue.job import QueuedJob, queue_order
 from fluxnetes.queue.policy import QueuePolicy
@@ -73,7 +73,9 @@ class CycleResult:
 
 
 def job_duration(job: QueuedJob) -> int:
-    """The job's duration in seconds (0 = unknown: holds resources until released)."""
+    """The job's duration in seconds (0 = unknown: holds resources until released):
+    ``job.duration``, which the queue reads directly; kept for callers of the package API
+    (``fluxnetes submit --dry-run``)."""
     return job.duration
 
 
@@ -163,13 +165,14 @@ class CountedReservation:
     __slots__ = ("at", "cores", "duration", "jobid", "nodes", "reason", "status")
 
     def __init__(self, at: int, duration: int, cores: int) -> None:
-        self.at = at
-        self.duration = duration
-        self.cores = cores
-        self.status = "RESERVED"
-        self.jobid: None = None
-        self.reason = ""
-        self.nodes: tuple[Any, ...] = ()
+        # Final, as QueuedJob's: hashed by (at, duration, cores), so never assigned after
+        self.at: Final = at
+        self.duration: Final = duration
+        self.cores: Final = cores
+        self.status: Final = "RESERVED"
+        self.jobid: Final[None] = None
+        self.reason: Final = ""
+        self.nodes: Final[tuple[Any, ...]] = ()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CountedReservation):

@@ -1,10 +1,14 @@
 """Discrete-event simulation: the queue's Scheduler and a matcher, driven by a job list.
 
-Events are job submissions and job ends. At each instant where something happened, ends are
-processed first (their resources are released at once), then submissions, then one
-scheduling cycle runs through the very same ``fluxnetes.queue.Scheduler`` the operator uses.
-Jobs end at ``start + run time``; a job never runs past its estimate (batch systems kill a
-job at its time limit), so running jobs never outlive what the matcher planned.
+Events are job submissions and job ends, in the reference's order at one instant: jobs at
+their planned end are expired first (free in the plan from the instant's first event on),
+then the submissions (trace order), then the terminations (the order their jobs started),
+then a conservative reservation that came due. Each submission and each termination runs
+its own scheduling cycle (one pass per event, not per instant; passes that would decide
+nothing are skipped: sim/README.md) through the very same ``fluxnetes.queue.Scheduler``
+the operator uses. Jobs end at ``start + run time``; a job never runs past its estimate
+(batch systems kill a job at its time limit), so running jobs never outlive what the
+matcher planned.
 """
 
 from __future__ import annotations
