@@ -426,6 +426,11 @@ class Controller(Context):
         self._informer_runs = [inf.task for inf in self.informers if inf.task is not None]
         log.info("taking over: caches made current in %.2f s (%s)", time.monotonic() - t0, ", ".join(done))
 
+    async def take_over(self) -> None:
+        """A standby's caches, made current, handed over (catch_up, then end_standby)."""
+        await self.catch_up()
+        self.end_standby()
+
     def end_standby(self) -> None:
         """The replica leads: every cached object is handed over as if just listed (ADDED), in
         one step with unmuting the informers, so that no change is missed or seen twice."""
@@ -443,8 +448,7 @@ class Controller(Context):
         if not self._informer_runs:
             await self.watch()
         elif self.standby:
-            await self.catch_up()
-            self.end_standby()
+            await self.take_over()
         # initial view straight from the caches; the queued ADDED events replay harmlessly
         for inf in self.informers:
             if inf.kind == "Node":
