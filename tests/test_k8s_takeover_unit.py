@@ -114,7 +114,7 @@ def test_a_current_standby_takes_over_without_a_re_list(caplog: Any) -> None:
         with caplog.at_level(logging.INFO, logger="fluxnetes.k8s.controller"):
             await c.take_over()
         assert handed(c) == [("Pod", "ADDED", "a", "n2")]
-        assert kube.lists == 1 and kube.version_reads == 1
+        assert kube.lists == 1 and kube.version_reads == 1 and not inf.muted
         assert "Pod current" in caplog.text
         stop(c)
 
