@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
@@ -79,7 +80,17 @@ def wait(what: str, cond: Callable[[], Any], timeout: float = 120, interval: flo
 
 
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+TAKEOVER = re.compile(r"taking over: caches made current in ([0-9.]+) s \((.*)\)")
+
+
+def takeover_of(log: Path) -> dict[str, Any] | None:
+    """The new leader's catch-up at takeover (Controller.catch_up's INFO line), if it logged one."""
+    m = TAKEOVER.search(log.read_text(errors="replace"))
+    return None if m is None else {"seconds": float(m.group(1)), "informers": m.group(2)}
 
 
 def _say(msg: str) -> None:
@@ -145,7 +156,7 @@ def run_kill_modes(cluster: Cluster, work: Path, rounds: int, modes: list[str]) 
         port = free_port()
         replicas = [Replica(cluster, port, work / "a.log"), Replica(cluster, port, work / "b.log")]
         if "sigkill" in modes:
-            kill_to_bound = []
+            kill_to_bound, takeovers = [], []
             for i in range(rounds):
                 leader = next(r for r in replicas if wait("a leader", lambda: holder(cluster)) == r.identity)
                 follower = next(r for r in replicas if r is not leader)
@@ -156,11 +167,14 @@ def run_kill_modes(cluster: Cluster, work: Path, rounds: int, modes: list[str]) 
                 cluster.kubectl("create", "-n", ns, "-f", "-", input=pod(name))
                 wait("bound", lambda: cluster.kubectl_json("get", "pod", "-n", ns, name)["spec"].get("nodeName"))  # noqa: B023
                 kill_to_bound.append(time.monotonic() - killed)
-                _say(f"sigkill round {i}: kill -> bound {kill_to_bound[-1]:.1f} s")
+                takeovers.append(takeover_of(follower.log))
+                _say(f"sigkill round {i}: kill -> bound {kill_to_bound[-1]:.1f} s; takeover {takeovers[-1]}")
                 replicas = [follower, Replica(cluster, port, work / f"a{i}.log")]
             out["sigkill_to_bound_seconds"] = {"all": [round(x, 2) for x in kill_to_bound],
                                                "median": round(statistics.median(kill_to_bound), 2),
                                                "max": round(max(kill_to_bound), 2), "target": 15}
+            out["sigkill_takeover_catch_up"] = takeovers
+            out["machine_after"] = machine()
         if "sigterm" in modes:
             exit_s, handover = [], []
             for i in range(rounds):

@@ -203,7 +203,7 @@ class Controller(Context):
         inf.muted = self.standby
         self.informers.append(inf)
         if start:
-            task = asyncio.ensure_future(inf.run())
+            task = inf.start()
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -383,7 +383,7 @@ class Controller(Context):
         await self.podsets.start_addons()  # the multi-role kinds served: their informers too
         for inf in self.informers:
             inf.muted = self.standby
-        runs = [asyncio.ensure_future(inf.run()) for inf in self.informers]
+        runs = [inf.start() for inf in self.informers]
         for task in runs:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -407,6 +407,32 @@ class Controller(Context):
         for inf in self.informers:
             await inf.synced.wait()
 
+    async def catch_up(self) -> None:
+        """The replica has just taken the lease: each informer's cache is made at least as
+        fresh as the cluster is now before it is handed over (a standby's watch may lag, e.g.
+        backing off after an API server outage; scheduling from that view would match again
+        what the old leader placed). A current one costs one quorum read of one object
+        (Informer.catch_up); a stale one is re-listed."""
+        t0 = time.monotonic()
+
+        async def one(inf: Informer) -> str:
+            t = time.monotonic()
+            path = await inf.catch_up()
+            return f"{inf.kind} {path} {time.monotonic() - t:.2f}s"
+
+        done = await asyncio.gather(*(one(inf) for inf in self.informers))
+        for inf in self.informers:  # the re-listed ones run anew: their failures are watched too
+            if inf.task is not None and inf.task not in self._tasks:
+                self._tasks.add(inf.task)
+                inf.task.add_done_callback(self._tasks.discard)
+        self._informer_runs = [inf.task for inf in self.informers if inf.task is not None]
+        log.info("taking over: caches made current in %.2f s (%s)", time.monotonic() - t0, ", ".join(done))
+
+    async def take_over(self) -> None:
+        """A standby's caches, made current, handed over (catch_up, then end_standby)."""
+        await self.catch_up()
+        self.end_standby()
+
     def end_standby(self) -> None:
         """The replica leads: every cached object is handed over as if just listed (ADDED), in
         one step with unmuting the informers, so that no change is missed or seen twice."""
@@ -424,7 +450,7 @@ class Controller(Context):
         if not self._informer_runs:
             await self.watch()
         elif self.standby:
-            self.end_standby()
+            await self.take_over()
         # initial view straight from the caches; the queued ADDED events replay harmlessly
         for inf in self.informers:
             if inf.kind == "Node":

@@ -12,6 +12,11 @@ first event delivered, or a watch the server ends cleanly, resets it (a re-list 
 API server that answers lists while every watch breaks would be re-listed in full twice a
 second). Without the wait, an API server answering every
 watch with an ERROR would be asked again at once, in a tight loop.
+
+A standby's cache can be stale when it takes over (its watch backing off after an API server
+outage, just when the lease changes hands): :meth:`Informer.currency` tells whether its watch
+has caught up with the collection's current version (a quorum read), so that the controller
+re-lists only the informers that have not (``Controller.catch_up``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -61,6 +67,11 @@ class Informer:
         self.muted = False
         self.backoff = Backoff()
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # a test's to replace
+        self.rv = ""  # the version the cache is at: the last list's or watch event's ("": none)
+        # when its watch stream last opened; None while it is down (failed, backing off, re-listing)
+        self.live_since: float | None = None
+        self.moved = asyncio.Event()  # set at each watch event: a catch-up waits on it
+        self.task: asyncio.Task[None] | None = None  # its run (start)
 
     async def _send(self, ev: Event) -> None:
         if not self.muted:
@@ -84,26 +95,37 @@ class Informer:
         self.synced.set()
         return rv
 
+    def start(self) -> asyncio.Task[None]:
+        self.task = asyncio.ensure_future(self.run())
+        return self.task
+
+    def _opened(self) -> None:
+        if self.live_since is None:
+            self.live_since = time.monotonic()
+
     async def run(self) -> None:
-        rv = ""
+        """List (unless ``rv`` is set: a re-list made for it, ``Controller.catch_up``), then
+        watch from there; re-list after a 410 Gone or a broken connection."""
         while True:
             failed = False
             try:
-                if not rv:
-                    rv = await self._relist()  # (no reset: a list answered, its watch may still break)
-                async for ev in self.kube.watch(self.resource, rv, label_selector=self.label_selector,
-                                                field_selector=self.field_selector):
+                if not self.rv:
+                    self.rv = await self._relist()  # (no reset: a list answered, its watch may still break)
+                async for ev in self.kube.watch(self.resource, self.rv, label_selector=self.label_selector,
+                                                field_selector=self.field_selector, opened=self._opened):
                     etype, obj = ev.get("type"), ev.get("object") or {}
                     if etype == "ERROR":
                         code = obj.get("code")
                         log.info("%s watch ended: %s", self.kind, obj.get("message"))
                         if code == 410:
-                            rv = ""  # too old: re-list at once (its own failure, if any, backs off)
+                            self.rv = ""  # too old: re-list at once (its own failure, if any, backs off)
                         else:
                             failed = True  # the server's trouble: not again at once
                         break
+                    self._opened()  # (an event is proof too, where the watch does not say)
                     self.backoff.reset()
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
+                    self.rv = str((obj.get("metadata") or {}).get("resourceVersion", self.rv))
+                    self.moved.set()
                     if etype == "BOOKMARK":
                         continue
                     uid = uid_of(obj)
@@ -112,21 +134,98 @@ class Informer:
                     else:
                         self.cache[uid] = obj
                     await self._send((self.kind, str(etype), obj))
+                self.live_since = None  # the stream ended (its timeout): open again
             except asyncio.CancelledError:
+                self.live_since = None
                 raise
             except ApiError as exc:
+                self.live_since = None
                 if exc.status == 410:
-                    rv = ""
+                    self.rv = ""
                     continue
                 if exc.forbidden:
                     raise  # a missing permission: the operator reports it and exits (no silent hang)
                 log.warning("%s watch failed: %s", self.kind, exc)
                 failed = True
             except Exception as exc:  # dropped connection and the like: re-list and go on
+                self.live_since = None
                 log.warning("%s watch interrupted: %r", self.kind, exc)
-                rv = ""
+                self.rv = ""
                 failed = True
             if failed:
+                self.live_since = None
                 await self.sleep(self.backoff.next())
             else:
                 self.backoff.reset()  # the watch worked until the server ended it
+
+    async def currency(self, bound: float = 2.0, quiet: float = 0.3) -> str:
+        """Whether the cache is as fresh as the collection now is: ``current`` (its version is
+        the collection's current one or later), ``caught-up`` (its watch delivered up to it
+        within ``bound`` seconds), ``quiet`` (its watch is open and stayed silent for ``quiet``
+        seconds: the current version is newer only by other collections' writes, which one
+        etcd numbers together), or ``stale`` (its watch is down or backing off, did not catch
+        up in time, or a version is not a number): the caller re-lists it."""
+        if self.live_since is None or not self.rv:
+            return "stale"  # a down watch catches up only after its backoff: not worth waiting
+        now = await self.kube.list_version(self.resource, label_selector=self.label_selector,
+                                           field_selector=self.field_selector)
+        target, mine = _version(now), _version(self.rv)
+        if target is None or mine is None:
+            return "stale"  # versions are opaque strings in principle: then only a list is sure
+        if mine >= target:
+            return "current"
+        loop = asyncio.get_running_loop()
+        end = loop.time() + bound
+        while True:
+            left = end - loop.time()
+            if left <= 0:
+                return "stale"
+            self.moved.clear()
+            try:
+                await asyncio.wait_for(self.moved.wait(), min(quiet, left))
+            except TimeoutError:
+                return "quiet" if self.live_since is not None and left >= quiet else "stale"
+            mine = _version(self.rv)
+            if self.live_since is None or mine is None:
+                return "stale"
+            if mine >= target:
+                return "caught-up"
+
+    async def catch_up(self) -> str:
+        """Made as fresh as the collection is now (``currency``); a stale one is re-listed at
+        once, its run stopped meanwhile (as after a 410 Gone: the cache replaced, muted ones
+        sending nothing) and started again from the new list. Returns the path it took. A
+        re-list that fails is tried again after the backoff: leading from a stale view is what
+        this prevents."""
+        try:
+            path = await self.currency()
+        except ApiError as exc:
+            if exc.forbidden:
+                raise
+            log.warning("%s: reading the current version failed (%s); re-listing", self.kind, exc)
+            path = "stale"
+        if path != "stale":
+            return path
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        self.live_since = None
+        while True:
+            try:
+                self.rv = await self._relist()
+                break
+            except Exception as exc:  # refused, unreachable: not again at once
+                if isinstance(exc, ApiError) and exc.forbidden:
+                    raise
+                log.warning("%s: re-list at takeover failed (%r)", self.kind, exc)
+            await self.sleep(self.backoff.next())
+        self.backoff.reset()
+        self.start()
+        return "re-listed"
+
+
+def _version(rv: str) -> int | None:
+    try:
+        return int(rv)
+    except ValueError:
+        return None

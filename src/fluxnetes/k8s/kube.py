@@ -12,7 +12,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -343,6 +343,14 @@ class Kube:
             if not cont:
                 return items, str((page.get("metadata") or {}).get("resourceVersion", ""))
 
+    async def list_version(self, res: Resource, *, label_selector: str | None = None,
+                           field_selector: str | None = None) -> str:
+        """The collection's current resourceVersion, read from etcd (a quorum read: no
+        resourceVersion asked) with at most one object: cheap at any size."""
+        page = await self.request("GET", res.path(), params={
+            "labelSelector": label_selector, "fieldSelector": field_selector, "limit": 1})
+        return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
     async def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None, *,
                      background: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = await self.request("POST", res.path(namespace), body, background=background)
@@ -367,9 +375,11 @@ class Kube:
                 raise
 
     async def watch(self, res: Resource, resource_version: str, *, label_selector: str | None = None,
-                    field_selector: str | None = None, timeout_seconds: int = 290) -> AsyncIterator[dict[str, Any]]:
+                    field_selector: str | None = None, timeout_seconds: int = 290,
+                    opened: Callable[[], None] | None = None) -> AsyncIterator[dict[str, Any]]:
         """Yield watch events ({"type", "object"}) until the server closes the stream, read
-        ``watch_wait`` seconds apart (:func:`read_watch_batches`)."""
+        ``watch_wait`` seconds apart (:func:`read_watch_batches`). ``opened`` is called once
+        the server has accepted the watch (an informer's proof that it is live)."""
         params = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                   "timeoutSeconds": timeout_seconds, "labelSelector": label_selector,
                   "fieldSelector": field_selector}
@@ -378,6 +388,8 @@ class Kube:
                                                                          sock_read=timeout_seconds + 30)) as resp:
             if resp.status >= 400:
                 raise ApiError(resp.status, await resp.text(), "WATCH", res.path())
+            if opened is not None:
+                opened()
             transport = resp.connection.transport if resp.connection is not None else None
             async for lines in read_watch_batches(resp.content, self.watch_wait, transport):
                 for line in lines:
