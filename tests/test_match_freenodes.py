@@ -56,3 +56,29 @@ def test_take_and_give_follow_the_policys_order(seed: int, static: bool) -> None
             live.append(got)
     if not static:
         assert [fl.weight(i) for i in range(n)] == [0 if i in taken else MAXW for i in range(n)]
+
+
+@pytest.mark.parametrize("size", [3, 20])  # a give below and above SORT_FROM
+def test_first_give_back_in_any_order_keeps_the_order(size: int) -> None:
+    """``first`` keeps the taken-before nodes sorted whatever order a give lists them in
+    (one insert each for a few, one sort for many): takes then answer as the model."""
+    n = 4 * size
+    fl = FreeNodes(n, None)
+    free = set(range(n))
+    taken: set[int] = set()
+    got = [fl.take(size) for _ in range(4)]  # the whole machine, four jobs
+    for nodes in got:
+        assert nodes is not None
+        taken |= set(nodes)
+    free.clear()
+    for nodes in (got[2], got[0]):
+        assert nodes is not None
+        shuffled = list(reversed(nodes))
+        random.Random(size).shuffle(shuffled)
+        fl.give(shuffled)
+        free |= set(nodes)
+    for count in (1, size - 1, size + 1):
+        want = _model_first(free, taken, count)
+        assert fl.peek(count) == want
+        assert fl.take(count) == want
+        fl.give(want or [])

@@ -49,6 +49,7 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.queue.hints",
     "fluxnetes.queue.policy",
     "fluxnetes.sim.engine",
+    "fluxnetes.sim.machine",
     "fluxnetes.match.firstfit",
     "fluxnetes.match.counted",
     "fluxnetes.match.freenodes",

@@ -11,23 +11,31 @@ policy's order, and nothing else needs counting (``firstfit.py``):
   the free nodes come in two classes: never taken, by descending index, then taken before,
   by descending index. Nodes are taken from the top of the never-taken ones, so those are
   always the indexes ``0 .. fresh - 1`` (a count, not a list), and every node taken before
-  has an index ``>= fresh``; the taken-before free ones are a heap (negated: the highest
-  index on top);
+  has an index ``>= fresh``; the taken-before free ones are a list kept in ascending
+  order, so a job takes its share of them as one slice off the end (not one heap pop per
+  node: most of the matcher's time on KTH-SP2's 100 nodes, issue #32);
 * the static policies (``low``, ``high``, ``lonode``, ``hinode``): the walk ranks the free
   slots by a score that never changes (``FirstFit._static_key``), so the free nodes are
   one heap of those keys with the node index as the low part.
 
-A job costs O(P log n) to take and to give back, nothing proportional to the machine.
+A job costs O(P log n) to take and to give back (``first``: O(P) to take, and a give
+back inserts in order: O(P log n) comparisons and a move of the list's tail, or one sort
+for a big job), nothing walked in proportion to the machine.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from heapq import heappop, heappush, nsmallest
 
 from fluxnetes.match.vstate import MAXW
 
 #: the low part of a static key (node indexes below this, checked by FirstFit.build)
 U = 1 << 40
+
+#: ``first``: a give back of more nodes than this appends and sorts once instead of
+#: inserting each (timsort merges the appended run in about linear time)
+SORT_FROM = 8
 
 
 class FreeNodes:
@@ -42,8 +50,8 @@ class FreeNodes:
         self.keys: list[int] = static_keys if static_keys is not None else []
         # `first`: nodes 0 .. fresh-1 were never taken; static: unused (0)
         self.fresh = 0 if static_keys is not None else n
-        # `first`: heap of -index of the free nodes taken before; static: heap of every
-        # free node's key (a sorted list is a heap)
+        # `first`: the indexes of the free nodes taken before, ascending; static: heap of
+        # every free node's key (a sorted list is a heap)
         self.reused: list[int] = sorted(static_keys) if static_keys is not None else []
 
     def __len__(self) -> int:
@@ -64,10 +72,10 @@ class FreeNodes:
         took = list(range(fresh - m, fresh))
         self.fresh = fresh - m
         if m < count:
-            # descending off the heap; every index there is >= fresh, above the fresh ones
-            rest = [-heappop(reused) for _ in range(count - m)]
-            rest.reverse()
-            took += rest
+            # the highest ones, ascending; every index there is >= fresh, above the fresh ones
+            cut = len(reused) - (count - m)
+            took += reused[cut:]
+            del reused[cut:]
         return took
 
     def peek(self, count: int) -> list[int] | None:
@@ -79,7 +87,7 @@ class FreeNodes:
         if self.static:
             return sorted(k % U for k in nsmallest(count, reused))
         m = count if count <= fresh else fresh
-        return list(range(fresh - m, fresh)) + sorted(-k for k in nsmallest(count - m, reused))
+        return list(range(fresh - m, fresh)) + reused[len(reused) - (count - m):]
 
     def give(self, nodes: list[int]) -> None:
         """Nodes a job took come back free (``first``: as taken before)."""
@@ -88,9 +96,12 @@ class FreeNodes:
             keys = self.keys
             for i in nodes:
                 heappush(reused, keys[i])
+        elif len(nodes) > SORT_FROM:
+            reused += nodes
+            reused.sort()
         else:
             for i in nodes:
-                heappush(reused, -i)
+                insort(reused, i)
 
     def weight(self, i: int) -> int:
         """``first``'s weight of node ``i`` (``MAXW`` until first taken, then 0)."""

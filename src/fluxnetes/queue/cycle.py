@@ -132,20 +132,26 @@ class Scheduler(SchedulerBook):
         walk = self._walk
         if walk is None or self._reset:
             return None
-        done = walk.order
-        n = len(done)
-        if n <= len(order):  # common: every job walked last time is still there, in order
-            for job, job_id in zip(order, done, strict=False):
-                if job.id != job_id:
-                    break
+        # one pass over both lists, with no set of the whole queue: a job walked last time
+        # either is next in ``order`` or left the queue (started, rejected, withdrawn). A
+        # pending one skipped (the order changed) is in ``order`` past every match, so only
+        # the part behind the matches is searched for the skipped ones (commonly the jobs
+        # that arrived since the last walk)
+        n = len(order)
+        p = 0
+        left: set[str] | None = None
+        for job_id in walk.order:
+            if p < n and order[p].id == job_id:
+                p += 1
+            elif left is None:
+                left = {job_id}
             else:
-                return n
-        pending_ids = {job.id for job in order}
-        still = [job_id for job_id in walk.order if job_id in pending_ids]
-        for job, job_id in zip(order, still, strict=False):
-            if job.id != job_id:
-                return None
-        return len(still)
+                left.add(job_id)
+        if left is not None:
+            for k in range(p, n):
+                if order[k].id in left:
+                    return None
+        return p
 
     def cycle(self, pending: Iterable[QueuedJob], now: int, *, ordered: bool = False,
               waiting: bool = False) -> CycleResult:
