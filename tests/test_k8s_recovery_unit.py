@@ -636,9 +636,8 @@ def test_a_group_whose_placed_pods_cannot_be_recorded_keeps_them_charged(tmp_pat
     (Was: b taken from the store as Running with nothing recorded in the graph, its pod a
     member: invisible to the matcher once a's empty slot was given back, and the next group
     was placed over it: node overbooked, accounting MISMATCH.)"""
-    from test_k8s_scaling_unit import rs
-
     from fluxnetes.k8s.scheduling import allocation_note
+    from test_k8s_scaling_unit import rs
 
     url = f"sqlite:///{tmp_path / 's.db'}"
 

@@ -82,6 +82,7 @@ class StoreRecovery:
             g.fj_dirty = True
             self._side.status.group_event(g, "Warning", "Requeued", g.reason, pods=False)
             return False
+        before = (g.phase, g.reason, g.start, g.expected_start)
         g.phase, g.reason = Phase.RUNNING, reason
         g.held, g.alloc = {s.node: s for s in held}, held
         per_pod = cores_for(g.spec.request.cpu_millis)
@@ -101,7 +102,14 @@ class StoreRecovery:
         g.start, g.resumed, g.fj_dirty, g.recovered = alloc.at, True, True, True
         g.expected_start = None
         g.jobid = self._side.cluster.matcher.next_jobid
-        self._side.cluster.record_group(g)
+        if not self._side.cluster.record_group(g):
+            # the graph has no room for it (something recorded first holds its nodes): not
+            # running here, so its placed pods are followed as foreign pods (their nodes
+            # charged until they go) instead of members of an allocation the graph never saw
+            (g.phase, g.reason, g.start, g.expected_start), g.jobid = before, None
+            g.held, g.alloc, g.slots, g.slot_pod, g.released = {}, [], [], [], set()
+            g.resumed = g.recovered = False
+            return False
         self._side.status.counts_changed()
         self._ctx.dirty = True
         self._side.status.group_event(g, "Normal", "Recovered",
