@@ -522,10 +522,17 @@ class Recovery:
         ended -= set(live)
         if any(n not in self._side.cluster.nodes or self._side.cluster.node_down.get(n, False) for n in note.slots):
             return False  # a node is gone or down: the node-loss rules apply to foreign pods
+        held = allocation_note.held_after(note, ended)
+        stored = self._side.store_recovery.stored_allocation(g)
+        if stored is not None and _store_holds_less(held, stored):
+            # the store saw slots given back after the placement (pods deleted, gone before this
+            # start, so not seen ended): the note would hold their room again, which the last
+            # leader gave to others (chaos soak s40: kwok-node-16 "full", deploy-50 unrecorded);
+            # the live pods and the store say the allocation (adopt_placed with ``stored``)
+            return False
         if len(note.slots) != g.spec.size:
             g.spec = replace(g.spec, size=len(note.slots))
             g.jobspec = self._side.book.make_jobspec(g)
-        held = allocation_note.held_after(note, ended)
         return self._adopted(g, live, list(note.slots), held, list(note.shares), ended,
                              "allocated before the restart (recovered from its placed pods' allocation note)")
 
@@ -712,3 +719,16 @@ def _same_use(held: Sequence[shares.Share], stored: Any) -> bool:
     mine = {(s.node, s.cores, s.gpus, s.memory) for s in held if not s.empty}
     theirs = {(n.name, n.cores, n.gpus, n.memory) for n in stored.nodes if n.cores or n.gpus or n.memory}
     return mine == theirs
+
+
+def _store_holds_less(held: Sequence[shares.Share], stored: Any) -> bool:
+    """Does the store's allocation hold less than ``held`` on some node (a release the store
+    saw after the note was written)? (A store that lags behind holds more, never less.)"""
+    theirs = {n.name: (n.cores, n.gpus, n.memory) for n in stored.nodes}
+    for s in held:
+        if s.empty:
+            continue
+        cores, gpus, memory = theirs.get(s.node, (0, 0, 0))
+        if cores < s.cores or gpus < s.gpus or memory < s.memory:
+            return True
+    return False
