@@ -51,8 +51,10 @@ class Operator(OperatorProc):
 def operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     d = tmp_path_factory.mktemp("fs-operator")
     op = Operator(cluster, d)
+    # --fluxjobs all: these tests read each group's FluxJob phase (Running, Preempted, Pending)
+    # as what they check; in the default mode a group placed at once has none
     op.args = ("--store", f"sqlite:///{d / 'store.db'}", "--preemption", "--fairshare-save-seconds", "2",
-               "--status-interval", "0.3", "--owner-cluster-role", "")
+               "--status-interval", "0.3", "--owner-cluster-role", "", "--fluxjobs", "all")
     op.start(*op.args)
     for pc, value in (("fs-low", 10), ("fs-high", 1000)):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(

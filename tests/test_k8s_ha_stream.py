@@ -69,7 +69,9 @@ def ha_round(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     replicas = None
     try:
         for store in fresh_pg_database():
-            replicas = bench.stream_replicas(cluster, store, work, opts)
+            # --fluxjobs all: test_every_fluxjob_ends_completed_one_per_job checks one Completed
+            # FluxJob per Job; in the default mode a Job placed at once gets none
+            replicas = bench.stream_replicas(cluster, store, work, opts, extra=("--fluxjobs", "all"))
             try:
                 ns = bench.opted_in_namespace(cluster, "ha")
                 result: dict[str, Any] = bench.stream_round(cluster, replicas, ns, opts, log=print)
