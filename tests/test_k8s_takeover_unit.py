@@ -133,7 +133,8 @@ def test_a_lagging_open_watch_is_waited_for_not_re_listed(late: bool) -> None:
         kube.rv = "9"  # other collections' writes, or this one's on their way
 
         async def deliver() -> None:
-            await asyncio.sleep(0.05)
+            while kube.version_reads == 0:  # once the version is read, catch_up waits for the watch
+                await asyncio.sleep(0)
             await kube.changes.put({"type": "MODIFIED", "object": with_rv(bound(a, "n3"), "9")})
 
         later = asyncio.ensure_future(deliver()) if late else None
