@@ -49,6 +49,7 @@ REQUEST_KINDS: list[tuple[str, str]] = [
     ("watch cache (dispatch to watchers)", r"storage/cacher\."),
     ("etcd client / watch from etcd", r"storage/etcd3|go\.etcd\.io/etcd/client|google\.golang\.org/grpc"),
     ("TLS handshake", r"crypto/tls\.\(\*Conn\)\.(serverHandshake|clientHandshake|Handshake)"),
+    ("audit log (FLUXNETES_DEV_AUDIT runs only)", r"k8s\.io/apiserver/pkg/audit|plugin/pkg/audit"),
     ("request filters (audit, flow control, authn, timeouts)", r"DefaultBuildHandlerChain"),
     ("http serving (TLS records, h2 frames)", r"net/http|golang\.org/x/net/http2|crypto/tls"),
     ("controllers inside the API server", r"k8s\.io/client-go/tools/cache|k8s\.io/kubernetes/pkg/controlplane"),

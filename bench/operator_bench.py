@@ -663,6 +663,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                     gc1 = await _gc_seconds(op)
                     if gc0 is not None and gc1 is not None:
                         r["operator_gc_ms_per_pod"] = round(1000 * (gc1 - gc0) / pods, 3)
+                r["namespace"] = ns  # (to find the run in an audit log: FLUXNETES_DEV_AUDIT)
                 per_round.setdefault(name, {}).setdefault(label, []).append(r)
                 await kube.delete(NAMESPACES, ns)
                 # the next run starts on a quiet cluster: the namespace controller deleting

@@ -82,17 +82,20 @@ def review(
 
 
 def apply_patch(obj: dict[str, Any], resp: dict[str, Any]) -> dict[str, Any]:
-    """A tiny RFC 6902 'add' applier, enough to check the patches the webhook emits."""
+    """A tiny RFC 6902 'add' and 'remove' applier, enough to check the patches the webhook emits."""
     out = json.loads(json.dumps(obj))
     patch = resp["response"].get("patch")
     if not patch:
         return out
     for op in json.loads(base64.b64decode(patch)):
-        assert op["op"] == "add"
+        assert op["op"] in ("add", "remove")
         parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
         target = out
         for p in parts[:-1]:
             target = target[int(p)] if isinstance(target, list) else target[p]
+        if op["op"] == "remove":
+            del target[int(parts[-1]) if isinstance(target, list) else parts[-1]]
+            continue
         if isinstance(target, list):
             target.append(op["value"]) if parts[-1] == "-" else target.insert(
                 int(parts[-1]), op["value"]
@@ -403,7 +406,8 @@ def test_pod_naming_fluxnetes_is_checked_and_labelled_but_not_held_again(hold: s
     p = pod()
     p["spec"]["schedulerName"] = names.SCHEDULER_NAME
     out = apply_patch(p, admission.mutate(review(p), hold=hold))
-    assert out["metadata"]["labels"] == {names.LABEL_MANAGED: "true"}
+    # (held by the name only: the gate's policy skips it, webhook_config.gated_pods_selector)
+    assert out["metadata"]["labels"] == {names.LABEL_MANAGED: "true", names.LABEL_HOLD: names.HOLD_SCHEDULER_NAME}
     assert "schedulingGates" not in out["spec"]  # the Binding refuses gated pods
     assert out["spec"]["schedulerName"] == names.SCHEDULER_NAME
     bad = pod(annotations={names.ANN_DURATION: "forever"})
@@ -423,7 +427,7 @@ def test_job_template_naming_fluxnetes_is_labelled_and_suspended_by_job_mode() -
     out = apply_patch(job, admission.mutate(review(job), job_mode="suspend", hold="gate"))
     assert out["spec"]["suspend"] is True
     tmpl = out["spec"]["template"]
-    assert tmpl["metadata"]["labels"] == {names.LABEL_MANAGED: "true"}
+    assert tmpl["metadata"]["labels"] == {names.LABEL_MANAGED: "true", names.LABEL_HOLD: names.HOLD_SCHEDULER_NAME}
     assert "schedulingGates" not in tmpl["spec"]
     out = apply_patch(job, admission.mutate(review(job), job_mode="gate", hold="gate"))
     assert "suspend" not in out["spec"]
@@ -436,6 +440,34 @@ def test_hold_knows_fluxnetes_pods_with_or_without_the_webhook() -> None:
     assert is_ours({}, named) and is_held({"spec": named})
     assert is_ours({"labels": {names.LABEL_MANAGED: "true"}}, {})
     assert not is_ours({}, {}) and not is_ours({}, {"schedulerName": "volcano"})
+
+
+@pytest.mark.parametrize("hold", ["gate", "scheduler", "auto"])
+def test_only_pods_held_by_the_scheduler_name_are_labelled_so(hold: str) -> None:
+    """fluxnetes.io/hold=scheduler-name takes a pod out of the gate policy's selector: never on
+    a pod (or pod template) that carries fluxnetes' gate, even when its user wrote it."""
+    def labels(obj: dict[str, Any], **kw: Any) -> dict[str, str]:
+        out = apply_patch(obj, admission.mutate(review(obj), **kw))
+        meta = out["spec"]["template"]["metadata"] if out["kind"] != "Pod" else out["metadata"]
+        spec = out["spec"]["template"]["spec"] if out["kind"] != "Pod" else out["spec"]
+        gated = any(g["name"] == names.GATE for g in spec.get("schedulingGates") or [])
+        assert gated or spec.get("schedulerName") == names.SCHEDULER_NAME
+        # held one way or the other, labelled as held by the name exactly when not gated
+        assert (meta["labels"].get(names.LABEL_HOLD) == names.HOLD_SCHEDULER_NAME) is (not gated)
+        return dict(meta["labels"])
+
+    plain = labels(pod(), hold=hold)
+    assert (names.LABEL_HOLD in plain) is (hold != "gate")
+    claim = pod()  # a claim needs kube-scheduler: gated under auto
+    claim["spec"]["volumes"] = [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]
+    assert (names.LABEL_HOLD in labels(claim, hold=hold)) is (hold == "scheduler")
+    forged = pod(labels={names.LABEL_HOLD: names.HOLD_SCHEDULER_NAME})  # its user's label goes
+    forged["spec"]["schedulingGates"] = [{"name": names.GATE}]
+    assert names.LABEL_HOLD not in labels(forged, hold=hold)
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"},
+           "spec": {"parallelism": 2, "template": {"metadata": {"labels": {names.LABEL_HOLD: "x"}},
+                                                   "spec": {"containers": [{"name": "c"}]}}}}
+    assert (labels(job, hold=hold).get(names.LABEL_HOLD) == names.HOLD_SCHEDULER_NAME) is (hold != "gate")
 
 
 def test_mutate_ignores_updates() -> None:
@@ -457,6 +489,16 @@ def test_validate_gate_removal() -> None:
     assert admission.validate(review(old, "UPDATE", old, user="mallory"), ops)["response"][
         "allowed"
     ]
+    # nor may anyone else label a gated pod as held by the scheduler name (it would leave the
+    # guard's selector, gate and all); on a pod without the gate the label guards nothing
+    marked = pod(labels={names.LABEL_HOLD: names.HOLD_SCHEDULER_NAME})
+    marked["spec"]["schedulingGates"] = [{"name": names.GATE}]
+    denied = admission.validate(review(marked, "UPDATE", old, user="mallory"), ops)["response"]
+    assert denied["allowed"] is False and names.LABEL_HOLD in denied["status"]["message"]
+    assert admission.validate(review(marked, "UPDATE", old, user=next(iter(ops))), ops)["response"]["allowed"]
+    assert admission.validate(review(marked, "UPDATE", marked, user="mallory"), ops)["response"]["allowed"]
+    ungated = pod(labels={names.LABEL_HOLD: names.HOLD_SCHEDULER_NAME})
+    assert admission.validate(review(ungated, "UPDATE", pod(), user="mallory"), ops)["response"]["allowed"]
 
 
 # ---- FluxJob ------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def test_webhook_config_scope() -> None:
     ignore = webhook_config.mutating(target, webhook_config.Scope(failure_policy="Ignore"), b"CA")
     assert {w["failurePolicy"] for w in ignore["webhooks"]} == {"Ignore"}
     v = webhook_config.validating(target, scope, b"CA")
-    assert v["webhooks"][0]["objectSelector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
+    assert v["webhooks"][0]["objectSelector"] == webhook_config.gated_pods_selector()
     # guards updates only: kube-controller-manager must update pods (finalizers) during an outage
     assert v["webhooks"][0]["failurePolicy"] == "Ignore"
     svc = webhook_config.WebhookTarget(service_name="fluxnetes", service_namespace="flux-ns")
@@ -130,7 +130,12 @@ def test_gate_policy_is_cel_with_the_operator_identity() -> None:
     rule = policy["spec"]["validations"][0]
     assert '"system:serviceaccount:flux-ns:fluxnetes"' in rule["expression"]
     assert names.GATE in rule["expression"] and names.GATE in rule["messageExpression"]
-    assert policy["spec"]["matchConstraints"]["objectSelector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
+    # fluxnetes' pods but the ones held by the scheduler name only (no gate to guard)
+    assert policy["spec"]["matchConstraints"]["objectSelector"] == {"matchExpressions": [
+        {"key": names.LABEL_MANAGED, "operator": "In", "values": ["true"]},
+        {"key": names.LABEL_HOLD, "operator": "NotIn", "values": [names.HOLD_SCHEDULER_NAME]}]}
+    label_rule = policy["spec"]["validations"][1]
+    assert names.LABEL_HOLD in label_rule["expression"] and '"system:serviceaccount:flux-ns:fluxnetes"' in label_rule["expression"]
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
 

@@ -24,6 +24,31 @@ def _profiling() -> str:
     return "true" if os.environ.get("FLUXNETES_DEV_PROFILING") == "1" else "false"
 
 
+# FLUXNETES_DEV_AUDIT=DIR makes the API server write an audit log (Metadata level, JSON, one
+# event per finished request; Leases left out) to DIR/audit.log: who (user agent) made which
+# request on which object when, for benchmark analysis (bench/apiserver_profile.py). Off by
+# default: the log costs the API server CPU.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: None
+  resources: [{group: "coordination.k8s.io", resources: ["leases"]}]
+- level: Metadata
+"""
+
+
+def _audit_flags() -> list[str]:
+    where = os.environ.get("FLUXNETES_DEV_AUDIT")
+    if not where:
+        return []
+    d = Path(where)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    return [f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={d / 'audit.log'}",
+            "--audit-log-format=json", "--audit-log-mode=batch", "--audit-log-maxsize=0"]
+
+
 def argv(
     name: str,
     tools: Toolchain,
@@ -89,6 +114,7 @@ def argv(
             f"--kubelet-client-certificate={pki.admin_crt}",
             f"--kubelet-client-key={pki.admin_key}",
             f"--profiling={_profiling()}",
+            *_audit_flags(),
         ]
     common = [
         f"--kubeconfig={kc}",

@@ -25,6 +25,13 @@ COSCHED_GROUP = "scheduling.x-k8s.io/pod-group"
 LABEL_MANAGED = f"{DOMAIN}/managed"
 # a namespace (or a single object) opts in / out with this label
 LABEL_ENABLED = f"{DOMAIN}/enabled"
+# set by the webhook on a pod (and pod template) it holds by fluxnetes' scheduler name, never
+# on one that carries fluxnetes' gate: the gate's ValidatingAdmissionPolicy skips these pods by
+# label (each of their updates, such as the Job controller's finalizer patch, would otherwise
+# cost the API server a CEL evaluation of the whole old and new pod, with no gate to guard;
+# docs/scale.md). Only the operator may put it on a gated pod.
+LABEL_HOLD = f"{DOMAIN}/hold"
+HOLD_SCHEDULER_NAME = "scheduler-name"
 # set by the operator on a placed pod: the matcher job id (restart recovery reads it back)
 LABEL_JOBID = f"{DOMAIN}/jobid"
 # annotation set by the operator on a placed pod: the FluxJob that placed it

@@ -21,6 +21,13 @@ a volume claim to bind, a host port, inter-pod affinity, topology spread, resour
 then the gate. The operator places each pod by the hold it carries (k8s/scheduling/allocation.py), so
 one cluster, even one group, may have both.
 
+A pod (or template) held by the scheduler name only is also labelled ``fluxnetes.io/hold:
+scheduler-name`` (:func:`hold_label_ops`); the gate's guard (webhook_config.gate_policy) skips
+pods so labelled, since they have no gate: otherwise every update of such a pod (the Job
+controller's finalizer patch, for one) would cost the API server a CEL evaluation of the whole
+old and new pod. A gated pod never keeps that label: the webhook drops it, and only the
+operator may add it.
+
 The webhook writes a hold at admission (pods and pod templates); the operator asks
 :func:`is_held` which pods are waiting for it. A pod or template whose user wrote
 ``schedulerName: fluxnetes`` is held already, in any namespace and without the webhook
@@ -106,6 +113,19 @@ def hold_ops(spec: Mapping[str, Any], base: str, hold: str) -> JsonPatch:
     if not any(g.get("name") == names.GATE for g in gates):
         return [{"op": "add", "path": f"{base}/spec/schedulingGates/-", "value": {"name": names.GATE}}]
     return []
+
+
+def hold_label_ops(labels: Mapping[str, str], spec: Mapping[str, Any], base: str, hold: str) -> JsonPatch:
+    """JSON patch ops for the label ``fluxnetes.io/hold`` of the pod (or pod template) at
+    ``base`` whose labels and spec are ``labels`` and ``spec`` (before :func:`hold_ops`; its
+    labels map must exist when these ops run): ``scheduler-name`` when it is held by
+    fluxnetes' scheduler name only, and no such label (one its user wrote is removed) when it
+    carries or gets fluxnetes' gate, so the gate's policy always sees a gated pod."""
+    gets_gate = gated({"spec": spec}) or (not names_fluxnetes(spec) and resolve(spec, hold) == GATE)
+    path = f"{base}/metadata/labels/{names.LABEL_HOLD.replace('~', '~0').replace('/', '~1')}"
+    if gets_gate:
+        return [{"op": "remove", "path": path}] if names.LABEL_HOLD in labels else []
+    return [{"op": "add", "path": path, "value": names.HOLD_SCHEDULER_NAME}]
 
 
 def gated(pod: Mapping[str, Any]) -> bool:

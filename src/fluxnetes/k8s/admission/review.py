@@ -26,7 +26,9 @@ Mutating (CREATE):
   annotation) is refused with a message naming the field: the user sees it at ``kubectl
   apply`` instead of finding a pod waiting forever.
 
-Validating (UPDATE of pods): only the operator's identity may remove fluxnetes' gate.
+Validating (UPDATE of pods): only the operator's identity may remove fluxnetes' gate, or label
+a gated pod ``fluxnetes.io/hold=scheduler-name`` (the label the mutation puts only on pods held
+by the scheduler name, which the gate's guard skips).
 
 No API calls and no shared state: the webhook is a pure function, fast and replica-safe.
 """
@@ -41,7 +43,7 @@ import orjson
 
 from fluxnetes.jobspec.packing import PackingError, packing_from_annotations
 from fluxnetes.k8s import names
-from fluxnetes.k8s.admission.hold import GATE, hold_ops, names_fluxnetes
+from fluxnetes.k8s.admission.hold import GATE, hold_label_ops, hold_ops, names_fluxnetes
 from fluxnetes.k8s.groups import GroupError, check_pod_template, controller_of, duration_of
 from fluxnetes.k8s.workloads import any_kind_of, kind_of, made_for
 from fluxnetes.k8s.workloads.base import JsonPatch, WorkloadKind, managed_label_ops
@@ -109,7 +111,9 @@ def mutate_pod(pod: Mapping[str, Any], hold: str = GATE) -> JsonPatch:
     if _skip_pod(pod):
         return []
     check_pod_template(meta, spec)
-    return [*managed_label_ops(meta.get("labels") or {}, ""), *hold_ops(spec, "", hold)]
+    labels = meta.get("labels") or {}
+    held = hold_ops(spec, "", hold)
+    return [*managed_label_ops(labels, ""), *hold_label_ops(labels, spec, "", hold), *held]
 
 
 JOB_MODES = ("auto", "suspend", "gate")  # --job-mode
@@ -207,12 +211,26 @@ def validate(review: Mapping[str, Any], operators: Collection[str]) -> dict[str,
     uid = str(req.get("uid", ""))
     if req.get("operation") != "UPDATE":
         return _response(uid)
-    if _has_gate(req.get("oldObject")) and not _has_gate(req.get("object")):
-        user = str((req.get("userInfo") or {}).get("username", ""))
-        if user not in operators:
-            return _response(
-                uid, allowed=False, code=403,
-                message=f"fluxnetes: only the fluxnetes operator may remove the scheduling gate "
-                f"{names.GATE} (user {user!r} may not); delete the pod to cancel it",
-            )
+    user = str((req.get("userInfo") or {}).get("username", ""))
+    if user in operators:
+        return _response(uid)
+    old, new = req.get("oldObject"), req.get("object")
+    if _has_gate(old) and not _has_gate(new):
+        return _response(
+            uid, allowed=False, code=403,
+            message=f"fluxnetes: only the fluxnetes operator may remove the scheduling gate "
+            f"{names.GATE} (user {user!r} may not); delete the pod to cancel it",
+        )
+    if _has_gate(new) and _held_by_name(new) and not _held_by_name(old):
+        # (the label would take the pod out of this webhook's selector, and its gate with it)
+        return _response(
+            uid, allowed=False, code=403,
+            message=f"fluxnetes: only the fluxnetes operator may label a gated pod "
+            f"{names.LABEL_HOLD}={names.HOLD_SCHEDULER_NAME} (user {user!r} may not)",
+        )
     return _response(uid)
+
+
+def _held_by_name(pod: Mapping[str, Any] | None) -> bool:
+    labels = (((pod or {}).get("metadata") or {}).get("labels")) or {}
+    return bool(labels.get(names.LABEL_HOLD) == names.HOLD_SCHEDULER_NAME)

@@ -17,6 +17,10 @@ as foreign pods. The gate-protecting validating webhook (only used without
 ValidatingAdmissionPolicy) stays Ignore: it guards updates, and kube-controller-manager
 must be able to update pods (finalizers) during an outage.
 
+The gate's guard (the ValidatingAdmissionPolicy, or the validating webhook where policies are
+not served) selects fluxnetes' pods but the ones labelled ``fluxnetes.io/hold=scheduler-name``:
+those are held by the scheduler name and have no gate (:func:`gated_pods_selector`).
+
 Pods bound by hand (``spec.nodeName`` at creation) in an opted-in namespace, even ones
 labelled ``fluxnetes.io/enabled=false``, reach the pod webhook (``matchConditions``) and
 are refused there (admission.py): they would skip both schedulers and take resources the
@@ -139,10 +143,16 @@ def pod_match_conditions(scope: Scope) -> list[dict[str, str]]:
     ``fluxnetes.io/enabled=false`` nor, unless ``admit_template_pods``, the ones born held
     from a template the workload webhook already mutated (``fluxnetes.io/managed=true``; a
     pod labelled so by hand is not held: kube-scheduler places it and fluxnetes counts it
-    as foreign)."""
+    as foreign), unless such a pod carries fluxnetes' gate and the label
+    ``fluxnetes.io/hold=scheduler-name`` together (:func:`gated_pods_selector`)."""
     skipped = [_label_is(names.LABEL_ENABLED, "false")]
     if not scope.admit_template_pods:
-        skipped.append(_label_is(names.LABEL_MANAGED, "true"))
+        # but a gated pod also labelled as held by the scheduler name (which the gate's
+        # guard skips) is not one the workload webhook made: the pod webhook drops the label
+        gated = (f"(has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == "
+                 f"{json.dumps(names.GATE)}))")
+        forged = f"({gated} && {_label_is(names.LABEL_HOLD, names.HOLD_SCHEDULER_NAME)})"
+        skipped.append(f"({_label_is(names.LABEL_MANAGED, 'true')} && !{forged})")
     bound = '(has(object.spec.nodeName) && object.spec.nodeName != "")'
     return [{"name": "bound-by-hand-or-not-held-yet", "expression": f"{bound} || !({' || '.join(skipped)})"}]
 
@@ -209,6 +219,18 @@ def mutating(target: WebhookTarget, scope: Scope, ca_bundle: bytes,
     return config
 
 
+def gated_pods_selector() -> dict[str, Any]:
+    """The pods whose updates the gate's guard (the policy, or the validating webhook) sees:
+    fluxnetes' pods but the ones held by its scheduler name only (``fluxnetes.io/hold``, which
+    the webhook never leaves on a gated pod). On an update the API server matches the old and
+    the new object, either suffices: a pod gaining that label is still seen. Pods admitted
+    before the label existed lack it and stay guarded."""
+    return {"matchExpressions": [
+        {"key": names.LABEL_MANAGED, "operator": "In", "values": ["true"]},
+        {"key": names.LABEL_HOLD, "operator": "NotIn", "values": [names.HOLD_SCHEDULER_NAME]},
+    ]}
+
+
 def validating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[str, Any]:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -220,8 +242,8 @@ def validating(target: WebhookTarget, scope: Scope, ca_bundle: bytes) -> dict[st
                 "clientConfig": target.client_config(VALIDATE_PODS_PATH, ca_bundle),
                 "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
                            "resources": ["pods"], "scope": "Namespaced"}],
-                # only pods fluxnetes gated: other pod updates never reach the webhook
-                "objectSelector": {"matchLabels": {names.LABEL_MANAGED: "true"}},
+                # only pods fluxnetes may have gated: other pod updates never reach the webhook
+                "objectSelector": gated_pods_selector(),
                 # Ignore whatever --failure-policy says: kube-controller-manager updates these
                 # pods (finalizers) and must not be stopped by an outage (see the docstring)
                 **_common(scope, "Ignore"),
@@ -242,10 +264,19 @@ def gate_policy(scope: Scope, operators: list[str]) -> tuple[dict[str, Any], dic
     gate = json.dumps(names.GATE)
     who = ", ".join(json.dumps(o) for o in sorted(operators)) or '""'
     has_gate = "has({o}.spec.schedulingGates) && {o}.spec.schedulingGates.exists(g, g.name == " + gate + ")"
-    expression = (f"!({has_gate.format(o='oldObject')}) || ({has_gate.format(o='object')}) "
-                  f"|| request.userInfo.username in [{who}]")
+    operator = f"request.userInfo.username in [{who}]"
+    expression = f"!({has_gate.format(o='oldObject')}) || ({has_gate.format(o='object')}) || {operator}"
     message = ("'fluxnetes: only the fluxnetes operator may remove the scheduling gate " + names.GATE
                + " (user ' + request.userInfo.username + ' may not); delete the pod to cancel it'")
+    # a gated pod labelled as held by the scheduler name would leave the policy's selector,
+    # and its gate with it: only the operator may label it so
+    hold_key, hold_value = json.dumps(names.LABEL_HOLD), json.dumps(names.HOLD_SCHEDULER_NAME)
+    held_by_name = ("(has({o}.metadata.labels) && " + hold_key + " in {o}.metadata.labels && {o}.metadata.labels["
+                    + hold_key + "] == " + hold_value + ")")
+    label_rule = (f"!({has_gate.format(o='object')}) || !{held_by_name.format(o='object')} "
+                  f"|| {held_by_name.format(o='oldObject')} || {operator}")
+    label_message = ("'fluxnetes: only the fluxnetes operator may label a gated pod " + names.LABEL_HOLD + "="
+                     + names.HOLD_SCHEDULER_NAME + " (user ' + request.userInfo.username + ' may not)'")
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -256,9 +287,10 @@ def gate_policy(scope: Scope, operators: list[str]) -> tuple[dict[str, Any], dic
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
                                    "resources": ["pods"]}],
                 "namespaceSelector": scope.namespace_selector(),
-                "objectSelector": {"matchLabels": {names.LABEL_MANAGED: "true"}},
+                "objectSelector": gated_pods_selector(),
             },
-            "validations": [{"expression": expression, "messageExpression": message, "reason": "Forbidden"}],
+            "validations": [{"expression": expression, "messageExpression": message, "reason": "Forbidden"},
+                            {"expression": label_rule, "messageExpression": label_message, "reason": "Forbidden"}],
         },
     }
     binding = {

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fluxnetes.k8s import names
-from fluxnetes.k8s.admission.hold import AUTO, GATE, hold_ops
+from fluxnetes.k8s.admission.hold import AUTO, GATE, hold_label_ops, hold_ops
 
 JsonPatch = list[dict[str, Any]]
 
@@ -143,12 +143,15 @@ def gate_template_patch(obj: Mapping[str, Any], base: str, hold: str = "gate") -
     if not meta:
         ops.append({"op": "add", "path": f"{base}/metadata", "value": {}})
         meta = {}
-    ops.extend(managed_label_ops(meta.get("labels") or {}, base))
-    if not tmpl.get("spec"):
-        ops.append({"op": "add", "path": f"{base}/spec", "value": {}})
     if hold == AUTO and (obj.get("spec") or {}).get("volumeClaimTemplates"):
         hold = GATE  # a StatefulSet's pods get claims its template does not show: kube-scheduler binds them
-    ops.extend(hold_ops(tmpl.get("spec") or {}, base, hold))
+    spec, labels = tmpl.get("spec") or {}, meta.get("labels") or {}
+    held = hold_ops(spec, base, hold)
+    ops.extend(managed_label_ops(labels, base))
+    ops.extend(hold_label_ops(labels, spec, base, hold))
+    if not tmpl.get("spec"):
+        ops.append({"op": "add", "path": f"{base}/spec", "value": {}})
+    ops.extend(held)
     return ops
 
 
