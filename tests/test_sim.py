@@ -122,28 +122,49 @@ def _jobs(raw: list[tuple[int, int, int, int]]) -> list[SimJob]:
     return [SimJob(str(i + 1), s, r, r + e, p) for i, (s, r, e, p) in enumerate(raw)]
 
 
+class RecordingScheduler(Scheduler):
+    """A Scheduler that records its cycles (time, result), the times it was asked what is
+    free now, and the jobs expired. A subclass, not methods replaced on an instance: a
+    compiled (native) Scheduler's methods cannot be replaced, and these tests must pass
+    with the native build loaded too (tests/test_native.py)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen_cycles: list[tuple[int, Any]] = []
+        self.seen_free_now: list[int] = []
+        self.seen_expired: list[str] = []
+
+    def cycle(self, pending: Any, now: int, *, ordered: bool = False,
+              waiting: bool = False) -> Any:
+        result = super().cycle(pending, now, ordered=ordered, waiting=waiting)
+        self.seen_cycles.append((now, result))
+        return result
+
+    def free_now(self, now: int) -> int | None:
+        self.seen_free_now.append(now)
+        return super().free_now(now)
+
+    def expire(self, job_id: str) -> bool:
+        self.seen_expired.append(job_id)
+        return super().expire(job_id)
+
+
 def _run(machine: Machine, jobs: list[SimJob], policy: str, *, fast: bool = True,
          spy: list[tuple[int, Any]] | None = None, style: str = "pinned") -> SimRun:
     import copy
 
     from fluxnetes.match import Matcher
 
-    matcher = Matcher(copy.deepcopy(machine.graph), policy="first")
-    scheduler = Scheduler(
-        matcher, QueuePolicy.parse(policy, queue_depth=None, reservation_style=style),  # type: ignore[arg-type]
+    scheduler = RecordingScheduler(
+        Matcher(copy.deepcopy(machine.graph), policy="first"),
+        QueuePolicy.parse(policy, queue_depth=None, reservation_style=style),  # type: ignore[arg-type]
         capacity_cores=machine.total_cores if fast else None,
         node_cores=machine.node_cores() if fast else None, incremental=fast)
+    run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
+                   min_cores_for=machine.min_cores)
     if spy is not None:
-        original = scheduler.cycle
-
-        def cycle(pending: Any, now: int, **kw: Any) -> Any:
-            result = original(pending, now, **kw)
-            spy.append((now, result))
-            return result
-
-        scheduler.cycle = cycle  # type: ignore[method-assign]
-    return simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
-                    min_cores_for=machine.min_cores)
+        spy.extend(scheduler.seen_cycles)
+    return run
 
 
 def _check_capacity(run: SimRun, machine: Machine) -> None:
@@ -351,25 +372,10 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
     machine = machine_from_size(4, 1)
     jobs = [SimJob("1", 0, 10, 5, 2), SimJob("2", 0, 3, 10, 2), SimJob("3", 1, 4, 4, 3),
             SimJob("4", 2, 2, 2, 1), SimJob("5", 6, 1, 1, 1), SimJob("6", 11, 1, 1, 1)]
-    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
-                          QueuePolicy.parse("fcfs", reservation_style="counted"),
-                          capacity_cores=machine.total_cores)
-    asked: list[int] = []
-    original = scheduler.free_now
-
-    def free_now(now: int) -> int | None:
-        asked.append(now)
-        return original(now)
-
-    scheduler.free_now = free_now  # type: ignore[method-assign]
-    expired: list[str] = []
-    expire = scheduler.expire
-
-    def record_expire(job_id: str) -> bool:
-        expired.append(job_id)
-        return expire(job_id)
-
-    scheduler.expire = record_expire  # type: ignore[method-assign]
+    scheduler = RecordingScheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                                   QueuePolicy.parse("fcfs", reservation_style="counted"),
+                                   capacity_cores=machine.total_cores)
+    asked, expired = scheduler.seen_free_now, scheduler.seen_expired
     run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
                    min_cores_for=machine.min_cores)
     assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
@@ -380,7 +386,7 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
     assert sorted(expired) == ["1", "3", "4", "5", "6"]
 
 
-def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[int]]:
+def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[tuple[int, Any]]]:
     """An easy scheduler (counted reservations) on ``nodes`` one-core nodes that records the
     time of every cycle it runs."""
     import copy
@@ -388,18 +394,10 @@ def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[int]]:
     from fluxnetes.match import Matcher
 
     machine = machine_from_size(nodes, 1)
-    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
-                          QueuePolicy.parse("easy", reservation_style="counted"),
-                          capacity_cores=machine.total_cores, incremental=True)
-    cycles: list[int] = []
-    original = scheduler.cycle
-
-    def cycle(pending: Any, now: int, **kw: Any) -> Any:
-        cycles.append(now)
-        return original(pending, now, **kw)
-
-    scheduler.cycle = cycle  # type: ignore[method-assign]
-    return machine, scheduler, cycles
+    scheduler = RecordingScheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                                   QueuePolicy.parse("easy", reservation_style="counted"),
+                                   capacity_cores=machine.total_cores, incremental=True)
+    return machine, scheduler, scheduler.seen_cycles
 
 
 def test_easy_runs_no_pass_that_can_start_nothing() -> None:
@@ -412,7 +410,7 @@ def test_easy_runs_no_pass_that_can_start_nothing() -> None:
                    min_cores_for=machine.min_cores)
     assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
         "1": (0, 10), "2": (0, 2), "3": (10, 15)}
-    assert cycles == [0, 0, 10]  # (J3's submission runs none: it does not fit at 1)
+    assert [now for now, _ in cycles] == [0, 0, 10]  # (J3's submission runs none: it does not fit at 1)
     assert run.cycles == 3
 
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from mypy_extensions import mypyc_attr
+
 if TYPE_CHECKING:
     from fluxnetes.queue import Scheduler
 
@@ -43,11 +45,14 @@ class SimJob:
         return self.runtime
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class JobOutcome:
     """What happened to one job. ``start``/``end`` are None if it never ran; ``shares``:
     (node name, cores) held. One object per job, compared by identity. (A plain class with
     slots, not a dataclass: a dataclass's generated ``__init__`` stays interpreted Python in
-    the native build.)"""
+    the native build.) The count oracle (``fastsim.py``, never compiled) subclasses it: a
+    compiled class accepts interpreted subclasses only when it says so (``mypyc_attr``; a
+    no-op in pure Python)."""
 
     __slots__ = ("cores", "end", "job", "rejected", "shares", "start")
 
