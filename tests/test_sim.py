@@ -507,3 +507,98 @@ def test_the_cyclic_collector_is_paused_for_a_run_and_restored() -> None:
         assert not gc.isenabled()  # (it was off: it stays off)
     finally:
         gc.enable()
+
+
+def test_the_runs_objects_leave_the_youngest_generation_without_a_pass() -> None:
+    # with the collector paused, everything the run made would still be in the youngest
+    # generation, and the caller's next allocations would pay a pass over all of it:
+    # simulate moves it to the oldest generation (nothing frozen, cycles still collected)
+    import copy
+    import gc
+    import weakref
+
+    from fluxnetes.match import Matcher
+
+    machine = machine_from_size(4, 1)
+    made: list[Any] = []
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self  # a reference cycle made during the run
+
+    class Watch:
+        def on_submit(self, job: SimJob, now: int) -> None:
+            made.append(Node())
+
+        def on_start(self, job: SimJob, now: int, allocation: object) -> None: ...
+
+        def on_end(self, job: SimJob, now: int) -> None: ...
+
+        def on_reject(self, job: SimJob, now: int, reason: str) -> None: ...
+
+    jobs = [SimJob(str(i), i, 3, 3, 1 + i % 3) for i in range(400)]
+    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                          QueuePolicy.parse("easy", reservation_style="counted"),
+                          capacity_cores=machine.total_cores)
+    gc.collect()
+    run = simulate(jobs, scheduler, machine.jobspec, total_cores=4,
+                   min_cores_for=machine.min_cores, observer=Watch())
+    young = gc.get_count()[0]
+    assert young < 50, young  # (thousands of objects without the move)
+    assert gc.get_freeze_count() == 0
+    assert len(run.outcomes) == 400
+    probe = weakref.ref(made[0])
+    made.clear()
+    gc.collect()
+    assert probe() is None  # the cycle is collected: nothing was left frozen
+    # objects the process froze itself stay frozen (the scheduler is built first: the
+    # graph's copy has its own pause, graph/model.py's gc_paused)
+    again = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                      QueuePolicy.parse("easy", reservation_style="counted"),
+                      capacity_cores=machine.total_cores)
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        simulate(jobs[:20], again, machine.jobspec, total_cores=4,
+                 min_cores_for=machine.min_cores)
+        assert gc.get_freeze_count() > frozen // 2  # (unfreezing would leave 0)
+    finally:
+        gc.unfreeze()
+
+
+def test_summary_is_the_per_job_definitions() -> None:
+    # summarize makes one pass with the bounded slowdown inlined: the same figures, to the
+    # last bit, as the definitions job by job (jobs that never ran or never ended excluded)
+    import random
+    import statistics
+
+    from fluxnetes.sim.engine import JobOutcome
+    from fluxnetes.sim.metrics import bounded_slowdown, summarize
+
+    rng = random.Random(7)
+    for _ in range(200):
+        outcomes = []
+        for k in range(rng.randint(1, 30)):
+            job = SimJob(str(k), rng.randint(-20, 500), rng.randint(0, 40), 50, 1)
+            start = job.submit + rng.randint(0, 90)
+            kind = rng.random()
+            outcomes.append(JobOutcome(job, rejected="no") if kind < 0.1 else
+                            JobOutcome(job, start) if kind < 0.2 else
+                            JobOutcome(job, start, start + rng.randint(0, 30),
+                                       cores=rng.randint(1, 4)))
+        ran = [o for o in outcomes if o.start is not None and o.end is not None]
+        got = summarize(SimRun(outcomes=outcomes, samples=[], total_cores=8), "easy")
+        assert (got.jobs, got.rejected) == (len(ran), len(outcomes) - len(ran))
+        if not ran:
+            assert got.makespan == 0 and got.mean_bsld == 0.0
+            continue
+        times = [(o.job.submit, o.start or 0, o.end or 0, o.cores) for o in ran]
+        waits = [start - submit for submit, start, _, _ in times]
+        bslds = [bounded_slowdown(o) for o in ran]
+        span = max(max(t[2] for t in times) - min(t[0] for t in times), 1)
+        used = sum(cores * (end - start) for _, start, end, cores in times)
+        assert (got.makespan, got.max_wait, got.max_bsld) == (span, max(waits), max(bslds))
+        assert got.mean_wait == statistics.fmean(waits)
+        assert got.median_wait == float(statistics.median(waits))
+        assert got.mean_bsld == statistics.fmean(bslds)
+        assert got.utilization == used / (8 * span)

@@ -166,7 +166,25 @@ def simulate(
                     reorder=reorder)
     finally:
         if collecting:
+            _promote()
             gc.enable()
+
+
+def _promote() -> None:
+    """Move every object the collector tracks to its oldest generation, without a pass.
+
+    With the collector paused, everything the run made is still in the youngest
+    generation, so the first collection after the run (in the caller's next few
+    allocations: the summary) would walk all of it, and a middle-generation one again
+    later: a tenth of a compiled full-KTH run (``summarize`` 0.13 s of 0.6 s under fcfs).
+    Those objects are the run's records, kept by the caller; full collections still visit
+    them (and free any cycle among them) as they visit every long-lived object.
+    ``gc.freeze()`` + ``gc.unfreeze()`` does exactly the move (the permanent generation
+    goes back into the oldest one); skipped if the process froze objects itself, which it
+    may want kept frozen."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 def _run(
