@@ -33,8 +33,18 @@ K8S_FIXTURE = "k8s_cluster"
 
 # The suite runs on pure Python: `fluxnetes simulate` (in-process or as a subprocess) would
 # otherwise load the mypyc build when one matches (fluxnetes.native); tests/test_native.py
-# asks for it explicitly.
-os.environ["FLUXNETES_NATIVE"] = "0"
+# asks for it explicitly. FLUXNETES_TEST_NATIVE=1 runs the tests on the native build instead
+# (it must match these sources, else activate raises; loaded here, before any test module
+# imports the engine: the imports above load none of its modules), e.g. tests/test_sim*.py,
+# to check that the tests and the compiled classes agree.
+_NATIVE_RUN = os.environ.get("FLUXNETES_TEST_NATIVE") == "1"
+if _NATIVE_RUN:
+    from fluxnetes import native
+
+    os.environ[native.ENV_SWITCH] = "1"
+    print(f"FLUXNETES_TEST_NATIVE=1: {native.activate().describe()}")
+else:
+    os.environ["FLUXNETES_NATIVE"] = "0"
 
 
 def k8s_missing_reason() -> str | None:

@@ -200,3 +200,52 @@ def test_native_counted_results_and_info(native_build: Path) -> None:
     assert "execution" in out["rv1"]
     assert [n["name"] for n in out["info"]] == out["nodes"]
     assert sum(n["cores"] for n in out["info"]) == 3
+
+
+SUBCLASSES = """
+import json
+from fluxnetes import native
+assert native.activate().active
+import fluxnetes.queue.cycle as cycle
+import fluxnetes.sim.engine as engine
+from fluxnetes.match import Matcher
+from fluxnetes.queue import QueuePolicy
+from fluxnetes.sim.machine import machine_from_header, machine_from_size
+from fluxnetes.sim.runner import bundled_trace, policy_for, prepare, run_policy
+from fluxnetes.sim.swf import read_swf
+trace = read_swf(bundled_trace())
+workload = prepare(trace, machine_from_header(trace.header), limit=300)
+count, _ = run_policy(workload, policy_for("easy"), engine="count")
+queue, _ = run_policy(workload, policy_for("easy"))
+
+class Seen(cycle.Scheduler):
+    def cycle(self, pending, now, *, ordered=False, waiting=False):
+        self.seen = getattr(self, "seen", 0) + 1
+        return super().cycle(pending, now, ordered=ordered, waiting=waiting)
+
+machine = machine_from_size(4, 1)
+seen = Seen(Matcher(machine.graph, policy="first"),
+            QueuePolicy.parse("easy", reservation_style="counted"), capacity_cores=4)
+run = engine.simulate([engine.SimJob("1", 0, 10, 10, 3), engine.SimJob("2", 1, 5, 5, 4)],
+                      seen, machine.jobspec, total_cores=4, min_cores_for=machine.min_cores)
+print(json.dumps({"compiled": [native.is_native(cycle), native.is_native(engine)],
+                  "same": [(o.job.id, o.start) for o in count.outcomes]
+                          == [(o.job.id, o.start) for o in queue.outcomes],
+                  "starts": [o.start for o in run.outcomes], "cycles": seen.seen}))
+"""
+
+
+def test_native_classes_python_subclasses(native_build: Path) -> None:
+    """Under the native build, the count oracle (``sim/fastsim.py``, interpreted: its job
+    record subclasses the compiled ``JobOutcome``) runs, and a Python subclass of the
+    compiled ``Scheduler`` (how tests/test_sim.py observes its calls) drives a run: both
+    raised TypeError / AttributeError before ``mypyc_attr(allow_interpreted_subclasses)``."""
+    env = {**os.environ, native.ENV_SWITCH: "1",
+           "PYTHONPATH": str(native.package_root().parent)}
+    proc = subprocess.run([PY, "-c", SUBCLASSES], env=env, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["compiled"] == [True, True]
+    assert out["same"] is True
+    assert out["starts"] == [0, 10] and out["cycles"] >= 2

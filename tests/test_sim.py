@@ -122,28 +122,49 @@ def _jobs(raw: list[tuple[int, int, int, int]]) -> list[SimJob]:
     return [SimJob(str(i + 1), s, r, r + e, p) for i, (s, r, e, p) in enumerate(raw)]
 
 
+class RecordingScheduler(Scheduler):
+    """A Scheduler that records its cycles (time, result), the times it was asked what is
+    free now, and the jobs expired. A subclass, not methods replaced on an instance: a
+    compiled (native) Scheduler's methods cannot be replaced, and these tests must pass
+    with the native build loaded too (tests/test_native.py)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen_cycles: list[tuple[int, Any]] = []
+        self.seen_free_now: list[int] = []
+        self.seen_expired: list[str] = []
+
+    def cycle(self, pending: Any, now: int, *, ordered: bool = False,
+              waiting: bool = False) -> Any:
+        result = super().cycle(pending, now, ordered=ordered, waiting=waiting)
+        self.seen_cycles.append((now, result))
+        return result
+
+    def free_now(self, now: int) -> int | None:
+        self.seen_free_now.append(now)
+        return super().free_now(now)
+
+    def expire(self, job_id: str) -> bool:
+        self.seen_expired.append(job_id)
+        return super().expire(job_id)
+
+
 def _run(machine: Machine, jobs: list[SimJob], policy: str, *, fast: bool = True,
          spy: list[tuple[int, Any]] | None = None, style: str = "pinned") -> SimRun:
     import copy
 
     from fluxnetes.match import Matcher
 
-    matcher = Matcher(copy.deepcopy(machine.graph), policy="first")
-    scheduler = Scheduler(
-        matcher, QueuePolicy.parse(policy, queue_depth=None, reservation_style=style),  # type: ignore[arg-type]
+    scheduler = RecordingScheduler(
+        Matcher(copy.deepcopy(machine.graph), policy="first"),
+        QueuePolicy.parse(policy, queue_depth=None, reservation_style=style),  # type: ignore[arg-type]
         capacity_cores=machine.total_cores if fast else None,
         node_cores=machine.node_cores() if fast else None, incremental=fast)
+    run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
+                   min_cores_for=machine.min_cores)
     if spy is not None:
-        original = scheduler.cycle
-
-        def cycle(pending: Any, now: int, **kw: Any) -> Any:
-            result = original(pending, now, **kw)
-            spy.append((now, result))
-            return result
-
-        scheduler.cycle = cycle  # type: ignore[method-assign]
-    return simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
-                    min_cores_for=machine.min_cores)
+        spy.extend(scheduler.seen_cycles)
+    return run
 
 
 def _check_capacity(run: SimRun, machine: Machine) -> None:
@@ -351,25 +372,10 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
     machine = machine_from_size(4, 1)
     jobs = [SimJob("1", 0, 10, 5, 2), SimJob("2", 0, 3, 10, 2), SimJob("3", 1, 4, 4, 3),
             SimJob("4", 2, 2, 2, 1), SimJob("5", 6, 1, 1, 1), SimJob("6", 11, 1, 1, 1)]
-    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
-                          QueuePolicy.parse("fcfs", reservation_style="counted"),
-                          capacity_cores=machine.total_cores)
-    asked: list[int] = []
-    original = scheduler.free_now
-
-    def free_now(now: int) -> int | None:
-        asked.append(now)
-        return original(now)
-
-    scheduler.free_now = free_now  # type: ignore[method-assign]
-    expired: list[str] = []
-    expire = scheduler.expire
-
-    def record_expire(job_id: str) -> bool:
-        expired.append(job_id)
-        return expire(job_id)
-
-    scheduler.expire = record_expire  # type: ignore[method-assign]
+    scheduler = RecordingScheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                                   QueuePolicy.parse("fcfs", reservation_style="counted"),
+                                   capacity_cores=machine.total_cores)
+    asked, expired = scheduler.seen_free_now, scheduler.seen_expired
     run = simulate(jobs, scheduler, machine.jobspec, total_cores=machine.total_cores,
                    min_cores_for=machine.min_cores)
     assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
@@ -380,7 +386,7 @@ def test_fcfs_gate_keeps_the_free_count_in_step() -> None:
     assert sorted(expired) == ["1", "3", "4", "5", "6"]
 
 
-def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[int]]:
+def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[tuple[int, Any]]]:
     """An easy scheduler (counted reservations) on ``nodes`` one-core nodes that records the
     time of every cycle it runs."""
     import copy
@@ -388,18 +394,10 @@ def _counting_easy(nodes: int) -> tuple[Machine, Scheduler, list[int]]:
     from fluxnetes.match import Matcher
 
     machine = machine_from_size(nodes, 1)
-    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
-                          QueuePolicy.parse("easy", reservation_style="counted"),
-                          capacity_cores=machine.total_cores, incremental=True)
-    cycles: list[int] = []
-    original = scheduler.cycle
-
-    def cycle(pending: Any, now: int, **kw: Any) -> Any:
-        cycles.append(now)
-        return original(pending, now, **kw)
-
-    scheduler.cycle = cycle  # type: ignore[method-assign]
-    return machine, scheduler, cycles
+    scheduler = RecordingScheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                                   QueuePolicy.parse("easy", reservation_style="counted"),
+                                   capacity_cores=machine.total_cores, incremental=True)
+    return machine, scheduler, scheduler.seen_cycles
 
 
 def test_easy_runs_no_pass_that_can_start_nothing() -> None:
@@ -412,7 +410,7 @@ def test_easy_runs_no_pass_that_can_start_nothing() -> None:
                    min_cores_for=machine.min_cores)
     assert {o.job.id: (o.start, o.end) for o in run.outcomes} == {
         "1": (0, 10), "2": (0, 2), "3": (10, 15)}
-    assert cycles == [0, 0, 10]  # (J3's submission runs none: it does not fit at 1)
+    assert [now for now, _ in cycles] == [0, 0, 10]  # (J3's submission runs none: it does not fit at 1)
     assert run.cycles == 3
 
 
@@ -509,3 +507,98 @@ def test_the_cyclic_collector_is_paused_for_a_run_and_restored() -> None:
         assert not gc.isenabled()  # (it was off: it stays off)
     finally:
         gc.enable()
+
+
+def test_the_runs_objects_leave_the_youngest_generation_without_a_pass() -> None:
+    # with the collector paused, everything the run made would still be in the youngest
+    # generation, and the caller's next allocations would pay a pass over all of it:
+    # simulate moves it to the oldest generation (nothing frozen, cycles still collected)
+    import copy
+    import gc
+    import weakref
+
+    from fluxnetes.match import Matcher
+
+    machine = machine_from_size(4, 1)
+    made: list[Any] = []
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self  # a reference cycle made during the run
+
+    class Watch:
+        def on_submit(self, job: SimJob, now: int) -> None:
+            made.append(Node())
+
+        def on_start(self, job: SimJob, now: int, allocation: object) -> None: ...
+
+        def on_end(self, job: SimJob, now: int) -> None: ...
+
+        def on_reject(self, job: SimJob, now: int, reason: str) -> None: ...
+
+    jobs = [SimJob(str(i), i, 3, 3, 1 + i % 3) for i in range(400)]
+    scheduler = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                          QueuePolicy.parse("easy", reservation_style="counted"),
+                          capacity_cores=machine.total_cores)
+    gc.collect()
+    run = simulate(jobs, scheduler, machine.jobspec, total_cores=4,
+                   min_cores_for=machine.min_cores, observer=Watch())
+    young = gc.get_count()[0]
+    assert young < 50, young  # (thousands of objects without the move)
+    assert gc.get_freeze_count() == 0
+    assert len(run.outcomes) == 400
+    probe = weakref.ref(made[0])
+    made.clear()
+    gc.collect()
+    assert probe() is None  # the cycle is collected: nothing was left frozen
+    # objects the process froze itself stay frozen (the scheduler is built first: the
+    # graph's copy has its own pause, graph/model.py's gc_paused)
+    again = Scheduler(Matcher(copy.deepcopy(machine.graph), policy="first"),
+                      QueuePolicy.parse("easy", reservation_style="counted"),
+                      capacity_cores=machine.total_cores)
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        simulate(jobs[:20], again, machine.jobspec, total_cores=4,
+                 min_cores_for=machine.min_cores)
+        assert gc.get_freeze_count() > frozen // 2  # (unfreezing would leave 0)
+    finally:
+        gc.unfreeze()
+
+
+def test_summary_is_the_per_job_definitions() -> None:
+    # summarize makes one pass with the bounded slowdown inlined: the same figures, to the
+    # last bit, as the definitions job by job (jobs that never ran or never ended excluded)
+    import random
+    import statistics
+
+    from fluxnetes.sim.engine import JobOutcome
+    from fluxnetes.sim.metrics import bounded_slowdown, summarize
+
+    rng = random.Random(7)
+    for _ in range(200):
+        outcomes = []
+        for k in range(rng.randint(1, 30)):
+            job = SimJob(str(k), rng.randint(-20, 500), rng.randint(0, 40), 50, 1)
+            start = job.submit + rng.randint(0, 90)
+            kind = rng.random()
+            outcomes.append(JobOutcome(job, rejected="no") if kind < 0.1 else
+                            JobOutcome(job, start) if kind < 0.2 else
+                            JobOutcome(job, start, start + rng.randint(0, 30),
+                                       cores=rng.randint(1, 4)))
+        ran = [o for o in outcomes if o.start is not None and o.end is not None]
+        got = summarize(SimRun(outcomes=outcomes, samples=[], total_cores=8), "easy")
+        assert (got.jobs, got.rejected) == (len(ran), len(outcomes) - len(ran))
+        if not ran:
+            assert got.makespan == 0 and got.mean_bsld == 0.0
+            continue
+        times = [(o.job.submit, o.start or 0, o.end or 0, o.cores) for o in ran]
+        waits = [start - submit for submit, start, _, _ in times]
+        bslds = [bounded_slowdown(o) for o in ran]
+        span = max(max(t[2] for t in times) - min(t[0] for t in times), 1)
+        used = sum(cores * (end - start) for _, start, end, cores in times)
+        assert (got.makespan, got.max_wait, got.max_bsld) == (span, max(waits), max(bslds))
+        assert got.mean_wait == statistics.fmean(waits)
+        assert got.median_wait == float(statistics.median(waits))
+        assert got.mean_bsld == statistics.fmean(bslds)
+        assert got.utilization == used / (8 * span)

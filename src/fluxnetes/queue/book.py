@@ -14,6 +14,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from fluxnetes.queue.hints import UNTIL_RELEASED, _until_released
 from fluxnetes.queue.policy import QueuePolicy
 from fluxnetes.queue.profile import CoreProfile
@@ -47,6 +49,7 @@ class _Last:
     result: CycleResult
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (so may Scheduler's: mypyc requires it)
 class SchedulerBook:
     """The state a ``Scheduler`` keeps between cycles and the calls that change it between
     them (see ``Scheduler`` for what each means to a cycle; the constructor is its)."""

@@ -15,6 +15,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from itertools import islice
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from fluxnetes.queue.book import SchedulerBook, _Last, _Running
 from fluxnetes.queue.hints import (
     UNTIL_RELEASED,
@@ -52,6 +54,7 @@ __all__ = [
 DYNAMIC_ORDER_POLICIES = frozenset({"first", "firstnodex"})
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests subclass it to observe its calls
 class Scheduler(SchedulerBook):
     """Owns a matcher and the queue's bookkeeping between cycles.
 

@@ -30,7 +30,9 @@ class Machine:
     whole_nodes: bool = False
     _graph: Any = field(default=None, repr=False)  # fluxnetes.graph.ResourceGraph
     _build: Callable[[], Any] | None = field(default=None, repr=False)
-    _specs: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
+    # jobspecs by processor count, then estimate (two int keys: no tuple made and hashed
+    # per job, as a (procs, estimate) key would be)
+    _specs: dict[int, dict[int, Any]] = field(default_factory=dict, repr=False)
     _shapes: dict[int, Any] = field(default_factory=dict, repr=False)  # procs -> first jobspec
     _node_cores: dict[str, int] | None = field(default=None, repr=False)
     # rack packing (``set_pack``, whole-node jobs): the level, and the nodes of the largest
@@ -69,8 +71,10 @@ class Machine:
         """The job's jobspec (``fluxnetes.jobspec.batch``): ``procs`` one-core slots, or whole
         (exclusive) nodes; with ``pack`` set (``set_pack``), the nodes under ``rack[1]`` when
         one rack holds that many."""
-        key = (job.procs, job.estimate)
-        spec = self._specs.get(key)
+        by_estimate = self._specs.get(job.procs)
+        if by_estimate is None:
+            by_estimate = self._specs[job.procs] = {}
+        spec = by_estimate.get(job.estimate)
         if spec is None:
             from fluxnetes.jobspec.batch import batch_jobspec, with_duration
 
@@ -83,8 +87,8 @@ class Machine:
                 shape = self._shapes[job.procs] = batch_jobspec(
                     job.procs, job.estimate, exclusive_nodes=self.whole_nodes, nodes=nodes,
                     pack=self.pack if packed else None)
-            spec = self._specs[key] = (shape if shape.duration == job.estimate
-                                       else with_duration(shape, job.estimate))
+            spec = by_estimate[job.estimate] = (shape if shape.duration == job.estimate
+                                                else with_duration(shape, job.estimate))
         return spec
 
     def set_pack(self, level: str | None, flag: str = "--pack") -> None:

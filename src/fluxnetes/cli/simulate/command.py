@@ -145,8 +145,8 @@ def simulate_command(
 
     # before anything imports the engine's modules: the mypyc build when it matches these
     # sources (hack/build-native.sh), else pure Python (FLUXNETES_NATIVE=0 turns it off).
-    # Not for the count oracle: it subclasses the engine's JobOutcome, and an interpreted
-    # class cannot inherit from a compiled one.
+    # Not for the count oracle: it is not compiled (fastsim.py), and it is the yardstick the
+    # benchmarks measure as Python (it also runs with the build loaded: tests/test_native.py).
     build = native.NativeStatus(False, "the count oracle runs as Python")
     if engine == "queue":
         try:
