@@ -54,6 +54,9 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.match.counted",
     "fluxnetes.match.freenodes",
     "fluxnetes.match.matcher",
+    # (split out of matcher.py: a commit, a cancel and the reservation search are theirs)
+    "fluxnetes.match.records",
+    "fluxnetes.match.reservesearch",
     "fluxnetes.match.spans",
     "fluxnetes.match.multiset",
     "fluxnetes.match.results",
