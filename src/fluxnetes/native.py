@@ -54,7 +54,9 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.match.counted",
     "fluxnetes.match.freenodes",
     "fluxnetes.match.matcher",
-    # (split out of matcher.py: a commit, a cancel and the reservation search are theirs)
+    # (split out of matcher.py: the counters' request shapes, a commit, a cancel and the
+    # reservation search are theirs)
+    "fluxnetes.match.countedpath",
     "fluxnetes.match.records",
     "fluxnetes.match.reservesearch",
     "fluxnetes.match.spans",

@@ -14,14 +14,14 @@ from typing import Any
 
 from fluxnetes.graph.model import UP, GraphError, ResourceGraph
 from fluxnetes.jobspec.model import Jobspec, exclusive_types, parse_jobspec
-from fluxnetes.match.counted import CountedResult
+from fluxnetes.match.countedpath import CountedPath
 from fluxnetes.match.edits import (
     attach_subgraph,
     detach_subtree,
     set_vertex_property,
     set_vertex_status,
 )
-from fluxnetes.match.firstfit import NODES, FirstFit, request_shape
+from fluxnetes.match.firstfit import FirstFit
 from fluxnetes.match.indexes import Indexes
 from fluxnetes.match.jobmeta import (
     AT_ALLOC,
@@ -45,10 +45,9 @@ from fluxnetes.match.results import (
     MatchStatus,
     NodeShare,
 )
-from fluxnetes.match.satcache import SAT_CACHE_MAX, SatAnswers
+from fluxnetes.match.satcache import SatAnswers
 from fluxnetes.match.shapes import node_shape, slot_shape
 from fluxnetes.match.slotindex import SlotIndex
-from fluxnetes.match.vstate import VState
 
 
 class Matcher:
@@ -99,14 +98,14 @@ class Matcher:
         self._reserve = ReserveSearch(self.engine, graph, self._idx, self.stats)
         # `first` on per-node counters (match/firstfit.py) until an operation they do not
         # cover: then every live job is written into the engine and the walk takes over
-        self._ff: FirstFit | None = FirstFit.build(self.engine) if counters else None
-        self._ff_shapes: dict[int, tuple[Jobspec, tuple[int, int] | None]] = {}
+        ff = FirstFit.build(self.engine) if counters else None
+        self._counted: CountedPath | None = CountedPath(ff) if ff is not None else None
 
     # ------------------------------------------------------------------ properties
     @property
     def counting(self) -> bool:
         """Are requests answered from per-node counters (``match/firstfit.py``) now?"""
-        return self._ff is not None
+        return self._counted is not None
 
     @property
     def jobs(self) -> Mapping[int, JobRecord]:
@@ -119,8 +118,8 @@ class Matcher:
 
     def earliest_end(self) -> int | None:
         """The earliest end of a recorded job's window (None: no job is recorded)."""
-        if self._ff is not None:  # (every live job is the counters')
-            return self._ff.earliest_end()
+        if self._counted is not None:  # (every live job is the counters')
+            return self._counted.ff.earliest_end()
         ends = self._records.book.ends
         return ends.min() if ends else None
 
@@ -158,18 +157,18 @@ class Matcher:
     def _match(self, js_in: Jobspec | str | Mapping[str, Any], op: str, now: int,
                jobid: int | None) -> MatchResult:
         js = js_in if isinstance(js_in, Jobspec) else parse_jobspec(js_in)
-        ff = self._ff
-        if ff is not None and jobid is None and op != "satisfiability" and 0 <= now < GRAPH_END \
+        cp = self._counted
+        if cp is not None and jobid is None and op != "satisfiability" and 0 <= now < GRAPH_END \
                 and js.duration <= GRAPH_END:
             # the counters' allocation, without the checks below that cannot fail here: a
             # request of the counters' shapes names only types their graph has, and while
             # they answer no job is recorded in `_records` (the next id is free)
-            shape = self._counted_shape(js)
-            if shape is not None and not (shape[0] == NODES and ff.static):
+            shape = cp.shape(js)
+            if shape is not None:
                 jid = self._next_jobid
                 self._next_jobid = jid + 1
                 duration = js.duration if js.duration > 0 else GRAPH_END
-                res = self._counted_alloc(js, op, now, jid, duration, ff, shape[0], shape[1])
+                res = self._counted_alloc(js, op, now, jid, duration, cp.ff, shape[0], shape[1])
                 if res is not None:
                     return res
                 return self._walk_match(js, op, now, jid, duration)  # (the counters left)
@@ -200,8 +199,8 @@ class Matcher:
         duration = js.duration if js.duration > 0 else GRAPH_END
         if now >= GRAPH_END:
             return self._fail(MatchStatus.BUSY, jid, js, "now is at or past the graph horizon")
-        if self._ff is not None:
-            counted = self._counted(js, op, now, jid, duration)
+        if self._counted is not None:
+            counted = self._counted_answer(js, op, now, jid, duration)
             if counted is not None:
                 return counted
         return self._walk_match(js, op, now, jid, duration)
@@ -259,25 +258,16 @@ class Matcher:
         return self._fail(MatchStatus.UNSATISFIABLE, jid, js, self._unsat_reason(js))
 
     # ------------------------------------------------------------------ counters (firstfit.py)
-    def _counted_shape(self, js: Jobspec) -> tuple[int, int] | None:
-        """``request_shape(js)``, remembered per jobspec object (asked on every match)."""
-        known = self._ff_shapes.get(id(js))
-        if known is None or known[0] is not js:
-            if len(self._ff_shapes) >= SAT_CACHE_MAX:
-                self._ff_shapes.clear()
-            known = self._ff_shapes[id(js)] = (js, request_shape(js))
-        return known[1]
-
-    def _counted(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult | None:
+    def _counted_answer(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult | None:
         """The answer from the counters, or None after leaving them (the walk answers)."""
-        ff = self._ff
-        assert ff is not None
-        shape = self._counted_shape(js)
-        if shape is None or (shape[0] == NODES and ff.static):
-            # (the static policies' counters rank slots: whole nodes are the node index's)
+        cp = self._counted
+        assert cp is not None
+        shape = cp.shape(js)
+        if shape is None:
             self._leave_counters()
             return None
         kind, count = shape
+        ff = cp.ff
         if op == "satisfiability":
             if ff.fits_machine(kind, count):
                 return MatchResult(MatchStatus.ALLOCATED, -1, now, duration, "")
@@ -309,22 +299,11 @@ class Matcher:
 
     def _leave_counters(self) -> None:
         """Write the counters' live jobs into the engine; the walk answers from now on."""
-        ff = self._ff
-        if ff is None:
+        cp = self._counted
+        if cp is None:
             return
-        self._ff = None
-        self._ff_shapes.clear()
-        eng = self.engine
-        records = self._records
-
-        def commit(res: CountedResult, marks: list[tuple[VState, int, bool]]) -> None:
-            jobid, at, end = res.jobid, res.at, res.end
-            eng.mark_selection(marks)
-            meta = Meta(jobid, at, at, end - at, AT_ALLOC, None)
-            emitted = eng.update(meta, {"node"} if res.kind == NODES else set(), False, [])
-            records.adopt(JobRecord(jobid, at, end - at, False, None, None, emitted, res.queue, res))
-
-        ff.flush(commit)
+        self._counted = None
+        cp.hand_over(self.engine, self._records)
         self._sat.forget_walks()
 
     # ------------------------------------------------------------------ satisfiability
@@ -451,8 +430,8 @@ class Matcher:
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, jobid: int) -> None:
-        ff = self._ff
-        if ff is not None and ff.release(jobid):
+        cp = self._counted
+        if cp is not None and cp.ff.release(jobid):
             return
         self._records.cancel(jobid)
 
