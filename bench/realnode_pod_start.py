@@ -26,7 +26,7 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
-from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape, realnode
+from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape, realnode_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "realnode_pod_start.json"
 OP_NS = "fluxnetes-bench"
@@ -36,10 +36,10 @@ def pod_body(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {
-            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+            "nodeSelector": {realnode_config.REAL_NODE_LABEL: "true"},
             "terminationGracePeriodSeconds": 0,
             "containers": [{
-                "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "name": "c", "image": realnode_config.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                 "command": ["sleep", "3600"],
                 "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}},
             }],

@@ -182,14 +182,14 @@ async def test_nodes_added_and_deleted_follow_the_membership(swarm: Swarm) -> No
     assert reply["results"][0]["rank"] == 52
     # node001 is deleted from the cluster: everyone re-ranks, its children re-parent per the new tree,
     # and it detaches (it is no member any more); nobody restarts
-    before = {n: a.attach_count for n, a in swarm.agents.items()}
+    before = {n: a.up.attach_count for n, a in swarm.agents.items()}
     swarm.set_members([m for m in swarm.members if m.name != "node001"])
     tree = swarm.tree
     await until(lambda: all(a.parent_name == (tree.parent(n).name if tree.parent(n) else None)  # type: ignore[union-attr]
                             for n, a in swarm.agents.items() if n != "node001"), timeout=40)
     await until(lambda: swarm.agents["node001"].parent_name is None)
     assert all(a is swarm.agents[n] for n, a in swarm.agents.items())
-    assert swarm.agents["node000"].attach_count == before["node000"] == 0
+    assert swarm.agents["node000"].up.attach_count == before["node000"] == 0
     await until(lambda: swarm.root.attached == set(tree.names))
     with pytest.raises(ClientError, match=r"unknown node.*node001"):
         await swarm.client.exec(["true"], ["node001", "node003"], 30)
@@ -218,7 +218,7 @@ async def test_broadcast_resumes_after_a_lost_parent(tmp_path: Path) -> None:
         src.write_bytes(os.urandom(12 * MIB))
         digest = hashlib.sha256(src.read_bytes()).hexdigest()
         task = asyncio.ensure_future(s.client.broadcast(src, "big.bin", None, chunk_size=256 * 1024))
-        await until(lambda: any(len(r.have) > 4 for r in s.agents["node003"].receivers.values()))
+        await until(lambda: any(len(r.have) > 4 for r in s.agents["node003"].downward.receivers.values()))
         assert not task.done()
         await s.stop("node001")  # parent of node003 / node004
         out = await task
@@ -463,8 +463,8 @@ async def test_a_node_deleted_during_a_broadcast_is_reported_and_the_tree_reform
     running. The broadcast ends, names that node as departed, delivers to the others; the
     tree re-forms without it and the next request works."""
     from fluxnetes.agent import membership
-    from fluxnetes.agent.overlay import DEPARTED
     from fluxnetes.agent.proto import send
+    from fluxnetes.agent.rootrequests import DEPARTED
     from fluxnetes.agent.transfer import iter_chunks, make_manifest
     from fluxnetes.k8s.kube import Kube
 
@@ -512,7 +512,7 @@ async def test_a_node_deleted_during_a_broadcast_is_reported_and_the_tree_reform
         task = asyncio.ensure_future(client._call(
             {"t": "broadcast", "manifest": m.to_json(), "nodes": None, "timeout": 120}, body, wait=150))
         last = agents[names[3]]
-        await until(lambda: any(len(r.have) == 4 for r in last.receivers.values()), timeout=30)
+        await until(lambda: any(len(r.have) == 4 for r in last.downward.receivers.values()), timeout=30)
         assert not task.done()
 
         await kubectl("delete", "node", gone, "--wait=false")  # its agent keeps running
@@ -557,7 +557,7 @@ async def test_a_member_answered_by_another_agent_is_said_once(tmp_path: Path,
     n0, n1, n2 = s.members
     wrong = Member("node001x", "127.0.0.1", n1.port, "node")  # sorts between node001 and node002
     s.members = [n0, n1, wrong, n2]
-    caplog.set_level(logging.DEBUG, logger="fluxnetes.agent.overlay")
+    caplog.set_level(logging.DEBUG, logger="fluxnetes.agent.parentlink")
     for m in (n0, n1, n2):
         await s.start(m)
     try:
@@ -658,7 +658,7 @@ async def test_an_answer_lost_on_the_way_up_is_sent_again_after_a_re_attach(tmp_
         await until(lambda: len(s.root.attached) == 3)
         relay, leaf = s.agents["node001"], s.agents["node002"]
         dropped: list[str] = []
-        on_up = relay._on_up
+        on_up = relay.children.on_up
 
         def lossy(child: str, h: dict[str, Any]) -> None:
             if h.get("t") == "exec_result" and h.get("node") == "node002" and not dropped:
@@ -666,19 +666,19 @@ async def test_an_answer_lost_on_the_way_up_is_sent_again_after_a_re_attach(tmp_
                 return
             on_up(child, h)
 
-        relay._on_up = lossy  # type: ignore[method-assign]
+        relay.children.on_up = lossy  # type: ignore[method-assign]
         task = asyncio.ensure_future(s.client.exec(["sh", "-c", "exit 3"], None, 600))
         await until(lambda: bool(dropped), timeout=30)
         assert not task.done()
-        before = leaf.attach_count
-        assert leaf.parent is not None
-        leaf.parent.close()  # the link breaks: node002 attaches again
-        await until(lambda: leaf.attach_count > before, timeout=30)
+        before = leaf.up.attach_count
+        assert leaf.up.link is not None
+        leaf.up.link.close()  # the link breaks: node002 attaches again
+        await until(lambda: leaf.up.attach_count > before, timeout=30)
         reply = await asyncio.wait_for(task, 60)
         assert reply["missing"] == {}
         assert [(r["node"], r["returncode"]) for r in reply["results"]] == [
             ("node000", 3), ("node001", 3), ("node002", 3)]
-        await until(lambda: not leaf.answers)  # the request's end reached it: nothing kept
+        await until(lambda: not leaf.downward.answers)  # the request's end reached it: nothing kept
     finally:
         await s.stop_all()
 
@@ -696,7 +696,7 @@ async def test_an_agent_that_leaves_the_membership_detaches_even_if_its_reader_m
     try:
         await until(lambda: len(s.root.attached) == 3)
         relay, leaf = s.agents["node001"], s.agents["node002"]
-        read_parent = leaf._read_parent
+        read_parent = leaf.up._read_parent
 
         async def deaf(link: Any) -> None:
             try:
@@ -704,14 +704,14 @@ async def test_an_agent_that_leaves_the_membership_detaches_even_if_its_reader_m
             except asyncio.CancelledError:
                 await read_parent(link)  # the cancellation is lost: it reads on
 
-        leaf._read_parent = deaf  # type: ignore[method-assign]
-        before = leaf.attach_count
-        assert leaf.parent is not None
-        leaf.parent.close()  # re-attach, now with the deaf reader
-        await until(lambda: leaf.attach_count > before and leaf.parent_name == "node001")
+        leaf.up._read_parent = deaf  # type: ignore[method-assign]
+        before = leaf.up.attach_count
+        assert leaf.up.link is not None
+        leaf.up.link.close()  # re-attach, now with the deaf reader
+        await until(lambda: leaf.up.attach_count > before and leaf.parent_name == "node001")
         s.set_members([m for m in s.members if m.name != "node002"])
         await until(lambda: leaf.parent_name is None, timeout=60)
-        await until(lambda: "node002" not in relay.children and s.root.attached == {"node000", "node001"},
+        await until(lambda: "node002" not in relay.children.links and s.root.attached == {"node000", "node001"},
                     timeout=60)
     finally:
         await s.stop_all()

@@ -199,8 +199,9 @@ def test_one_core_select_without_commit_takes_nothing() -> None:
     walk's."""
     fast = Matcher(_graph(8, 1, 0), "first", counters=True)
     walk = Matcher(_graph(8, 1, 0), "first")
-    ff = fast._ff
-    assert ff is not None and ff.unit
+    assert fast._counted is not None
+    ff = fast._counted.ff
+    assert ff.unit
     live: list[int] = []
     for procs in (3, 2):
         a, b = fast.allocate(_spec(procs, False, 1), now=0), walk.allocate(_spec(procs, False, 1), now=0)
@@ -243,8 +244,8 @@ def test_released_windows_do_not_pile_up() -> None:
     jobs, and the earliest end stays the walk's."""
     fast = Matcher(_graph(4, 1, 0), "first", counters=True)
     walk = Matcher(_graph(4, 1, 0), "first")
-    ff = fast._ff
-    assert ff is not None
+    assert fast._counted is not None
+    ff = fast._counted.ff
     for m in (fast, walk):
         assert m.allocate(_spec(1, False, 1, duration=LONG), now=0).ok  # (the earliest end)
     for step in range(300):

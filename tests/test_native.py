@@ -48,6 +48,16 @@ def _copy_package(tmp_path: Path) -> Path:
     return src
 
 
+def test_every_compiled_module_is_a_source_of_the_package() -> None:
+    """The module list names files that exist (a module split or renamed must be renamed
+    here too, or the build would fail, or the moved code would stay pure Python)."""
+    root = native.package_root()
+    missing = [name for name in native.NATIVE_MODULES
+               if not (root / Path(*name.split(".")[1:])).with_suffix(".py").is_file()]
+    assert not missing
+    assert len(set(native.NATIVE_MODULES)) == len(native.NATIVE_MODULES)
+
+
 def test_hash_follows_the_sources_not_their_place(tmp_path: Path) -> None:
     copy = _copy_package(tmp_path)
     assert native.source_hash(copy) == native.source_hash()

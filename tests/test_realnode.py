@@ -31,7 +31,10 @@ from fluxnetes.devcluster import (
     NodeShape,
     dns,
     realnode,
+    realnode_config,
+    realnode_host,
 )
+from fluxnetes.devcluster.nodes import RACK_LABEL, ZONE_LABEL
 from fluxnetes.devcluster.ociimage import ImageSpec, write_archive
 from fluxnetes.devcluster.paths import toolchain
 
@@ -68,23 +71,23 @@ def test_oci_archive_is_an_image_layout_containerd_can_name(tmp_path: Path) -> N
 
 
 def test_configs_carry_what_this_machine_needs(tmp_path: Path) -> None:
-    kc = realnode.kubelet_config(ip="10.251.7.10", slot=7, i=0, sock=tmp_path / "c.sock",
+    kc = realnode_config.kubelet_config(ip="10.251.7.10", slot=7, i=0, sock=tmp_path / "c.sock",
                                  ca=tmp_path / "ca", cert=tmp_path / "c", key=tmp_path / "k",
                                  node_dir=tmp_path)
     assert kc["failCgroupV1"] is False and kc["cgroupDriver"] == "cgroupfs"
     assert kc["address"] == kc["healthzBindAddress"] == "10.251.7.10"
     assert kc["authentication"]["anonymous"]["enabled"] is False
     assert kc["cgroupRoot"] == "/fluxnetes-7-0"
-    cd = realnode.containerd_config(root=tmp_path / "r", state=tmp_path / "s", sock=tmp_path / "c.sock",
+    cd = realnode_config.containerd_config(root=tmp_path / "r", state=tmp_path / "s", sock=tmp_path / "c.sock",
                                     cni_conf=tmp_path / "net.d", opt=tmp_path / "o")
     assert "restrict_oom_score_adj = true" in cd and "SystemdCgroup = false" in cd
-    assert f'sandbox = "{realnode.PAUSE_IMAGE}"' in cd
-    cni = realnode.cni_config(7, 1, tmp_path / "ipam")["plugins"][0]
+    assert f'sandbox = "{realnode_config.PAUSE_IMAGE}"' in cd
+    cni = realnode_config.cni_config(7, 1, tmp_path / "ipam")["plugins"][0]
     assert cni["ipMasq"] is False and cni["bridge"] == "flxb7n1"
     assert cni["ipam"]["ranges"] == [[{"subnet": "10.253.7.0/24"}]]
     # the pods can reach nodes, pods and Services of this machine only: no default route
     assert "0.0.0.0/0" not in {r["dst"] for r in cni["ipam"]["routes"]}
-    assert realnode.node_labels(0)[realnode.RACK_LABEL] == realnode.REAL_RACK
+    assert realnode_config.node_labels(0)[RACK_LABEL] == realnode_config.REAL_RACK
 
 
 def test_up_names_everything_missing_and_never_falls_back(tmp_path: Path) -> None:
@@ -154,13 +157,13 @@ def test_real_node_ready_beside_kwok_nodes(real_cluster: Cluster) -> None:
     assert {"kwok-node-0", "kwok-node-1", "real-node-0", "real-node-1"} <= set(nodes)
     real = nodes["real-node-1"]
     labels = real["metadata"]["labels"]
-    assert labels[realnode.ZONE_LABEL] == realnode.REAL_ZONE
-    assert labels[realnode.RACK_LABEL] == realnode.REAL_RACK
+    assert labels[ZONE_LABEL] == realnode_config.REAL_ZONE
+    assert labels[RACK_LABEL] == realnode_config.REAL_RACK
     assert "kwok.x-k8s.io/node" not in (real["metadata"].get("annotations") or {})
     assert real["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.")
     assert real["status"]["nodeInfo"]["containerRuntimeVersion"] == "containerd://2.4.2"
     addr = {a["type"]: a["address"] for a in real["status"]["addresses"]}
-    assert addr["InternalIP"].startswith(realnode.NODE_NET + ".")
+    assert addr["InternalIP"].startswith(realnode_config.NODE_NET + ".")
 
 
 @pytest.mark.k8s
@@ -172,11 +175,11 @@ def test_real_pod_runs_a_process(real_cluster: Cluster) -> None:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "real-echo", "namespace": "default"},
         "spec": {
-            "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+            "nodeSelector": {realnode_config.REAL_NODE_LABEL: "true"},
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
             "containers": [{
-                "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "name": "c", "image": realnode_config.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c",
                             "echo ran-as-pid-$$$$ on $(hostname); echo ok > /tmp/mark; sleep 30"],
                 "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
@@ -207,8 +210,8 @@ def test_down_removes_interfaces_cgroups_and_mounts(tmp_path: Path) -> None:
         pytest.fail(f"real nodes required but missing: {reason}")
     if reason:
         pytest.skip(f"real nodes cannot run here: {reason}")
-    others = realnode.other_kubelets()  # (another cluster's kubelets keep the kernel settings)
-    before = realnode.read_tunables()
+    others = realnode_host.other_kubelets()  # (another cluster's kubelets keep the kernel settings)
+    before = realnode_host.read_tunables()
     cluster = Cluster.up(ClusterOptions(nodes=NodeShape(count=0), dir=tmp_path / "c",
                                         die_with_parent=True, real_nodes=1))
     rn = dict(cluster.state.real_nodes)
@@ -217,30 +220,30 @@ def test_down_removes_interfaces_cgroups_and_mounts(tmp_path: Path) -> None:
     dns_pid = next(p.pid for p in cluster.state.processes if p.name == dns.PROCESS)
     try:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-               "spec": {"containers": [{"name": "c", "image": realnode.BUSYBOX_IMAGE,
+               "spec": {"containers": [{"name": "c", "image": realnode_config.BUSYBOX_IMAGE,
                                         "imagePullPolicy": "Never", "command": ["sleep", "300"]}],
                         "terminationGracePeriodSeconds": 1}}
         cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
         _wait_phase(cluster, "p", {"Running"})
-        assert realnode.cgroup_pids(node["cgroup"])  # the pod's processes are there
+        assert realnode_host.cgroup_pids(node["cgroup"])  # the pod's processes are there
     finally:
         cluster.down()
     assert not Path(f"/proc/{dns_pid}").exists()  # the cluster's DNS stopped with it
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert realnode.dummy_name(slot) + ":" not in links
-    assert realnode.bridge_name(slot, 0) + ":" not in links
+    assert realnode_config.dummy_name(slot) + ":" not in links
+    assert realnode_config.bridge_name(slot, 0) + ":" not in links
     mounts = Path("/proc/self/mountinfo").read_text()
     assert node["dir"] not in mounts and node["run"] not in mounts
     assert not any(Path(h, node["cgroup"].strip("/")).exists()
-                   for h in realnode._cgroup_hierarchies())
-    assert not realnode.shim_pids(Path(node["run"]) / "containerd.sock")
+                   for h in realnode_host.cgroup_hierarchies())
+    assert not realnode_host.shim_pids(Path(node["run"]) / "containerd.sock")
     # what the kubelet and CNI put outside the node's directories
-    logs = realnode.CONTAINER_LOG_LINKS
+    logs = realnode_host.CONTAINER_LOG_LINKS
     links = [os.readlink(f) for f in logs.iterdir() if f.is_symlink()] if logs.is_dir() else []
     assert not [t for t in links if t.startswith(node["dir"] + "/")]
-    assert not list(realnode.CNI_RESULTS.glob(f"fluxnetes-{slot}-*"))
-    if not others and not realnode.other_kubelets():
-        assert realnode.read_tunables() == before
+    assert not list(realnode_host.CNI_RESULTS.glob(f"fluxnetes-{slot}-*"))
+    if not others and not realnode_host.other_kubelets():
+        assert realnode_host.read_tunables() == before
 
 
 # -- work placed by fluxnetes on the real node -------------------------------------------------
@@ -264,9 +267,9 @@ def sleeping_job(name: str, size: int) -> dict[str, Any]:
             "template": {"spec": {
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 1,
-                "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+                "nodeSelector": {realnode_config.REAL_NODE_LABEL: "true"},
                 "containers": [{
-                    "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                    "name": "c", "image": realnode_config.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                     "command": ["/bin/sh", "-c", "echo start $JOB_COMPLETION_INDEX; "
                                 "sleep $((4 + 5 * JOB_COMPLETION_INDEX)); echo done $JOB_COMPLETION_INDEX"],
                     "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}},

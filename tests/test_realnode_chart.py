@@ -39,6 +39,7 @@ from fluxnetes.devcluster import (
     ClusterOptions,
     NodeShape,
     realnode,
+    realnode_config,
     services,
 )
 from fluxnetes.devcluster.paths import toolchain
@@ -53,8 +54,8 @@ NS = "flx-system"
 # The operator counts each pod not its own as whole cores on its node (foreign pods), and a
 # real node has this machine's 2: the operator replicas go to one node, the agent and the
 # pods fluxnetes places to the other (on one host, two agents would share one port).
-NODE = realnode.node_name(0)
-OPERATOR_NODE = realnode.node_name(1)
+NODE = realnode_config.node_name(0)
+OPERATOR_NODE = realnode_config.node_name(1)
 HOSTNAME = "kubernetes.io/hostname"
 LABEL = "app.kubernetes.io/instance=flx,app.kubernetes.io/component=operator"
 
@@ -225,7 +226,7 @@ def busybox_pod(name: str, command: str, annotations: dict[str, str] | None = No
             "terminationGracePeriodSeconds": 1,
             "nodeSelector": {HOSTNAME: NODE},
             "containers": [{
-                "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "name": "c", "image": realnode_config.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c", command],
                 "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}},
             }],
@@ -442,4 +443,4 @@ def test_down_removes_kube_proxys_rules_and_the_route(env: Env) -> None:
     assert not routes.strip(), routes
     assert services.running_proxy() is None
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert realnode.dummy_name(slot) + ":" not in links
+    assert realnode_config.dummy_name(slot) + ":" not in links

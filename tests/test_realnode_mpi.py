@@ -27,14 +27,14 @@ from typing import Any
 import pytest
 import yaml
 
-from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape, dns, realnode
+from fluxnetes.devcluster import Cluster, ClusterOptions, NodeShape, dns, realnode, realnode_config
 from fluxnetes.devcluster import addons as addon_defs
 from fluxnetes.devcluster.paths import toolchain
 
 MPI_IMAGE = "localhost/fluxnetes-mpi:1"
 JOB_NAME = "training.kubeflow.org/job-name"
 JOB_ROLE = "training.kubeflow.org/job-role"
-REAL = {realnode.REAL_NODE_LABEL: "true"}
+REAL = {realnode_config.REAL_NODE_LABEL: "true"}
 
 
 def mpi_archive() -> Path:
@@ -103,12 +103,12 @@ def test_dns_configuration_forwards_nothing(tmp_path: Path) -> None:
     directives = {line.split()[0] for line in conf.splitlines() if line.strip() and not line.lstrip().startswith("#")}
     assert "forward" not in directives and "bind" in directives and "bind 10.251.7.2" in conf
     assert f"kubernetes {dns.DOMAIN} " in conf and "pods insecure" in conf
-    kc = realnode.kubelet_config(ip="10.251.7.10", slot=7, i=0, sock=tmp_path / "s", ca=tmp_path / "ca",
+    kc = realnode_config.kubelet_config(ip="10.251.7.10", slot=7, i=0, sock=tmp_path / "s", ca=tmp_path / "ca",
                                  cert=tmp_path / "c", key=tmp_path / "k", node_dir=tmp_path,
                                  dns_ip="10.251.7.2")
     assert kc["clusterDNS"] == ["10.251.7.2"] and kc["clusterDomain"] == "cluster.local"
     # the DNS address is on the node-IP interface, routed to the pods, apart from the nodes'
-    assert dns.dns_ip(realnode.NODE_NET, 7) not in {realnode.node_ip(7, i) for i in range(2)}
+    assert dns.dns_ip(realnode_config.NODE_NET, 7) not in {realnode_config.node_ip(7, i) for i in range(2)}
 
 
 @pytest.mark.k8s
@@ -119,7 +119,7 @@ def test_pods_resolve_services_and_headless_pods(mpi_cluster: Cluster) -> None:
     from test_k8s_operator import apply, namespace, wait
 
     c = mpi_cluster
-    server = dns.dns_ip(realnode.NODE_NET, c.state.real_nodes["slot"])
+    server = dns.dns_ip(realnode_config.NODE_NET, c.state.real_nodes["slot"])
     with namespace(c) as ns:
         apply(c, ns, [
             _pod("web", "real-node-0", ["sleep", "300"], hostname="web-0", subdomain="web"),
@@ -175,7 +175,7 @@ def one_core_job(name: str) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
             "spec": {"template": {"metadata": {"labels": {"app": name}}, "spec": {
                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "nodeSelector": REAL,
-                "containers": [{"name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "containers": [{"name": "c", "image": realnode_config.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                                 "command": ["sleep", "600"],
                                 "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}}}]}}}}
 

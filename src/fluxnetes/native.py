@@ -54,6 +54,11 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.match.counted",
     "fluxnetes.match.freenodes",
     "fluxnetes.match.matcher",
+    # (split out of matcher.py: the counters' request shapes, a commit, a cancel and the
+    # reservation search are theirs)
+    "fluxnetes.match.countedpath",
+    "fluxnetes.match.records",
+    "fluxnetes.match.reservesearch",
     "fluxnetes.match.spans",
     "fluxnetes.match.multiset",
     "fluxnetes.match.results",

@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
 
         from fluxnetes.k8s.config import OperatorConfig
         from fluxnetes.k8s.operator import main
-        from fluxnetes.match.matcher import POLICIES
+        from fluxnetes.match.policies import POLICIES
         from fluxnetes.queue.policy import PolicyError, QueuePolicy
 
         if match_policy not in POLICIES:

@@ -20,87 +20,75 @@ driver, each node under its own cgroup root /fluxnetes-<slot>-<i>. Root without
 CAP_SYS_RESOURCE cannot lower oom_score_adj, hence containerd's `restrict_oom_score_adj`.
 There is no registry: images are OCI archives imported with `ctr images import` (pods use
 `imagePullPolicy: Never`).
+
+This module is the nodes' lifecycle (check the machine, start, import images, stop) and the
+cluster's record of them (``state.real_nodes``); a node's names, addresses and configuration
+files are :mod:`~fluxnetes.devcluster.realnode_config`'s, and what is done to the machine and
+undone (interfaces, cgroups, mounts, shims, kernel settings) :mod:`~fluxnetes.devcluster.realnode_host`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import random
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from fluxnetes.devcluster import dns, procs
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
-from fluxnetes.devcluster.nodes import DEV_NODE_LABEL, RACK_LABEL, ZONE_LABEL, is_ready
+from fluxnetes.devcluster.nodes import is_ready
 from fluxnetes.devcluster.paths import Toolchain
 from fluxnetes.devcluster.pki import issue, load_ca
+from fluxnetes.devcluster.realnode_config import (
+    CNI_DIR,
+    NODE_NET,
+    bridge_name,
+    cgroup_root,
+    cni_config,
+    containerd_config,
+    dummy_name,
+    kubeconfig,
+    kubelet_config,
+    node_ip,
+    node_labels,
+    node_name,
+    runc_path,
+)
+from fluxnetes.devcluster.realnode_host import (
+    SHIM_SOCKETS,
+    cgroup_pids,
+    claim_slot,
+    ip_cmd,
+    kill,
+    make_cgroup_root,
+    other_kubelets,
+    read_tunables,
+    remove_cgroup_root,
+    remove_host_leftovers,
+    restore_tunables,
+    shim_pids,
+    shim_sockets,
+    unmount_under,
+)
 
 if TYPE_CHECKING:
     from fluxnetes.devcluster.cluster import Cluster
 
 MAX_REAL_NODES = 2
-NODE_PREFIX = "real-node"
-REAL_NODE_LABEL = "fluxnetes.io/real-node"
-REAL_ZONE = "zone-0"  # beside kwok's first zone
-REAL_RACK = "rack-real"
-PAUSE_IMAGE = "localhost/fluxnetes-pause:1"
-BUSYBOX_IMAGE = "localhost/fluxnetes-busybox:1"
-CNI_DIR = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 RUN_ROOT = Path("/run/fluxnetes")
-NODE_NET = "10.251"  # node IPs: 10.251.<slot>.<10+i>
-POD_NET_FIRST = 252  # pod subnets: 10.<252+i>.<slot>.0/24
-# the pods' routes: node IPs, every pod subnet, the Service range; no default route
-POD_ROUTES = ("10.251.0.0/16", "10.252.0.0/15", "10.0.0.0/24")
 BUILD_HINT = "bash hack/build-realnode.sh"
-# the kubelet sets these (as on every Kubernetes node) unless protectKernelDefaults; they are
-# put back when the cluster's real nodes stop
-# ip_forward: we set it, so that pods on one node's bridge reach those on another's (MPI ranks)
-KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-                   "net/ipv4/ip_forward")
 BINARIES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2", dns.BINARY)
 IMAGE_ARCHIVES = ("pause.tar", "busybox.tar")
-
-
-def node_name(i: int) -> str:
-    return f"{NODE_PREFIX}-{i}"
-
-
-def node_ip(slot: int, i: int) -> str:
-    return f"{NODE_NET}.{slot}.{10 + i}"
-
-
-def pod_subnet(slot: int, i: int) -> str:
-    return f"10.{POD_NET_FIRST + i}.{slot}.0/24"
-
-
-def dummy_name(slot: int) -> str:
-    return f"flxd{slot}"
-
-
-def bridge_name(slot: int, i: int) -> str:
-    return f"flxb{slot}n{i}"
-
-
-def cgroup_root(slot: int, i: int) -> str:
-    return f"/fluxnetes-{slot}-{i}"
-
-
-def runc_path() -> Path:
-    found = shutil.which("runc") or "/usr/sbin/runc"
-    return Path(found)
 
 
 def images_dir(home: Path) -> Path:
@@ -151,330 +139,6 @@ def preflight(tools: Toolchain, count: int) -> None:
         )
 
 
-# -- configuration files ----------------------------------------------------------------------
-def containerd_config(*, root: Path, state: Path, sock: Path, cni_conf: Path, opt: Path) -> str:
-    """containerd v2 configuration (version 3) of one node; every path its own."""
-    return f"""\
-version = 3  # containerd 2.4 migrates it at start, with a warning; its version 4 ignored [grpc] here
-root = "{root}"
-state = "{state}"
-# NRI's socket is machine-wide (/var/run/nri): a second node's containerd would fight for it
-disabled_plugins = ["io.containerd.nri.v1.nri"]
-
-[grpc]
-  address = "{sock}"
-
-[ttrpc]
-  address = "{sock}.ttrpc"
-
-[plugins.'io.containerd.internal.v1.opt']
-  path = "{opt}"
-
-[plugins.'io.containerd.grpc.v1.cri']
-  # exec/attach/port-forward streams: the kubelet proxies them, so loopback is enough
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{PAUSE_IMAGE}"
-
-[plugins.'io.containerd.cri.v1.runtime']
-  # root without CAP_SYS_RESOURCE cannot lower oom_score_adj: without this every sandbox fails
-  # with "can't get final child's PID from pipe: EOF"
-  restrict_oom_score_adj = true
-  # pod network namespaces under this node's state dir, so `down` finds and unmounts them
-  netns_mounts_under_state_dir = true
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["{CNI_DIR}"]
-    conf_dir = "{cni_conf}"
-    max_conf_num = 1
-  [plugins.'io.containerd.cri.v1.runtime'.containerd]
-    default_runtime_name = "runc"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-        BinaryName = "{runc_path()}"
-        Root = "{state / 'runc'}"
-        SystemdCgroup = false
-"""
-
-
-def cni_config(slot: int, i: int, ipam_dir: Path) -> dict[str, Any]:
-    """A bridge for node i's pods: gateway on the host, no masquerade, no default route."""
-    return {
-        "cniVersion": "1.0.0",
-        "name": f"fluxnetes-{slot}-{i}",
-        "plugins": [{
-            "type": "bridge",
-            "bridge": bridge_name(slot, i),
-            "isGateway": True,
-            "ipMasq": False,
-            "hairpinMode": True,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": pod_subnet(slot, i)}]],
-                "routes": [{"dst": r} for r in POD_ROUTES],
-                "dataDir": str(ipam_dir),
-            },
-        }],
-    }
-
-
-def kubelet_config(*, ip: str, slot: int, i: int, sock: Path, ca: Path, cert: Path, key: Path,
-                   node_dir: Path, dns_ip: str | None = None) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "address": ip,
-        "port": 10250,
-        "readOnlyPort": 0,
-        "healthzBindAddress": ip,
-        "healthzPort": 10248,
-        "tlsCertFile": str(cert),
-        "tlsPrivateKeyFile": str(key),
-        # the API server presents a certificate of the cluster CA (kubectl logs/exec)
-        "authentication": {
-            "anonymous": {"enabled": False},
-            "webhook": {"enabled": False},
-            "x509": {"clientCAFile": str(ca)},
-        },
-        "authorization": {"mode": "AlwaysAllow"},
-        "containerRuntimeEndpoint": f"unix://{sock}",
-        # cgroup v1 here: kubelet >= 1.35 refuses it unless told; cgroupfs as runc (SystemdCgroup=false)
-        "failCgroupV1": False,
-        "cgroupDriver": "cgroupfs",
-        "cgroupRoot": cgroup_root(slot, i),
-        # align pods to one NUMA node, as an HPC node's kubelet does: the agent publishes it in
-        # the node's NodeResourceTopology, and the operator then builds sockets below the node
-        "topologyManagerPolicy": "single-numa-node",
-        "failSwapOn": False,
-        "podLogsDir": str(node_dir / "pod-logs"),
-        "volumePluginDir": str(node_dir / "volume-plugins"),
-        "resolvConf": "/etc/resolv.conf",
-        "serializeImagePulls": False,
-        # a shared development machine: never evict or collect images because of its disk
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
-        "shutdownGracePeriod": "0s",
-    }
-    if dns_ip:  # the pods' resolv.conf: the cluster's DNS (dns.py), its domain searched
-        cfg |= {"clusterDNS": [dns_ip], "clusterDomain": dns.DOMAIN}
-    return cfg
-
-
-def kubeconfig(api_url: str, ca: Path, cert: Path, key: Path) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "dev", "cluster": {"server": api_url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "node", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
-        "contexts": [{"name": "dev", "context": {"cluster": "dev", "user": "node"}}],
-        "current-context": "dev",
-    }
-
-
-def node_labels(i: int) -> dict[str, str]:
-    return {
-        ZONE_LABEL: REAL_ZONE,
-        RACK_LABEL: REAL_RACK,
-        REAL_NODE_LABEL: "true",
-        DEV_NODE_LABEL: "true",
-        "type": "real",
-    }
-
-
-# -- the machine: interfaces, cgroups, mounts, processes ----------------------------------------
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
-    if check and res.returncode != 0:
-        raise ClusterError(f"`ip {' '.join(args)}` failed: {res.stderr.strip()}")
-    return res
-
-
-def claim_slot(tries: int = 64) -> int:
-    """Create the node-IP interface of a free slot; its name is the claim."""
-    slots = list(range(1, 255))
-    random.shuffle(slots)
-    last = ""
-    for slot in slots[:tries]:
-        res = _ip("link", "add", dummy_name(slot), "type", "bridge", check=False)
-        if res.returncode == 0:
-            return slot
-        last = res.stderr.strip()
-        if "File exists" not in last:
-            raise ClusterError(
-                f"cannot create an interface for the real nodes' IPs (`ip link add "
-                f"{dummy_name(slot)} type bridge`: {last}); the kernel needs bridge support "
-                "(CONFIG_BRIDGE, also used by the pods' CNI bridge) and this process CAP_NET_ADMIN")
-    raise ClusterError(f"no free slot for real-node interfaces after {tries} tries ({last})")
-
-
-def _cgroup_hierarchies() -> list[Path]:
-    """Every mounted cgroup hierarchy (v1 controllers, the named systemd one, or the v2 root)."""
-    out = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) > 2 and parts[2] in ("cgroup", "cgroup2"):
-            out.append(Path(parts[1]))
-    return out
-
-
-def make_cgroup_root(path: str) -> None:
-    """The kubelet insists its cgroup root exists in every hierarchy; cpuset needs cpus/mems."""
-    for h in _cgroup_hierarchies():
-        d = h / path.strip("/")
-        d.mkdir(exist_ok=True)
-        for f in ("cpuset.cpus", "cpuset.mems"):
-            if (d / f).exists() and not (d / f).read_text().strip():
-                (d / f).write_text((h / f).read_text())
-
-
-def cgroup_pids(path: str) -> set[int]:
-    pids: set[int] = set()
-    for h in _cgroup_hierarchies():
-        d = h / path.strip("/")
-        if d.is_dir():
-            for f in d.rglob("cgroup.procs"):
-                with contextlib.suppress(OSError, ValueError):
-                    pids.update(int(x) for x in f.read_text().split())
-    return pids
-
-
-def remove_cgroup_root(path: str) -> list[str]:
-    """rmdir the tree in every hierarchy, deepest first; returns what could not be removed."""
-    left = []
-    for h in _cgroup_hierarchies():
-        d = h / path.strip("/")
-        if not d.is_dir():
-            continue
-        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                sub.rmdir()
-        try:
-            d.rmdir()
-        except OSError as exc:
-            left.append(f"{d}: {exc.strerror}")
-    return left
-
-
-def _unescape_mount(path: str) -> str:
-    return path.encode().decode("unicode_escape")
-
-
-def unmount_under(*dirs: Path) -> list[str]:
-    """Unmount (lazily, deepest first) every mount point below `dirs`; returns failures."""
-    roots = [str(d.resolve()) + "/" for d in dirs]
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mp = _unescape_mount(line.split()[4])
-        if any((mp + "/").startswith(r) for r in roots):
-            points.append(mp)
-    failed = []
-    for mp in sorted(set(points), key=lambda p: -p.count("/")):
-        res = subprocess.run(["umount", "-l", mp], capture_output=True, text=True, check=False)
-        if res.returncode != 0 and "not mounted" not in res.stderr:
-            failed.append(f"{mp}: {res.stderr.strip()}")
-    return failed
-
-
-SHIM_SOCKETS = Path("/run/containerd/s")  # fixed in containerd, whatever its state dir
-
-
-def shim_pids(sock: Path) -> list[int]:
-    """containerd-shim-runc-v2 processes started by the containerd listening on `sock`."""
-    return list(_shims(sock))
-
-
-def _shims(sock: Path) -> dict[int, list[bytes]]:
-    out = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and str(sock).encode() in argv:
-            out[int(p.name)] = argv
-    return out
-
-
-def shim_sockets(sock: Path) -> list[Path]:
-    """The sockets of those shims: containerd names each by sha256(<address>/<namespace>/<id>)
-    under /run/containerd/s; a killed shim leaves its socket behind."""
-    out = []
-    for argv in _shims(sock).values():
-        args = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a in (b"-namespace", b"-id")}
-        ns, sid = args.get(b"-namespace"), args.get(b"-id")
-        if ns and sid:
-            key = "/".join((str(sock), ns.decode(), sid.decode()))
-            out.append(SHIM_SOCKETS / hashlib.sha256(key.encode()).hexdigest())
-    return out
-
-
-def _kill(pids: set[int] | list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-# paths the kubelet and CNI use whatever their configuration says (cleaned up by `stop`)
-CONTAINER_LOG_LINKS = Path("/var/log/containers")
-CNI_RESULTS = Path("/var/lib/cni/results")
-KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
-
-
-def other_kubelets() -> bool:
-    """A kubelet process is running (another cluster's): machine-wide leftovers stay."""
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (p / "cmdline").read_bytes().split(b"\0")[0].endswith(b"/kubelet"):
-                    return True
-    return False
-
-
-def remove_host_leftovers(slot: int, node_dirs: list[Path]) -> None:
-    """What the kubelets and CNI left outside the nodes' directories: the kubelet's links in
-    /var/log/containers into this cluster's pod logs, CNI's cached results of this cluster's
-    networks; with no kubelet left, the kubelet's device-plugin socket and empty dirs."""
-    roots = tuple(str(d) + "/" for d in node_dirs)
-    if CONTAINER_LOG_LINKS.is_dir():
-        for link in CONTAINER_LOG_LINKS.iterdir():
-            with contextlib.suppress(OSError):
-                if link.is_symlink() and os.readlink(link).startswith(roots):
-                    link.unlink()
-    if CNI_RESULTS.is_dir():
-        for f in CNI_RESULTS.glob(f"fluxnetes-{slot}-*"):
-            with contextlib.suppress(OSError):
-                f.unlink()
-    if other_kubelets():
-        return
-    with contextlib.suppress(OSError):
-        (KUBELET_DEVICE_PLUGINS / "kubelet.sock").unlink()
-    for d in (KUBELET_DEVICE_PLUGINS, KUBELET_DEVICE_PLUGINS.parent, CNI_RESULTS,
-              CNI_RESULTS.parent, CONTAINER_LOG_LINKS):
-        with contextlib.suppress(OSError):  # only when empty
-            d.rmdir()
-
-
-def read_tunables() -> dict[str, str]:
-    out = {}
-    for t in KERNEL_TUNABLES:
-        with contextlib.suppress(OSError):
-            out[t] = (Path("/proc/sys") / t).read_text().strip()
-    return out
-
-
-def restore_tunables(saved: dict[str, str]) -> None:
-    for t, value in saved.items():
-        with contextlib.suppress(OSError):
-            (Path("/proc/sys") / t).write_text(value)
-
 
 # -- one node ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -515,10 +179,10 @@ def start(cluster: Cluster, count: int, deadline: float, log: Callable[[str], No
     # recorded at once: `down` removes what exists even if the start fails half-way
     st.real_nodes = {**prev, "slot": slot, "count": count, "tunables": read_tunables(), "nodes": []}
     cluster.save_state()
-    _ip("link", "set", dummy_name(slot), "up")
+    ip_cmd("link", "set", dummy_name(slot), "up")
     (Path("/proc/sys") / "net/ipv4/ip_forward").write_text("1")  # between the nodes' bridges
     server = dns.dns_ip(NODE_NET, slot)
-    _ip("addr", "add", f"{server}/32", "dev", dummy_name(slot))
+    ip_cmd("addr", "add", f"{server}/32", "dev", dummy_name(slot))
     dns.start(cluster, server, deadline, log)
     ca = load_ca(cluster.pki)
     names = []
@@ -534,7 +198,7 @@ def start(cluster: Cluster, count: int, deadline: float, log: Callable[[str], No
         st.real_nodes["nodes"].append({"name": name, "ip": ip, "dir": str(paths.dir),
                                        "run": str(paths.run), "cgroup": cgroup_root(slot, i)})
         cluster.save_state()
-        _ip("addr", "add", f"{ip}/32", "dev", dummy_name(slot))
+        ip_cmd("addr", "add", f"{ip}/32", "dev", dummy_name(slot))
         make_cgroup_root(cgroup_root(slot, i))
         pki = paths.dir / "pki"
         issue(ca, f"system:node:{name}", organizations=["system:nodes"], client=True).write(
@@ -643,8 +307,8 @@ def stop(cluster: Cluster) -> list[str]:
         sock = Path(n["run"]) / "containerd.sock"
         sockets = shim_sockets(sock)
         for _ in range(3):  # containers may still start a process while being killed
-            _kill(cgroup_pids(n["cgroup"]))
-            _kill(shim_pids(sock))
+            kill(cgroup_pids(n["cgroup"]))
+            kill(shim_pids(sock))
             time.sleep(0.2)
         for s in sockets:
             with contextlib.suppress(OSError):
@@ -658,8 +322,8 @@ def stop(cluster: Cluster) -> list[str]:
     slot = rn.get("slot")
     if slot is not None:
         for i in range(int(rn.get("count", 0))):
-            _ip("link", "del", bridge_name(slot, i), check=False)
-        _ip("link", "del", dummy_name(slot), check=False)
+            ip_cmd("link", "del", bridge_name(slot, i), check=False)
+        ip_cmd("link", "del", dummy_name(slot), check=False)
         for d in (RUN_ROOT / str(slot), RUN_ROOT, SHIM_SOCKETS, SHIM_SOCKETS.parent):
             with contextlib.suppress(OSError):  # only when empty: another cluster may use them
                 d.rmdir()

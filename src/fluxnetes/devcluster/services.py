@@ -13,7 +13,7 @@ back to another mode.
 
 The API server must be reachable from pods: pods cannot reach the host's loopback. So with
 Services the API server listens on API_HOST = 10.251.<slot>.1, an address on the cluster's
-own node-IP interface flxd<slot> (realnode.py), advertised as the `kubernetes` Service's
+own node-IP interface flxd<slot> (realnode_host.py), advertised as the `kubernetes` Service's
 endpoint; every client (kubectl, the kubelets, the operator from the shell) uses that address.
 The slot is claimed before the control plane starts (claim()).
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fluxnetes.devcluster import procs, realnode
+from fluxnetes.devcluster import procs, realnode_config, realnode_host
 from fluxnetes.devcluster.apicalls import http_ok
 from fluxnetes.devcluster.components import SERVICE_CIDR
 from fluxnetes.devcluster.errors import BinariesMissing, ClusterError
@@ -106,19 +106,15 @@ def preflight(tools: Toolchain, real_nodes: int) -> None:
             "(fixed chain names and Service range): stop that cluster or leave out --services")
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
-
-
 def claim() -> int:
-    """Before the control plane: claim the real nodes' slot (realnode.claim_slot creates
+    """Before the control plane: claim the real nodes' slot (realnode_host.claim_slot creates
     flxd<slot>) and put the API server's address on it."""
-    slot = realnode.claim_slot()
-    for args in (("addr", "add", f"{api_host(slot)}/32", "dev", realnode.dummy_name(slot)),
-                 ("link", "set", realnode.dummy_name(slot), "up")):
-        res = _ip(*args)
+    slot = realnode_host.claim_slot()
+    for args in (("addr", "add", f"{api_host(slot)}/32", "dev", realnode_config.dummy_name(slot)),
+                 ("link", "set", realnode_config.dummy_name(slot), "up")):
+        res = realnode_host.ip_cmd(*args, check=False)
         if res.returncode != 0:
-            _ip("link", "del", realnode.dummy_name(slot))
+            realnode_host.ip_cmd("link", "del", realnode_config.dummy_name(slot), check=False)
             raise ClusterError(f"`ip {' '.join(args)}` failed: {res.stderr.strip()}")
     return slot
 
@@ -134,7 +130,7 @@ def proxy_config(*, kubeconfig: Path, node: str, slot: int, healthz_port: int,
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         # the Node it reads its IP from; the other real nodes are this same host
         "hostnameOverride": node,
-        "clusterCIDR": "10.252.0.0/15",  # every real node's pod subnet (realnode.pod_subnet)
+        "clusterCIDR": "10.252.0.0/15",  # every real node's pod subnet (realnode_config.pod_subnet)
         "healthzBindAddress": f"127.0.0.1:{healthz_port}",
         "metricsBindAddress": f"127.0.0.1:{metrics_port}",
         "nodePortAddresses": [f"10.251.{slot}.0/24"],
@@ -168,7 +164,8 @@ def start(cluster: Cluster, deadline: float) -> None:
     d.mkdir(parents=True, exist_ok=True)
     st.real_nodes["services"] = True  # recorded first: `down` cleans up a half-made start
     cluster.save_state()
-    res = _ip("route", "add", SERVICE_CIDR, "dev", realnode.dummy_name(slot), "src", api_host(slot))
+    res = realnode_host.ip_cmd("route", "add", SERVICE_CIDR, "dev", realnode_config.dummy_name(slot),
+                               "src", api_host(slot), check=False)
     if res.returncode != 0:
         raise ClusterError(f"routing the Service range {SERVICE_CIDR} to flxd{slot} failed "
                            f"({res.stderr.strip()}); does another cluster route it?")
@@ -186,8 +183,9 @@ def start(cluster: Cluster, deadline: float) -> None:
     }))
     healthz, metrics = free_ports(2)
     cfg = d / "kube-proxy.yaml"
-    cfg.write_text(yaml.safe_dump(proxy_config(kubeconfig=kc, node=realnode.node_name(0), slot=slot,
-                                               healthz_port=healthz, metrics_port=metrics)))
+    cfg.write_text(yaml.safe_dump(proxy_config(kubeconfig=kc, node=realnode_config.node_name(0),
+                                               slot=slot, healthz_port=healthz,
+                                               metrics_port=metrics)))
     cluster.spawn_extra(PROCESS, [str(cluster.tools.binary(PROCESS)), f"--config={cfg}", "--v=1"],
                         cwd=d)
     # /healthz answers 200 once the first full sync of the rules is done
@@ -230,7 +228,8 @@ def stop(cluster: Cluster) -> list[str]:
         left.append("iptables chains of kube-proxy: " + ", ".join(sorted(chains)))
     slot = rn.get("slot")
     if slot is not None:
-        _ip("route", "del", SERVICE_CIDR, "dev", realnode.dummy_name(slot))
+        realnode_host.ip_cmd("route", "del", SERVICE_CIDR, "dev", realnode_config.dummy_name(slot),
+                             check=False)
     rn["services"] = False
     cluster.save_state()
     return left
@@ -239,4 +238,4 @@ def stop(cluster: Cluster) -> list[str]:
 
 def release(slot: int) -> None:
     """Undo claim() when the control plane could not start."""
-    _ip("link", "del", realnode.dummy_name(slot))
+    realnode_host.ip_cmd("link", "del", realnode_config.dummy_name(slot), check=False)

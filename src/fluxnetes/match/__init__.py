@@ -1,7 +1,15 @@
 """The matcher: Fluxion-faithful DFU traversal, policies, allocation records."""
 
-from fluxnetes.match.matcher import POLICIES, JobRecord, Matcher
-from fluxnetes.match.results import AllocVertex, MatchError, MatchResult, MatchStatus, NodeShare
+from fluxnetes.match.matcher import Matcher
+from fluxnetes.match.policies import POLICIES
+from fluxnetes.match.results import (
+    AllocVertex,
+    JobRecord,
+    MatchError,
+    MatchResult,
+    MatchStatus,
+    NodeShare,
+)
 
 __all__ = [
     "POLICIES",

@@ -37,6 +37,7 @@ from fluxnetes.jobspec.packing import Packing
 from fluxnetes.jobspec.podsets import PodSet
 from fluxnetes.match.engine import Engine
 from fluxnetes.match.jobmeta import AT_ALLOC, AT_RESERVE, AT_SAT, FAR, GRAPH_END, Meta
+from fluxnetes.match.records import JobRecords
 from fluxnetes.match.results import JobRecord, MatchResult, MatchStatus, NodeShare
 from fluxnetes.match.vstate import VState
 
@@ -53,7 +54,7 @@ class GangHost(Protocol):
     graph: ResourceGraph
     engine: Engine
     stats: dict[str, int]
-    _jobs: dict[int, JobRecord]
+    _records: JobRecords
     _gang_domains: object  # this module's packing domains (_Domains), kept per matcher
 
     def cancel(self, jobid: int) -> None: ...
@@ -62,8 +63,6 @@ class GangHost(Protocol):
                   satisfiability: bool) -> bool: ...
     def _commit(self, js: Jobspec, jid: int, at: int, duration: int, alloc_type: int, now: int,
                 x_types: set[str]) -> MatchResult | None: ...
-    def _holdings(self, rec: JobRecord) -> dict[VState, int]: ...
-    def _record(self, rec: JobRecord, holdings: dict[VState, int]) -> None: ...
     def _sat_walk(self, js: Jobspec, duration: int, x_types: set[str], walk: Callable[[], bool]) -> bool: ...
     def _type_capacity(self, t: str, *, up_only: bool) -> int: ...
     def _unsat_reason(self, js: Jobspec) -> str: ...
@@ -261,7 +260,7 @@ def _attempt_in(m: GangHost, js: Jobspec, parts: list[_Part], dcon: Constraint |
     for i, p in enumerate(parts):
         sub = _sub(js, p.entry, _and(p.constraint, dcon))
         tmp = _TMP_BASE + i
-        while tmp in m._jobs:
+        while tmp in m._records.jobs:
             tmp += len(parts)
         x_types = exclusive_types(sub.resources)
         need_nodes = sub.totals.get("node", 0)
@@ -280,7 +279,7 @@ def _attempt_in(m: GangHost, js: Jobspec, parts: list[_Part], dcon: Constraint |
     podsets: dict[str, list[str]] = {}
     for p, tmp, res in done:
         if ok:
-            for u, a in m._holdings(m._jobs[tmp]).items():
+            for u, a in JobRecords.holdings(m._records.jobs[tmp]).items():
                 holdings[u] = holdings.get(u, 0) + a
             podsets[p.label] = slots_on_nodes(res.nodes, p.per_slot, p.count, p.exclusive)
         m.cancel(tmp)
@@ -289,8 +288,7 @@ def _attempt_in(m: GangHost, js: Jobspec, parts: list[_Part], dcon: Constraint |
         return None
     reserved = alloc_type == AT_RESERVE
     rec = JobRecord(jid, at, d, reserved, [], [], queue=js.queue)
-    m._record(rec, holdings)
-    m._jobs[jid] = rec
+    m._records.put(rec, holdings)
     m.stats["succeeded"] += 1
     status = MatchStatus.RESERVED if reserved else MatchStatus.ALLOCATED
     return MatchResult(status, jid, at, d, "", rec.nodes, rec.vertices, js.queue, podsets=podsets)

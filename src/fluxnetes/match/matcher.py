@@ -14,18 +14,15 @@ from typing import Any
 
 from fluxnetes.graph.model import UP, GraphError, ResourceGraph
 from fluxnetes.jobspec.model import Jobspec, exclusive_types, parse_jobspec
-from fluxnetes.match.counted import CountedResult
-from fluxnetes.match.counts import calc_count
+from fluxnetes.match.countedpath import CountedPath
 from fluxnetes.match.edits import (
     attach_subgraph,
     detach_subtree,
     set_vertex_property,
     set_vertex_status,
 )
-from fluxnetes.match.engine import Engine
-from fluxnetes.match.firstfit import NODES, FirstFit, request_shape
+from fluxnetes.match.firstfit import FirstFit
 from fluxnetes.match.indexes import Indexes
-from fluxnetes.match.invariants import check_invariants
 from fluxnetes.match.jobmeta import (
     AT_ALLOC,
     AT_RESERVE,
@@ -34,58 +31,23 @@ from fluxnetes.match.jobmeta import (
     GRAPH_END,
     Meta,
 )
-from fluxnetes.match.placement import (
-    descendants,
-    holdings_from_r,
-    holdings_from_shares,
-    postorder,
-    release_r,
-    release_shares,
-    write_holdings,
-)
+from fluxnetes.match.placement import descendants
+from fluxnetes.match.policies import POLICIES, explores_every_child, is_static, new_engine
 from fluxnetes.match.reasons import busy_reason, type_capacity, unsat_reason
-from fluxnetes.match.reserve import ReserveBound, ReserveHosts
+from fluxnetes.match.records import JobRecords
+from fluxnetes.match.reservesearch import ReserveSearch
 from fluxnetes.match.results import (
-    JobRecord as JobRecord,  # (re-exported: queue.preempt and match import it from here)
+    JobRecord as JobRecord,  # (re-exported: queue.preempt imports it from here)
 )
 from fluxnetes.match.results import (
     MatchError,
     MatchResult,
     MatchStatus,
     NodeShare,
-    node_shares,
 )
-from fluxnetes.match.satcache import SAT_CACHE_MAX, SatAnswers
+from fluxnetes.match.satcache import SatAnswers
 from fluxnetes.match.shapes import node_shape, slot_shape
 from fluxnetes.match.slotindex import SlotIndex
-from fluxnetes.match.spans import JobSpans
-from fluxnetes.match.vstate import VState
-
-# policy name -> (high, node_centric, stop_on_1, node_exclusive)   (fluxion-spec §4.1)
-POLICIES: dict[str, tuple[bool, bool, bool, bool]] = {
-    "first": (True, True, True, False),
-    "firstnodex": (True, True, True, True),
-    "low": (False, False, False, False),
-    "high": (True, False, False, False),
-    "lonode": (False, True, False, False),
-    "hinode": (True, True, False, False),
-    "lonodex": (False, True, False, True),
-    "hinodex": (True, True, False, True),
-    # Fluxion's own classes for these two (fluxion-spec §4.5, §4.6); their extra rules
-    # are in _ENGINE_EXTRAS
-    "locality": (True, False, False, False),
-    "variation": (False, False, False, False),
-}
-
-# policy name -> Engine keyword arguments beyond POLICIES' four flags
-_ENGINE_EXTRAS: dict[str, dict[str, bool]] = {
-    # greater_interval_first: scores 1 + id + 1, descending everywhere, but at the root
-    # candidates are ranked by the run of consecutive scores (contiguous ids) they belong to
-    "locality": {"locality": True},
-    # var_aware: scores 1 + perf_class, ascending at vertices and the root; slots are packed
-    # with the default (descending) order
-    "variation": {"perf_scores": True, "slot_high": True},
-}
 
 
 class Matcher:
@@ -108,63 +70,57 @@ class Matcher:
             raise MatchError("graph has no root")
         self.graph = graph
         self.policy = policy
-        high, nc, s1, nx = POLICIES[policy]
         if split_pools is None:
             split_pools = bool(graph.meta.get("split_pools", False))
         self.split_pools = split_pools
         self.tie_break = tie_break
-        extra = _ENGINE_EXTRAS.get(policy, {})
-        self.engine = Engine(graph.root, high=high, node_centric=nc, stop_on_1=s1, node_exclusive=nx,
-                             split_pools=split_pools, exact_ties=tie_break == "fluxion",
-                             slot_high=extra.get("slot_high"), perf_scores=extra.get("perf_scores", False),
-                             locality=extra.get("locality", False))
-        self._jobs: dict[int, JobRecord] = {}
+        self.engine = new_engine(graph.root, policy, split_pools=split_pools, tie_break=tie_break)
         self._gang_domains: object = None  # match/gang.py's packing domains (per graph version)
         self._next_jobid = 1
         self._capacity = graph.summary()
         self.stats = {"succeeded": 0, "failed": 0, "fast": 0}
         # index fast paths (every policy that explores all children, stable ties): see
-        # match/indexes.py. The counted satisfiability and the reservation index follow the
-        # static policies' order only (not `locality`/`variation`): _static_policy.
-        self._fast_policy = not s1 and not nx and tie_break == "stable"
-        self._static_policy = policy not in _ENGINE_EXTRAS
+        # match/indexes.py. The reservation index follows the static policies' order only
+        # (not `locality`/`variation`): _static_policy.
+        self._fast_policy = explores_every_child(policy, tie_break)
+        self._static_policy = is_static(policy)
         self._idx = Indexes(self.engine)
         # ``fast_fail``: the failing path's shortcuts (see match/README.md "Failing
         # matches"); False runs the unoptimised path (tests compare both, the benchmark
         # measures both). Answers are the same either way.
         self.fast_fail = True
-        # every recorded job's [at, end) and which are reservations (match/spans.py)
-        self._book = JobSpans()
+        # every recorded job and its window (match/records.py)
+        self._records = JobRecords(self.engine, graph, self._idx, split_pools)
         # satisfiability answers (the far-future walk) per request, valid while the graph's
         # structure and properties stay (and, under `first`, its child order): _sat_walk
         self._sat = SatAnswers(self.engine)
-        # slot hosts per set of slot element types, for the reservation search's bound
-        self._resv_hosts: dict[frozenset[str], ReserveHosts] = {}
+        # the reservation search (match/reservesearch.py), its count bound's hosts
+        self._reserve = ReserveSearch(self.engine, graph, self._idx, self.stats)
         # `first` on per-node counters (match/firstfit.py) until an operation they do not
         # cover: then every live job is written into the engine and the walk takes over
-        self._ff: FirstFit | None = FirstFit.build(self.engine) if counters else None
-        self._ff_shapes: dict[int, tuple[Jobspec, tuple[int, int] | None]] = {}
+        ff = FirstFit.build(self.engine) if counters else None
+        self._counted: CountedPath | None = CountedPath(ff) if ff is not None else None
 
     # ------------------------------------------------------------------ properties
     @property
     def counting(self) -> bool:
         """Are requests answered from per-node counters (``match/firstfit.py``) now?"""
-        return self._ff is not None
+        return self._counted is not None
 
     @property
     def jobs(self) -> Mapping[int, JobRecord]:
         self._leave_counters()
-        return types.MappingProxyType(self._jobs)
+        return types.MappingProxyType(self._records.jobs)
 
     def reservation_count(self) -> int:
         """How many recorded jobs are reservations."""
-        return len(self._book.reserved)
+        return len(self._records.book.reserved)
 
     def earliest_end(self) -> int | None:
         """The earliest end of a recorded job's window (None: no job is recorded)."""
-        if self._ff is not None:  # (every live job is the counters')
-            return self._ff.earliest_end()
-        ends = self._book.ends
+        if self._counted is not None:  # (every live job is the counters')
+            return self._counted.ff.earliest_end()
+        ends = self._records.book.ends
         return ends.min() if ends else None
 
     @property
@@ -201,18 +157,18 @@ class Matcher:
     def _match(self, js_in: Jobspec | str | Mapping[str, Any], op: str, now: int,
                jobid: int | None) -> MatchResult:
         js = js_in if isinstance(js_in, Jobspec) else parse_jobspec(js_in)
-        ff = self._ff
-        if ff is not None and jobid is None and op != "satisfiability" and 0 <= now < GRAPH_END \
+        cp = self._counted
+        if cp is not None and jobid is None and op != "satisfiability" and 0 <= now < GRAPH_END \
                 and js.duration <= GRAPH_END:
             # the counters' allocation, without the checks below that cannot fail here: a
             # request of the counters' shapes names only types their graph has, and while
-            # they answer no job is recorded in `_jobs` (the next id is free)
-            shape = self._counted_shape(js)
-            if shape is not None and not (shape[0] == NODES and ff.static):
+            # they answer no job is recorded in `_records` (the next id is free)
+            shape = cp.shape(js)
+            if shape is not None:
                 jid = self._next_jobid
                 self._next_jobid = jid + 1
                 duration = js.duration if js.duration > 0 else GRAPH_END
-                res = self._counted_alloc(js, op, now, jid, duration, ff, shape[0], shape[1])
+                res = self._counted_alloc(js, op, now, jid, duration, cp.ff, shape[0], shape[1])
                 if res is not None:
                     return res
                 return self._walk_match(js, op, now, jid, duration)  # (the counters left)
@@ -228,12 +184,12 @@ class Matcher:
             jid = -1
         elif jobid is None:
             jid = self._next_jobid
-            while jid in self._jobs:
+            while jid in self._records.jobs:
                 jid += 1
             self._next_jobid = jid + 1
         else:
             self._leave_counters()  # (an id chosen by the caller: the engine's records)
-            if jobid in self._jobs:
+            if jobid in self._records.jobs:
                 raise MatchError(f"job {jobid} already exists")
             if jobid < 0:
                 raise MatchError("jobid must be >= 0")
@@ -243,8 +199,8 @@ class Matcher:
         duration = js.duration if js.duration > 0 else GRAPH_END
         if now >= GRAPH_END:
             return self._fail(MatchStatus.BUSY, jid, js, "now is at or past the graph horizon")
-        if self._ff is not None:
-            counted = self._counted(js, op, now, jid, duration)
+        if self._counted is not None:
+            counted = self._counted_answer(js, op, now, jid, duration)
             if counted is not None:
                 return counted
         return self._walk_match(js, op, now, jid, duration)
@@ -280,48 +236,14 @@ class Matcher:
                     return res
                 return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
             if op == "allocate_orelse_reserve":
-                # candidate start times: scheduled points of the root filter where the
-                # root has the job's totals free for the whole window (§5.6)
-                cands = eng.candidate_times(now + 1, duration, js.totals)
-                bound: ReserveBound | None = None
-                at_index = None
-                set_up = False
-                while True:
-                    when = next(cands, None)
-                    if when is None or when >= GRAPH_END:
-                        break
-                    if not set_up:  # (only when there is a candidate at all)
-                        set_up = True
-                        bound = self._reserve_bound(js, duration)
-                        at_index = self._reserve_index(js, duration, x_types)
-                    if bound is not None and not bound.may_fit(when):
-                        # the hosts cannot give enough slots: the walk would fail here, and
-                        # at every candidate before the first instant a host could give one
-                        nxt = bound.next_start()
-                        if nxt is None:
-                            break
-                        if nxt > when + 1:
-                            cands = eng.candidate_times(nxt, duration, js.totals)
-                        continue
-                    if at_index is not None:
-                        try:
-                            members = at_index(when)
-                        except LookupError:
-                            at_index = None  # not applicable to these hosts: walk
-                        else:
-                            if members is None:
-                                continue  # fewer slots than asked: the walk fails here
-                            eng.mark_selection([(u, a, True) for u, a in members])
-                            self.stats["fast"] += 1
-                            res = self._commit(js, jid, when, duration, AT_RESERVE, now, x_types)
-                            if res is not None:
-                                return res
-                            break
-                    if run(when, AT_RESERVE):
-                        res = self._commit(js, jid, when, duration, AT_RESERVE, now, x_types)
-                        if res is not None:
-                            return res
-                        break
+                fast_fail = self.fast_fail
+                res = self._reserve.search(
+                    js, now, duration, x_types, bound=fast_fail,
+                    index=fast_fail and self._fast_policy and self._static_policy,
+                    walk=lambda at: run(at, AT_RESERVE),
+                    commit=lambda at: self._commit(js, jid, at, duration, AT_RESERVE, now, x_types))
+                if res is not None:
+                    return res
             if op == "allocate":
                 return self._fail(MatchStatus.BUSY, jid, js, self._busy_reason(js, now))
         # satisfiability walk: far future, status ignored
@@ -336,25 +258,16 @@ class Matcher:
         return self._fail(MatchStatus.UNSATISFIABLE, jid, js, self._unsat_reason(js))
 
     # ------------------------------------------------------------------ counters (firstfit.py)
-    def _counted_shape(self, js: Jobspec) -> tuple[int, int] | None:
-        """``request_shape(js)``, remembered per jobspec object (asked on every match)."""
-        known = self._ff_shapes.get(id(js))
-        if known is None or known[0] is not js:
-            if len(self._ff_shapes) >= SAT_CACHE_MAX:
-                self._ff_shapes.clear()
-            known = self._ff_shapes[id(js)] = (js, request_shape(js))
-        return known[1]
-
-    def _counted(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult | None:
+    def _counted_answer(self, js: Jobspec, op: str, now: int, jid: int, duration: int) -> MatchResult | None:
         """The answer from the counters, or None after leaving them (the walk answers)."""
-        ff = self._ff
-        assert ff is not None
-        shape = self._counted_shape(js)
-        if shape is None or (shape[0] == NODES and ff.static):
-            # (the static policies' counters rank slots: whole nodes are the node index's)
+        cp = self._counted
+        assert cp is not None
+        shape = cp.shape(js)
+        if shape is None:
             self._leave_counters()
             return None
         kind, count = shape
+        ff = cp.ff
         if op == "satisfiability":
             if ff.fits_machine(kind, count):
                 return MatchResult(MatchStatus.ALLOCATED, -1, now, duration, "")
@@ -365,10 +278,9 @@ class Matcher:
                        kind: int, count: int) -> MatchResult | None:
         """An allocation from the counters (``kind``, ``count``: the request's shape), or
         None after leaving them. While the counters answer, every live job is theirs: the
-        job windows are kept there (``FirstFit.active``), and written into ``_book`` when
+        job windows are kept there (``FirstFit.active``), and written into ``_records`` when
         they hand over."""
         d = duration if now + duration <= GRAPH_END else GRAPH_END - now
-        book = self._book
         if not (ff.active(now) if self.fast_fail else self._all_active(now, d)):
             self._leave_counters()
             return None
@@ -379,7 +291,7 @@ class Matcher:
                 return self._fail(MatchStatus.BUSY, jid, js, ff.busy_reason(js))
             self._leave_counters()  # a reservation search: the walk's
             return None
-        book.note(now, end)
+        self._records.book.note(now, end)
         stats = self.stats
         stats["succeeded"] += 1
         stats["fast"] += 1
@@ -387,24 +299,11 @@ class Matcher:
 
     def _leave_counters(self) -> None:
         """Write the counters' live jobs into the engine; the walk answers from now on."""
-        ff = self._ff
-        if ff is None:
+        cp = self._counted
+        if cp is None:
             return
-        self._ff = None
-        self._ff_shapes.clear()
-        eng = self.engine
-        book = self._book
-
-        def commit(res: CountedResult, marks: list[tuple[VState, int, bool]]) -> None:
-            jobid, at, end = res.jobid, res.at, res.end
-            eng.mark_selection(marks)
-            meta = Meta(jobid, at, at, end - at, AT_ALLOC, None)
-            emitted = eng.update(meta, {"node"} if res.kind == NODES else set(), False, [])
-            self._jobs[jobid] = JobRecord(jobid, at, end - at, False, None, None, emitted,
-                                          res.queue, res)
-            book.track(jobid, at, end, False)
-
-        ff.flush(commit)
+        self._counted = None
+        cp.hand_over(self.engine, self._records)
         self._sat.forget_walks()
 
     # ------------------------------------------------------------------ satisfiability
@@ -417,68 +316,21 @@ class Matcher:
         there), so the walk sees the empty graph: its answer depends on the structure, the
         vertices' properties/names/ranks and the request (and under ``first`` on the child
         order, which commits change) - _sat_changed() forgets the answers when those change."""
-        if not self.fast_fail or self._book.late:
+        if not self.fast_fail or self._records.book.late:
             return walk()
         return self._sat.answer(js, duration, walk, lambda: self._pristine_sat(js, x_types))
 
     def _pristine_sat(self, js: Jobspec, x_types: set[str]) -> bool | None:
         """The walk's answer for ``slot[N] -> {leaves}`` from slot counts on the empty graph
-        (policies that explore every child, stable ties, as the index fast paths: the count
-        does not depend on the order the policy ranks candidates in); None: walk."""
+        (SatAnswers.counted: policies that explore every child, stable ties); None: walk."""
         if not self._fast_policy or x_types:
             return None
-        shape = slot_shape(js.resources)
-        if shape is None:
-            return None
-        slot, elems = shape
-        total = self._sat.slot_total(elems, js.constraint)
-        if total is None:
-            return None
-        return calc_count(slot.count, total) > 0
+        return self._sat.counted(js)
 
     def _sat_changed(self) -> None:
         """The graph's structure or properties changed: satisfiability answers are stale."""
         self._sat.forget()
-        self._resv_hosts.clear()
-
-    def _reserve_index(self, js: Jobspec, duration: int,
-                       x_types: set[str]) -> Callable[[int], list[tuple[VState, int]] | None] | None:
-        """The walk's answer at a candidate time from the slot index (static policies with
-        stable ties, ``slot[N] -> {leaves}``, fixed counts): SlotIndex.select_at."""
-        if not self.fast_fail or not self._fast_policy or not self._static_policy or x_types \
-                or "slot" in self.graph.by_type:
-            return None
-        shape = slot_shape(js.resources)
-        if shape is None:
-            return None
-        slot, elems = shape
-        if slot.count.min != slot.count.max:
-            return None
-        idx = self._idx.slot_index(elems)
-        constraint = js.constraint
-
-        def at_time(when: int) -> list[tuple[VState, int]] | None:
-            end = when + duration if when + duration <= GRAPH_END else GRAPH_END
-            return idx.select_at(slot, constraint, when, end)
-
-        return at_time
-
-    def _reserve_bound(self, js: Jobspec, duration: int) -> ReserveBound | None:
-        """The reservation search's count bound (match/reserve.py) for ``slot -> {leaves}``
-        requests; None: walk at every candidate."""
-        if not self.fast_fail or "slot" in self.graph.by_type:
-            return None
-        shape = slot_shape(js.resources)
-        if shape is None:
-            return None
-        slot, elems = shape
-        types = frozenset(e.type for e in elems)
-        if len(types) != len(elems):
-            return None
-        hosts = self._resv_hosts.get(types)
-        if hosts is None:
-            hosts = self._resv_hosts[types] = ReserveHosts(self.engine, types)
-        return ReserveBound(hosts, elems, slot, duration, GRAPH_END)
+        self._reserve.forget()
 
     def _fail(self, status: MatchStatus, jid: int, js: Jobspec, reason: str) -> MatchResult:
         self.stats["failed"] += 1
@@ -523,11 +375,7 @@ class Matcher:
         entries = emitted  # every emitted vertex is what the job holds/tags there
         status = MatchStatus.RESERVED if reserved else MatchStatus.ALLOCATED
         res = MatchResult(status, jid, at, d, "", None, None, js.queue, emitted)
-        rec = JobRecord(jid, at, d, reserved, None, None, entries, js.queue, res)
-        self._jobs[jid] = rec
-        self._idx.touch([e.vs for e in entries])
-        self._book.note(at, at + d)
-        self._book.track(jid, at, at + d, reserved)
+        self._records.add(JobRecord(jid, at, d, reserved, None, None, entries, js.queue, res))
         if self.engine.first:
             self._sat.forget_walks()  # the update pass reordered children (by_outedges)
         self.stats["succeeded"] += 1
@@ -536,9 +384,7 @@ class Matcher:
     # ------------------------------------------------------------------ fast paths
     def _all_active(self, now: int, duration: int) -> bool:
         """Has every recorded job started by ``now`` and not ended at ``now``?"""
-        if self.fast_fail:
-            return self._book.all_active(now)
-        return self._book.all_active_recorded(now, self._jobs)
+        return self._records.all_active(now, fast_fail=self.fast_fail)
 
     def _try_fast(self, js: Jobspec, jid: int, now: int, duration: int, x_types: set[str]) -> MatchResult | None:
         """The static policies' answer from indexes (None: not applicable, use the walk)."""
@@ -584,92 +430,24 @@ class Matcher:
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, jobid: int) -> None:
-        ff = self._ff
-        if ff is not None and ff.release(jobid):
+        cp = self._counted
+        if cp is not None and cp.ff.release(jobid):
             return
-        rec = self._jobs.pop(jobid, None)
-        if rec is None:
-            raise MatchError(f"job {jobid} not found")
-        self.engine.remove_entries(jobid, rec.entries, rec.reserved)
-        self._idx.touch([e.vs for e in rec.entries])
-        self._book.dirty = True
-        self._book.untrack(jobid)
+        self._records.cancel(jobid)
 
     def partial_cancel(self, jobid: int, release: Mapping[str, Any] | list[NodeShare]) -> bool:
         """Release part of a job; returns True when nothing is left (the job is gone)."""
         self._leave_counters()
-        rec = self._jobs.get(jobid)
-        if rec is None:
-            raise MatchError(f"job {jobid} not found")
-        holdings = self._holdings(rec)  # vstate -> amount held in its own planner
-        if isinstance(release, list):
-            release_shares(self.graph, rec, holdings, release)
-        elif isinstance(release, Mapping):
-            release_r(holdings, release)
-        else:
-            raise MatchError("release must be an R/JGF mapping or a list of NodeShare")
-        self.engine.remove_entries(jobid, rec.entries, rec.reserved)
-        self._idx.touch([e.vs for e in rec.entries])
-        self._book.dirty = True
-        if not any(holdings.values()):
-            del self._jobs[jobid]
-            self._book.untrack(jobid)
-            return True
-        self._record(rec, {u: a for u, a in holdings.items() if a > 0})
-        return False
-
-    def _holdings(self, rec: JobRecord) -> dict[VState, int]:
-        return {e.vs: e.plan for e in rec.entries if e.plan > 0}
-
-
-
-
-    def _record(self, rec: JobRecord, holdings: dict[VState, int]) -> None:
-        """(Re)write a job's state from exclusive holdings: own planners, tags, filters."""
-        jid = rec.jobid
-        entries = write_holdings(self.engine, rec, holdings, self.split_pools)
-        rec.entries = entries
-        self._idx.touch(entries_vs := [e.vs for e in entries])
-        self._book.note(rec.at, rec.at + rec.duration)
-        self._book.track(jid, rec.at, rec.at + rec.duration, rec.reserved)
-        verts = postorder(self.engine, entries_vs, holdings)
-        rec.vertices = verts
-        rec.nodes = node_shares(verts)
+        return self._records.partial_cancel(jobid, release)
 
     # ------------------------------------------------------------------ update_allocate
     def update_allocate(self, jobid: int, placement: Mapping[str, Any] | list[NodeShare], *, at: int = 0,
                         duration: int = 0) -> MatchResult:
         """Record an existing placement (R/JGF or per-node amounts) as job ``jobid``."""
         self._leave_counters()
-        if jobid in self._jobs:
-            raise MatchError(f"job {jobid} already exists")
-        if isinstance(placement, Mapping):
-            ex = placement.get("execution")
-            if isinstance(ex, Mapping):
-                st = int(ex.get("starttime", 0) or 0)
-                exp = int(ex.get("expiration", 0) or 0)
-                if st or exp:
-                    at = st
-                    duration = exp - st if exp > st else 0
-        d = duration if duration > 0 else GRAPH_END - at
-        if at + d > GRAPH_END:
-            d = GRAPH_END - at
-        if isinstance(placement, list):
-            holdings = holdings_from_shares(self.engine, self.graph, placement, at, at + d, self.split_pools)
-        elif isinstance(placement, Mapping):
-            holdings = holdings_from_r(self.engine, self.graph, placement, at, at + d, self.split_pools)
-        else:
-            raise MatchError("placement must be an R/JGF mapping or a list of NodeShare")
-        if not holdings:
-            raise MatchError("placement holds no resources")
-        rec = JobRecord(jobid, at, d, False, [], [])
-        self._record(rec, holdings)
-        self._jobs[jobid] = rec
+        rec = self._records.place(jobid, placement, at, duration)
         self._next_jobid = max(self._next_jobid, jobid + 1)
-        return MatchResult(MatchStatus.ALLOCATED, jobid, at, d, "", rec.nodes, rec.vertices)
-
-
-
+        return MatchResult(MatchStatus.ALLOCATED, jobid, rec.at, rec.duration, "", rec.nodes, rec.vertices)
 
     # ------------------------------------------------------------------ status / grow / shrink
     def set_status(self, path_or_name: str, up: bool) -> None:
@@ -709,19 +487,7 @@ class Matcher:
         eng = self.engine
         top = eng.vs[v.idx]
         gone = set(descendants(top)) | {top}
-        affected = []
-        for jid, rec in list(self._jobs.items()):
-            hold = self._holdings(rec)
-            if not any(u in gone for u in hold) and not any(e.vs in gone for e in rec.entries):
-                continue
-            affected.append(jid)
-            eng.remove_entries(jid, rec.entries, rec.reserved)
-            left = {u: a for u, a in hold.items() if u not in gone}
-            if left:
-                self._record(rec, left)
-            else:
-                del self._jobs[jid]
-                self._book.untrack(jid)
+        affected = self._records.cut(gone)
         detach_subtree(self.graph, eng, v, top, gone)
         self._capacity = self.graph.summary()
         self._idx.clear()
@@ -731,7 +497,7 @@ class Matcher:
     # ------------------------------------------------------------------ info / stat
     def info(self, jobid: int) -> dict[str, Any]:
         self._leave_counters()
-        rec = self._jobs.get(jobid)
+        rec = self._records.jobs.get(jobid)
         if rec is None:
             raise MatchError(f"job {jobid} not found")
         return {"jobid": jobid, "mode": rec.mode, "at": rec.at, "duration": rec.duration,
@@ -741,7 +507,8 @@ class Matcher:
         self._leave_counters()
         g = self.graph
         nv = len(g)
-        running = sum(1 for r in self._jobs.values() if not r.reserved)
+        jobs = self._records.jobs
+        running = sum(1 for r in jobs.values() if not r.reserved)
         return {
             "policy": self.policy,
             "vertices": nv,
@@ -749,9 +516,9 @@ class Matcher:
             "by_type": {t: len(vs) for t, vs in g.by_type.items()},
             "capacity": dict(self._capacity),
             "nodes_up": self.engine.nodes_up,
-            "jobs": len(self._jobs),
+            "jobs": len(jobs),
             "allocated": running,
-            "reserved": len(self._jobs) - running,
+            "reserved": len(jobs) - running,
             "match_succeeded": self.stats["succeeded"],
             "match_failed": self.stats["failed"],
             "next_jobid": self._next_jobid,
@@ -766,6 +533,5 @@ class Matcher:
     def check_invariants(self) -> None:
         """free + allocated == capacity everywhere, and every job's state is exactly recorded."""
         self._leave_counters()
-        book = self._book
-        check_invariants(self.engine, self._jobs, book.reserved, book.ends.sorted(), self.split_pools)
+        self._records.check()
 

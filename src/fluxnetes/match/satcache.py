@@ -16,8 +16,10 @@ from typing import Any
 from fluxnetes.graph.model import gc_paused
 from fluxnetes.jobspec.constraints import Constraint
 from fluxnetes.jobspec.model import Jobspec, Resource
+from fluxnetes.match.counts import calc_count
 from fluxnetes.match.engine import Engine
 from fluxnetes.match.pristine import PristineSlots
+from fluxnetes.match.shapes import slot_shape
 
 SAT_CACHE_MAX = 4096  # request shapes remembered (a bound for long-lived operators)
 
@@ -55,6 +57,19 @@ class SatAnswers:
             with gc_paused():
                 ps = self.pristine[types] = PristineSlots(self.engine, types)
         return ps.total(elems, constraint)
+
+    def counted(self, js: Jobspec) -> bool | None:
+        """The walk's answer for ``slot[N] -> {leaves}`` from slot counts on the empty graph
+        (for policies that explore every child with stable ties, as the index fast paths: the
+        count does not depend on the order the policy ranks candidates in); None: walk."""
+        shape = slot_shape(js.resources)
+        if shape is None:
+            return None
+        slot, elems = shape
+        total = self.slot_total(elems, js.constraint)
+        if total is None:
+            return None
+        return calc_count(slot.count, total) > 0
 
     def forget_walks(self) -> None:
         """The walk's order moved: remembered answers are stale (the counts are not)."""

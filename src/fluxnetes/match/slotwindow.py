@@ -3,7 +3,7 @@ packed from the leaves free over [at, at + duration) exactly as the walk packs t
 in the order of a lower bound on each host's best slot key (from the static candidate
 order), until no unpacked host can beat the N slots found; a host's pruning filter rules it
 out first when it cannot hold one slot over the window. Static policies with stable ties and
-fixed counts only (the matcher's ``_reserve_index``)."""
+fixed counts only (``ReserveSearch._index``, match/reservesearch.py)."""
 
 from __future__ import annotations
 
