@@ -37,9 +37,7 @@ from fluxnetes.match.reasons import busy_reason, type_capacity, unsat_reason
 from fluxnetes.match.records import JobRecords
 from fluxnetes.match.reservesearch import ReserveSearch
 from fluxnetes.match.results import (
-    JobRecord as JobRecord,  # (re-exported: queue.preempt imports it from here)
-)
-from fluxnetes.match.results import (
+    JobRecord,
     MatchError,
     MatchResult,
     MatchStatus,

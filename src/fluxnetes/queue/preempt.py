@@ -125,8 +125,8 @@ from typing import Any
 
 from fluxnetes.graph.model import UP, GraphError
 from fluxnetes.jobspec.model import Jobspec
-from fluxnetes.match.matcher import JobRecord, Matcher
-from fluxnetes.match.results import MatchResult, MatchStatus
+from fluxnetes.match.matcher import Matcher
+from fluxnetes.match.results import JobRecord, MatchResult, MatchStatus
 from fluxnetes.queue.fairshare import ShareRow
 
 # job id of tentative matches (never a real job: ids the operator uses are small; the gang
