@@ -629,9 +629,15 @@ class Recovery:
                     self._side.status.set_phase(g, Phase.PROVISIONAL, f"waiting for the group: {len(g.members)}/{g.spec.size} pods")
         for g in self._unrecorded:
             # what ended during the outage is given back now: record what could not be before
-            if g.phase == Phase.RUNNING and g.held and g.jobid is not None and g.jobid not in self._side.cluster.matcher.jobs \
-                    and self._side.cluster.record_group(g):
+            if not (g.held and g.jobid is not None and g.jobid not in self._side.cluster.matcher.jobs):
+                continue
+            if self._side.cluster.record_group(g):
                 log.info("%s: allocation recorded once the groups that ended were given back", g.qid)
+            else:
+                # still no room (live pods of another group hold it): its pods run on, charged
+                # as foreign pods, instead of members of an allocation the graph does not hold
+                self._side.cluster.unrecordable(g, "its allocation from before the restart could not be "
+                                                   f"recorded (no room on {', '.join(sorted(g.held))})")
         self._unrecorded.clear()
         # logged: the graph's use against the bound pods; a few seconds on, so that its list of
         # every pod (and its decoding) does not hold up the first cycles and binds of a restart
