@@ -372,7 +372,7 @@ class Recovery:
                 g = self.group_of_placed(key, members, note)
             if g is None or (g.phase != Phase.PROVISIONAL and g.phase not in QUEUED):
                 continue
-            if note is not None and self.adopt_annotated(g, members, note):
+            if note is not None and self.adopt_annotated(g, members, note, self._open_wanted(g, by_owner)):
                 continue
             if self.adopt_placed(g, members):
                 continue
@@ -386,6 +386,20 @@ class Recovery:
                 log.warning("%s: pods placed before the restart, its allocation not recorded and not all "
                             "its slots known; they count as foreign pods and the group is matched again",
                             g.qid)
+
+    def _open_wanted(self, g: Group, by_owner: Mapping[str, list[dict[str, Any]]]) -> int | None:
+        """How many slots without a pod a replicated workload's group (ReplicaSet,
+        StatefulSet) may still keep open after a restart: its replicas less its live placed
+        pods (a pod made again after a deletion waits gated for one). None for other kinds,
+        or with the workload unknown: no rule then (``reconcile`` decides)."""
+        if g.kind is None or not g.kind.owns_pods or g.kind.resume_patch({}) is not None or g.spec.owner is None:
+            return None
+        owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
+        if owner is None:
+            return None
+        live = sum(1 for p in by_owner.get(g.spec.owner.uid, [])
+                   if not _terminal(p) and not _gated(p) and assigned_node(p) is not None)
+        return max(0, g.kind.size(owner) - live)
 
     def group_of_placed(self, key: tuple[str, str], pods: list[dict[str, Any]],
                         note: allocation_note.PlacedAllocation | None = None) -> Group | None:
@@ -489,14 +503,19 @@ class Recovery:
                              "allocated before the restart (recovered from its placed pods)" if stored is None
                              else "allocated before the restart (recovered from its placed pods and the store)")
 
-    def adopt_annotated(self, g: Group, pods: list[dict[str, Any]], note: allocation_note.PlacedAllocation) -> bool:
+    def adopt_annotated(self, g: Group, pods: list[dict[str, Any]], note: allocation_note.PlacedAllocation,
+                        open_wanted: int | None = None) -> bool:
         """The group's whole allocation, from the note its placed pods carry (every slot's
         node, every node's share: allocation_note.py), when a crash came after some but not
         all of its pods were placed and before any record of it. The slots of its live pods
         are theirs, those of ended pods given back, the others wait for the pods not placed
         yet (``reconcile`` assigns them; a group whose pods are gone gives them back there).
-        False (the other rules apply) when the pods disagree with the note or a node of it
-        is gone or down."""
+        ``open_wanted``: at most that many of those others stay open (a replicated workload
+        scaled down, its pod gone, ``_open_wanted``), the rest given back before the record:
+        else their room, which the last leader gave to another group, is held again until
+        ``reconcile`` and that group's live pods cannot be recorded (they then counted as
+        foreign pods for good, their group cancelled). False (the other rules apply) when
+        the pods disagree with the note or a node of it is gone or down."""
         if g.sets or (g.spec.jobspec and len(note.slots) != g.spec.size):
             return False
         live: dict[int, dict[str, Any]] = {}
@@ -520,6 +539,10 @@ class Recovery:
             else:
                 live[slot] = p
         ended -= set(live)
+        podless = [i for i in range(len(note.slots)) if i not in live and i not in ended]
+        if open_wanted is not None and len(podless) > open_wanted:
+            # (the first ones kept open: which pod-less slot a waiting pod takes is free)
+            ended |= set(podless[open_wanted:])
         if any(n not in self._side.cluster.nodes or self._side.cluster.node_down.get(n, False) for n in note.slots):
             return False  # a node is gone or down: the node-loss rules apply to foreign pods
         held = allocation_note.held_after(note, ended)
