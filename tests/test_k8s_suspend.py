@@ -58,8 +58,15 @@ def test_user_suspended_job_waits_for_its_user(k8s_cluster: Any, ns: str) -> Non
     wait("paused waits", lambda: phase(k8s_cluster, ns, "job-paused") == "Provisional")
     st = fluxjob(k8s_cluster, ns, "job-paused")["status"]
     assert "suspended by its user" in st["reason"], st
+    # the Event names an object that exists, with its uid (``kubectl describe`` finds it by
+    # uid): the Job (in the default --fluxjobs waiting, its FluxJob is written after the
+    # Event), or the FluxJob once it was
+    exists = {("Job", "paused", j["metadata"]["uid"]),
+              ("FluxJob", "job-paused", fluxjob(k8s_cluster, ns, "job-paused")["metadata"]["uid"])}
     events = k8s_cluster.kubectl_json("get", "events", "-n", ns)["items"]
-    assert any(e["reason"] == "SuspendedByUser" and e["involvedObject"]["name"] == "job-paused" for e in events)
+    said = [(e["involvedObject"].get("kind"), e["involvedObject"].get("name"), e["involvedObject"].get("uid"))
+            for e in events if e["reason"] == "SuspendedByUser"]
+    assert said and set(said) <= exists, (said, exists)
     time.sleep(3)  # even with capacity for it (3 free nodes would not fit 4 anyway): never resumed
     assert k8s_cluster.kubectl_json("get", "job", "-n", ns, "paused")["spec"]["suspend"] is True
     assert phase(k8s_cluster, ns, "job-paused") == "Provisional"
