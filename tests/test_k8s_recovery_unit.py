@@ -803,3 +803,46 @@ def test_a_running_group_still_unrecorded_after_reconcile_holds_nothing() -> Non
         c.cluster.matcher.check_invariants()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("mark", [True, False], ids=["resume-not-sent", "suspended-while-away"])
+def test_a_job_suspended_while_no_operator_ran_is_its_users_suspension(mark: bool) -> None:
+    """A running Job's FluxJob says Running on n0; the Job reads suspended after a restart.
+    With fluxnetes' hold mark still on (the crash came between its allocation and its resume)
+    it is fluxnetes' hold: resumed. Without it (the resume takes it off) its user suspended
+    it while no operator ran: its group gives everything back and waits for its user
+    (Provisional, SuspendedByUser), never resumed; its pod still there counts as foreign
+    until the Job controller has deleted it. (Was: the next leader saw no change, kept the
+    group Running with its allocation held while the Job's pods went, or resumed the Job.)"""
+    from fluxnetes.k8s.workloads.job import ANN_SUSPENDED_BY
+
+    async def main() -> None:
+        s = sized_job("s", 16)  # suspended, marked (as admitted)
+        if not mark:
+            del s["metadata"]["annotations"][ANN_SUSPENDED_BY]
+        fj = fluxjob("job-s", s, running_on(1, {"n0": 16}))
+        fj["spec"]["request"]["cpu"] = 16000
+        pods = [] if mark else [placed(sized(pod("s-0", owner=s), 16), "n0", 0, 1, "job-s")]
+        kube = Kube()
+        kube.pods = pods
+        c = restart(kube, [s], [fj], pods)
+        await settle(c)
+        g = c.groups[("ns", "job-s")]
+        if mark:
+            assert g.phase == Phase.RUNNING and kube.resumed == ["s"] and used(c) == {"n0": 16}
+            return
+        assert g.phase == Phase.PROVISIONAL and "suspended by its user" in g.reason, (g.phase, g.reason)
+        assert ("FluxJob", "SuspendedByUser") in kube.event_reasons, kube.event_reasons
+        assert kube.resumed == [] and not g.held and g.jobid is None
+        assert c.cluster.foreign_node == {"pod-s-0": "n0"} and used(c) == {"n0": 16}  # (its pod, as foreign)
+        c.handle(("Pod", "DELETED", pods[0]))  # the Job controller deleted it
+        await settle(c)
+        assert used(c) == {} and g.phase == Phase.PROVISIONAL and kube.resumed == []
+
+    asyncio.run(main())
+
+
+def sized_job(name: str, cpu: int) -> dict[str, Any]:
+    j = one_job(name)
+    j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = str(cpu)
+    return j

@@ -57,6 +57,7 @@ class RecoveryBook(Protocol):
     def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
     def same_owner(self, g: Group, uid: str) -> bool: ...
     def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
+    def suspended_while_away(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
 
 
 class RecoveryScaling(Protocol):
@@ -132,6 +133,23 @@ class Recovery:
         if owner is not None and g.kind.resume_patch(owner) is not None and g.kind.held_by_fluxnetes(owner):
             g.resumed = True
             self._ctx.spawn(self._side.allocation.resume(g))
+
+    def suspended_by_user(self, g: Group) -> bool:
+        """A running group read back whose workload its user suspended while no operator ran
+        (suspended, and fluxnetes' hold mark is off: the resume takes it off): the group gives
+        everything back and waits for its user (a scale group of it is cancelled, as on a
+        suspension seen live). True when so."""
+        if g.kind is None or g.spec.owner is None:
+            return False
+        owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
+        if owner is None or g.kind.resume_patch(owner) is None or not g.kind.held_by_user(owner):
+            return False
+        if self._side.scaling.base_key(g) not in (None, g.key):
+            self._side.allocation.cancel_group(g, f"{g.kind.kind} {g.spec.owner.name} was suspended by its user "
+                                                  "while no operator ran")
+        else:
+            self._side.book.suspended_while_away(g, g.kind, owner)
+        return True
 
     def requeue_if_nodes_gone(self, g: Group) -> bool:
         """After a restart: a running group allocated on nodes that are gone. A group of bare
@@ -625,6 +643,8 @@ class Recovery:
                     self._side.scaling.take_strays(base, short)
         for g in list(self._side.book.groups.values()):
             if g.phase == Phase.RUNNING and self.requeue_if_nodes_gone(g):
+                continue
+            if g.phase == Phase.RUNNING and self.suspended_by_user(g):
                 continue
             if g.phase == Phase.RUNNING:
                 self._side.allocation.assign(g)
