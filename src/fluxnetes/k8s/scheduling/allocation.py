@@ -135,7 +135,7 @@ class Allocation:
 
         # the whole allocation rides on each placement of a multi-pod group: a crash after
         # some of its pods were placed, before any record of it, is recovered exactly from
-        # any of them (persistence/recovery.py ``adopt_annotated``)
+        # any of them (persistence/adoption.py ``adopt_annotated``)
         if g.alloc_note is None or g.alloc_note[0] != g.jobid:  # once per allocation, not per pod
             g.alloc_note = (g.jobid, None if g.sets else allocation_note.encode(g.jobid, g.slots, g.alloc))
         note = g.alloc_note[1]
