@@ -76,6 +76,15 @@ def test_only_the_job_that_waits_gets_a_fluxjob(k8s_cluster: Any, ns: str, op: O
     events = k8s_cluster.kubectl_json("get", "events", "-n", ns)["items"]
     scheduled = {e["involvedObject"]["name"] for e in events if e["reason"] == "Scheduled"}
     assert {p["metadata"]["name"] for p in quick} <= scheduled
+    # the groups' own Events name what exists, never a FluxJob they do not have: the Job, with
+    # its uid (so `kubectl describe job` lists them), and for a label group its first pod
+    ours = [e for e in events if "fluxnetes" in (e.get("reportingComponent"), (e.get("source") or {}).get("component"))]
+    assert not [e["involvedObject"] for e in ours if e["involvedObject"].get("kind") == "FluxJob"
+                and e["involvedObject"].get("name") in ("job-quick", "hold")]
+    quick_uid = k8s_cluster.kubectl_json("get", "job", "-n", ns, "quick")["metadata"]["uid"]
+    assert "Allocated" in {e["reason"] for e in ours if e["involvedObject"].get("uid") == quick_uid}, ours
+    assert "Allocated" in k8s_cluster.kubectl("describe", "job", "-n", ns, "quick").stdout
+    assert "Allocated" in k8s_cluster.kubectl("describe", "pod", "-n", ns, "hold-0").stdout
     info = json.loads(ctl(k8s_cluster, "explain", f"{ns}/job-quick", "-o", "json"))
     assert (info["state"], info["fluxJob"], info["size"]) == ("Completed", False, 2)
     assert info["workloads"] == [{"kind": "Job", "name": "quick"}]

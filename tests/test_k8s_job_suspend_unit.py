@@ -251,3 +251,34 @@ def test_a_users_suspension_outlives_the_leader_that_saw_it(marked: bool) -> Non
         await c2.stop()
 
     asyncio.run(main())
+
+
+def test_a_users_suspension_while_no_operator_runs_is_never_resumed() -> None:
+    """fluxnetes resumes the Job it held at admission; its leader dies; while no operator
+    runs, its user suspends it (the Job controller deletes its pods). The next leader sees no
+    change, only a suspended Job: the resume took fluxnetes' hold mark off with the hold, so
+    the suspension reads as the user's: the group waits for its user, never resumed. (Was:
+    the resume left the mark on, and the next leader took the user's suspension for
+    fluxnetes' own hold: it queued the Job and resumed it once it fitted.)"""
+    import asyncio
+
+    async def main() -> None:
+        c, kube = make_controller()
+        await running(c, kube, marked=True)
+        await c.stop()
+        job = the_job(True, True)  # as admitted: suspended, marked
+        assert [name for name, _ in kube.resume_bodies] == ["g"]
+        for _, body in kube.resume_bodies:
+            job = merge_patched(job, body)
+        assert job["spec"]["suspend"] is False and ANN_SUSPENDED_BY not in job["metadata"]["annotations"], job
+        job = merge_patched(job, {"spec": {"suspend": True}})  # its user, while no operator runs
+        c2, kube2 = make_controller()  # the next leader, over the cluster as it is
+        c2.handle(("Job", "ADDED", job))
+        await settle(c2)
+        await settle(c2)
+        g = c2.groups[KEY]
+        assert str(g.phase) == "Provisional" and "suspended by its user" in g.reason, (g.phase, g.reason)
+        assert kube2.resumed == [] and held(c2) == []
+        await c2.stop()
+
+    asyncio.run(main())

@@ -216,3 +216,77 @@ def test_a_foreign_pod_leaves_the_rest_of_its_socket_to_socket_local_pods() -> N
     # the socket is full now: a second one waits
     assert m.cluster.matcher.allocate(local, now=0).status == MatchStatus.BUSY
     m.cluster.matcher.check_invariants()
+
+
+def test_foreign_pods_that_do_not_fit_yet_are_recorded_once_there_is_room() -> None:
+    """A node's foreign pods whose record fails (what the graph holds there first leaves no
+    room) stay to be recorded: the next flush tries again, without a change on that node to
+    make it dirty. (Was: the dirty flag was cleared whatever the outcome; nothing changed
+    there afterwards, so the pods ran uncharged for good and the node was overbooked.)"""
+    from fluxnetes.k8s.scheduling import shares
+
+    m = mirror("n0")
+    block = m.cluster.matcher.next_jobid
+    m.cluster.matcher.update_allocate(block, shares.to_match([shares.Share("n0", 16)]), at=0, duration=0)
+    m.cluster.add_foreign("a", other("a", "4", "n0"), "n0")
+    m.cluster.flush_foreign()
+    assert foreign_cores(m) == {}  # no room: nothing recorded
+    assert not m.cluster.foreign_dirty  # (the loop is not woken every few ms for it)
+    m.cluster.matcher.cancel(block)
+    m.dirty = False
+    m.cluster.flush_foreign()  # nothing changed on n0: tried again all the same
+    assert foreign_cores(m) == {"n0": 4}
+    m.cluster.flush_foreign()
+    assert foreign_cores(m) == {"n0": 4}
+    m.cluster.matcher.check_invariants()
+
+
+def test_a_group_that_no_longer_fits_a_shrunk_node_holds_nothing_its_pod_counts_as_foreign() -> None:
+    """A node's allocatable shrank under two running groups (8 of 16 cores each; now 12): the
+    graph is rebuilt and re-records them; the second does not fit. It must hold nothing the
+    graph does not (it fails, as on node loss; its pod runs on, charged to its node as a
+    foreign pod once there is room). (Was: the failed record was ignored, the group kept
+    running holding 8 cores the graph did not, and the next group was placed over its pod.)"""
+    from fluxnetes.k8s.controller import Controller
+
+    async def main() -> None:
+        from test_k8s_prune import RecordingKube, bind_to_slots
+
+        c = Controller(RecordingKube(), OperatorConfig(fluxjobs="all"))  # type: ignore[arg-type]
+        c.cluster.know_node(node("n0"))
+        c.cluster.build_matcher()
+        c.reconciled = True
+        placed = {}
+        for name in ("j1", "j2"):
+            j = job(name, 1)
+            j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "8"
+            c.handle(("Job", "ADDED", j))
+            p = pod(f"{name}-0", owner=j)
+            p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "8"
+            c.handle(("Pod", "ADDED", p))
+            await settle(c)
+            g = c.groups[("ns", f"job-{name}")]
+            assert g.phase == Phase.RUNNING and g.slots == ["n0"], (g.phase, g.reason)
+            placed[name] = bind_to_slots(c, g, [p])[0]
+        await settle(c)
+        g1, g2 = c.groups[("ns", "job-j1")], c.groups[("ns", "job-j2")]
+        small = node("n0")
+        small["status"]["allocatable"]["cpu"] = "12"
+        c.handle(("Node", "MODIFIED", small))
+        await settle(c)
+        assert g1.phase == Phase.RUNNING and g1.jobid in c.cluster.matcher.jobs
+        assert g2.phase == Phase.FAILED and "did not fit" in g2.reason, (g2.phase, g2.reason)
+        assert not g2.held and "pod-j2-0" not in g2.members
+        assert c.cluster.foreign_node == {"pod-j2-0": "n0"}
+        assert foreign_cores(c) == {}  # 8 more do not fit beside j1's 8 on 12 cores: not yet
+        done = copy.deepcopy(placed["j1"])
+        done["status"]["phase"] = "Succeeded"
+        c.handle(("Pod", "MODIFIED", done))
+        await settle(c)
+        assert g1.phase.final and not g1.held
+        assert foreign_cores(c) == {"n0": 8}  # j2's pod is charged once j1's room is free
+        c.cluster.matcher.check_invariants()
+
+    import copy
+
+    asyncio.run(main())

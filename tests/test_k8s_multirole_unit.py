@@ -77,7 +77,10 @@ def test_mpijob_is_one_gang_of_two_pod_sets_resumed_then_placed_per_set() -> Non
         assert [(s.name, s.count) for s in g.sets] == [("launcher", 1), ("worker", 4)]
         await settle(c)
         assert g.phase == Phase.RUNNING and g.slot_set == ["launcher"] + ["worker"] * 4
-        assert ("mpijobs", "pi", {"spec": {"runPolicy": {"suspend": False}}}) in kube.workload_patches
+        # resumed, and fluxnetes' hold mark taken off with the hold (a later suspension is its user's)
+        assert ("mpijobs", "pi", {"spec": {"runPolicy": {"suspend": False}},
+                                  "metadata": {"annotations": {"fluxnetes.io/suspended-by": None}}}) \
+            in kube.workload_patches
         # the FluxJob status shows the pod sets, each one's own request (kubectl fluxnetes
         # charges each set its shape) and the node of each of their slots
         assert kube.fluxjob_status[("ns", "mpijob-pi")]["podSets"] == [

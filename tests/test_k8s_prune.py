@@ -34,6 +34,7 @@ class RecordingKube:
         self.fluxjob_writes = 0
         self.placed: list[str] = []
         self.resumed: list[str] = []
+        self.resume_bodies: list[tuple[str, Any]] = []  # (workload, body) of each resume patch
         self.job_metadata: list[tuple[str, Any]] = []  # (Job, body) of each patch of its metadata only
         self.deleted: list[tuple[str, Any]] = []  # (path, body) of each DELETE
         self.event_reasons: list[tuple[str, str]] = []  # (involved object's kind, reason) of each Event
@@ -69,6 +70,7 @@ class RecordingKube:
             self.job_metadata.append((name, body))  # (fluxnetes' hold mark taken off)
         elif res.plural == "jobs":
             self.resumed.append(name)
+            self.resume_bodies.append((name, body))
         return {}
 
 

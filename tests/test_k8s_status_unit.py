@@ -412,3 +412,72 @@ def test_the_default_is_fluxjobs_waiting() -> None:
     assert cmd.callback is not None
     assert inspect.signature(cmd.callback).parameters["fluxjobs"].default == "waiting"
     assert OperatorConfig().fluxjobs == "waiting"
+
+
+def test_group_events_name_an_object_that_exists() -> None:
+    """Under ``--fluxjobs waiting`` (the default) a group placed at once gets no FluxJob: its
+    Events name its workload, with the workload's uid (``kubectl describe job`` lists them),
+    or for bare pods the pods themselves. A group that waits gets a FluxJob: from then on its
+    Events name it, with its uid (``kubectl describe`` lists only the Events whose
+    involvedObject carries the object's uid). (Was: every group Event named a FluxJob by name
+    only: for a group placed at once an object that never existed, and never found by
+    ``kubectl describe`` for one that did.)"""
+    from fluxnetes.k8s import names
+    from fluxnetes.k8s.controller import Controller
+    from test_k8s_prune import bound, finished, job, node, pod, settle
+
+    def sized(p: dict[str, Any], cpu: str) -> dict[str, Any]:
+        p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+        return p
+
+    async def main() -> None:
+        kube = Events()
+        c = Controller(kube, OperatorConfig())  # type: ignore[arg-type]
+        assert c.config.fluxjobs == "waiting"
+        for n in ("n0", "n1", "n2"):
+            c.cluster.know_node(node(n))
+        c.cluster.build_matcher()
+        c.reconciled = True
+        j = job("j", 2)
+        j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "16"
+        c.handle(("Job", "ADDED", j))
+        jp = [sized(pod(f"j-{i}", owner=j), "16") for i in range(2)]
+        for p in jp:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        gj = c.groups[("ns", "job-j")]
+        assert gj.phase == Phase.RUNNING and not gj.fj_exists
+        about = [e["involvedObject"] for e in kube.events if e["reason"] in ("Queued", "Allocated")]
+        assert about and all(o == {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "namespace": "ns",
+                                   "uid": "job-j"} for o in about), about
+        # a gang of bare pods that waits (one node of 16 cores free for two 16-core pods): a
+        # FluxJob once written
+        kube.events.clear()
+        labels = {names.LABEL_GROUP: "gang", names.LABEL_GROUP_SIZE: "2"}
+        gang = [sized(pod(f"gang-{i}", labels=labels), "16") for i in range(2)]
+        for p in gang:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        gg = c.groups[("ns", "gang")]
+        assert gg.phase != Phase.RUNNING and gg.fj_exists and gg.fj_uid
+        for p in jp:
+            c.handle(("Pod", "MODIFIED", finished(bound(p, "n0"))))
+        await settle(c)
+        assert gg.phase == Phase.RUNNING, (gg.phase, gg.reason)
+        allocated = [e["involvedObject"] for e in kube.events if e["reason"] == "Allocated"]
+        assert allocated == [{"apiVersion": "fluxnetes.io/v1alpha1", "kind": "FluxJob", "name": "gang",
+                              "namespace": "ns", "uid": gg.fj_uid}], allocated
+        # a gang of bare pods placed at once: no FluxJob, no workload: its first pod is told
+        kube.events.clear()
+        labels = {names.LABEL_GROUP: "now", names.LABEL_GROUP_SIZE: "2"}
+        now = [pod(f"now-{i}", labels=labels) for i in range(2)]
+        for p in now:
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        gn = c.groups[("ns", "now")]
+        assert gn.phase == Phase.RUNNING and not gn.fj_exists
+        about = [e["involvedObject"] for e in kube.events if e["reason"] == "Allocated"]
+        assert about == [{"apiVersion": "v1", "kind": "Pod", "name": "now-0", "namespace": "ns",
+                          "uid": "pod-now-0"}], about
+
+    asyncio.run(main())

@@ -131,6 +131,10 @@ class ClusterView:
         self._foreign_per_owner: Counter[str] = Counter()
         self._foreign_jobs: dict[str, int] = {}  # node -> matcher job id
         self._foreign_dirty: set[str] = set()
+        # nodes whose foreign pods could not be recorded (no room: what the graph holds there
+        # first must go): tried again at every flush until they are, without waking the loop
+        # (``foreign_dirty`` says only that something changed)
+        self._foreign_unrecorded: set[str] = set()
         self._matcher: Matcher | None = None  # (built by build_matcher)
         self._scheduler: Scheduler | None = None
         # the pods' own node rules (nodeSelector, required affinity, taints): see fit_groups
@@ -248,11 +252,14 @@ class ClusterView:
             METRICS.foreign_pods.set(len(self._foreign_node))
 
     def flush_foreign(self) -> None:
-        """Re-record the foreign allocation of every node whose foreign pods changed."""
-        if not self._foreign_dirty or self._matcher is None:
+        """Re-record the foreign allocation of every node whose foreign pods changed, or whose
+        last record failed (a node stays to be recorded until its record succeeds: cleared
+        anyway, its pods ran uncharged for good once nothing else changed there)."""
+        if not (self._foreign_dirty or self._foreign_unrecorded) or self._matcher is None:
             return
         now = self._ctx.now()
-        for node in sorted(self._foreign_dirty):
+        failed: set[str] = set()
+        for node in sorted(self._foreign_dirty | self._foreign_unrecorded):
             old = self._foreign_jobs.pop(node, None)
             if old is not None:
                 with contextlib.suppress(Exception):
@@ -268,11 +275,19 @@ class ClusterView:
                 self.matcher.update_allocate(jobid, shares.to_match([share]), at=now, duration=0)
                 self._foreign_jobs[node] = jobid
             except Exception as exc:
-                log.warning("foreign pods on %s (%s) could not be recorded: %s", node, share, exc)
+                failed.add(node)
+                if node not in self._foreign_unrecorded:  # (once per node, not every cycle)
+                    log.warning("foreign pods on %s (%s) could not be recorded, tried again until they are: %s",
+                                node, share, exc)
+        retried = self._foreign_unrecorded - failed
+        for node in sorted(retried):
+            log.info("foreign pods on %s recorded", node)
+        self._foreign_unrecorded = failed
         freed = sorted(self._foreign_dirty)
         self._foreign_dirty.clear()
-        self.scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
-        self._ctx.dirty = True
+        if freed:
+            self.scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
+            self._ctx.dirty = True
 
     # ---------------------------------------------------------------- nodes
     def on_node(self, etype: str, node: dict[str, Any]) -> None:
@@ -364,23 +379,61 @@ class ClusterView:
             if g.phase != Phase.RUNNING:
                 self.lose_share(g, name)  # failed earlier, its survivors still hold shares
                 continue
-            if self._ctx.config.on_node_lost == "requeue" and g.kind is not None and g.spec.owner is not None:
-                # restart the whole gang: its surviving pods go (a Job is suspended again, the
-                # pods of a ReplicaSet/StatefulSet are deleted and come back gated); until they
-                # are gone they count as foreign pods, so nothing is placed on what they use
+            if self._requeues(g):
                 self._side.release_all(g)
-                survivors = self.survivors_to_foreign(g)
-                self._ctx.spawn(self._side.evict(g, [*survivors, *g.members.values()]))
-                g.failed_pods = g.deleted_pods = 0  # counted again for the next run
-                g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
-                self._side.status.set_phase(g, Phase.PENDING, f"{what}; requeued")
-                self._side.status.group_event(g, "Warning", "NodeLost", g.reason, pods=False)
+                self._requeue(g, self.survivors_to_foreign(g), f"{what}; requeued", "NodeLost")
             else:
                 self.lose_share(g, name)
                 self._side.release_idle_slots(g)  # a slot with no pod holds a share no pod will ever use
                 g.end = self._ctx.now()
                 self._side.status.set_phase(g, Phase.FAILED, what)
                 self._side.status.group_event(g, "Warning", "NodeLost", g.reason)
+
+    def _requeues(self, g: Group) -> bool:
+        """Does a running group that lost (part of) its allocation restart whole
+        (``--on-node-lost requeue``, a workload's group), rather than fail?"""
+        return self._ctx.config.on_node_lost == "requeue" and g.kind is not None and g.spec.owner is not None
+
+    def _requeue(self, g: Group, survivors: list[dict[str, Any]], reason: str, event: str) -> None:
+        """Restart the whole gang (its allocation given back already): its surviving pods go (a
+        Job is suspended again, the pods of a ReplicaSet/StatefulSet are deleted and come back
+        gated); until they are gone they count as foreign pods (``survivors``, moved there by
+        the caller), so nothing is placed on what they use."""
+        self._ctx.spawn(self._side.evict(g, [*survivors, *g.members.values()]))
+        g.failed_pods = g.deleted_pods = 0  # counted again for the next run
+        g.jobid, g.slots, g.slot_pod, g.released, g.start = None, [], [], set(), None
+        self._side.status.set_phase(g, Phase.PENDING, reason)
+        self._side.status.group_event(g, "Warning", event, g.reason, pods=False)
+
+    def hold_nothing(self, g: Group) -> list[dict[str, Any]]:
+        """``g``'s allocation could not be recorded in the graph (no room there: what was
+        recorded first holds its nodes). It holds nothing, then, here either: its placed pods
+        leave it and are followed as foreign pods, their nodes charged until they go (a
+        foreign record that does not fit yet is tried again: ``flush_foreign``), never left
+        members of an allocation the graph does not hold (the next group placed over them
+        overbooked their nodes). Returns the pods moved."""
+        self._side.release_all(g)  # (its job id stays reserved: record_group)
+        g.held, g.alloc = {}, []
+        moved = self.survivors_to_foreign(g)
+        g.fj_dirty = True
+        self._ctx.dirty = True
+        return moved
+
+    def unrecordable(self, g: Group, why: str) -> None:
+        """``g``'s allocation could not be recorded (``why``): it holds nothing (``hold_nothing``),
+        and a running group ends as node loss ends one: it restarts whole under
+        ``--on-node-lost requeue`` (a workload's group), else it fails; its pods run on until
+        they end, charged as foreign pods."""
+        moved = self.hold_nothing(g)
+        log.error("%s: %s; its %d placed pod(s) count as foreign pods", g.qid, why, len(moved))
+        if g.phase != Phase.RUNNING:
+            return
+        if self._requeues(g):
+            self._requeue(g, moved, f"{why}; requeued", "Unrecorded")
+            return
+        g.end = self._ctx.now()
+        self._side.status.set_phase(g, Phase.FAILED, f"{why}; its pods run on as foreign pods")
+        self._side.status.group_event(g, "Warning", "Unrecorded", g.reason, pods=False)
 
     def lose_share(self, g: Group, name: str) -> None:
         """The group's share on lost node ``name`` is gone with the node (and its slots)."""
@@ -394,7 +447,12 @@ class ClusterView:
         elif g.jobid is None and all(n in self._nodes for n in g.held):
             # recovered after a restart with nodes gone: the rest was never recorded
             g.jobid = self.matcher.next_jobid
-            self.record_group(g)
+            if not self.record_group(g):
+                # no room for the rest (something recorded since holds it): its pods run on,
+                # charged as foreign pods (the caller ends a running group: node_lost)
+                moved = self.hold_nothing(g)
+                log.error("%s: its share off lost node %s could not be recorded; its %d placed pod(s) "
+                          "count as foreign pods", g.qid, name, len(moved))
         self.scheduler.invalidate()
         g.fj_dirty = True
         self._ctx.dirty = True
@@ -420,10 +478,11 @@ class ClusterView:
         self.build_matcher()
         self._foreign_jobs.clear()
         self._foreign_dirty = set(self._foreign)
-        for g in self._side.groups.values():
+        for g in list(self._side.groups.values()):
             # a failed group's surviving pods still hold their shares (node_lost)
-            if g.held and g.jobid is not None:
-                self.record_group(g)
+            if g.held and g.jobid is not None and not self.record_group(g):
+                self.unrecordable(g, "its allocation did not fit the graph rebuilt from the nodes "
+                                     f"(on {', '.join(sorted(g.held))})")
         self.flush_foreign()
 
     def record_group(self, g: Group) -> bool:

@@ -326,8 +326,8 @@ class GroupBook:
         (``before``) to this one. Suspended after it was let go (resumed, by fluxnetes or its
         user), and not by fluxnetes itself (``g.suspending``: preempted, a node lost): its user
         suspended it (``kubectl patch job J -p '{"spec":{"suspend":true}}'``, Kueue's way). A
-        Job resumed by fluxnetes still carries fluxnetes' mark, so the mark cannot tell; the
-        change can. Its controller deletes its pods; a running group gives back everything now
+        Job resumed by an earlier version of fluxnetes still carries fluxnetes' mark (the
+        resume takes it off now), so the mark cannot always tell; the change can. Its controller deletes its pods; a running group gives back everything now
         (its pods still running are followed as foreign pods until they are gone, so their
         room stays taken meanwhile) and waits with the others that are not running, never
         resumed by fluxnetes, until its user resumes it (``enqueue_workload``)."""
@@ -342,7 +342,20 @@ class GroupBook:
             self._side.allocation.drop_hold_mark(g)  # (so that the next leader knows it too)
         if g.phase != Phase.RUNNING:
             return  # enqueue_workload takes it out of the queue
-        why = f"{kind.kind} {_meta(obj).get('name', '')} was suspended by its user"
+        self.give_back_to_user(g, kind, obj, f"{kind.kind} {_meta(obj).get('name', '')} was suspended by its user")
+
+    def suspended_while_away(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None:
+        """After a restart: the running group's workload is suspended, without fluxnetes' hold
+        mark (the resume takes it off: ``Allocation.resume``), so its user suspended it while
+        no operator ran (no change was seen: ``suspension`` cannot tell). It is the user's
+        suspension: everything goes back and the group waits for its user, never resumed."""
+        g.suspended_by_user = True
+        self.give_back_to_user(g, kind, obj, f"{kind.kind} {_meta(obj).get('name', '')} was suspended by its "
+                                             "user while no operator ran")
+
+    def give_back_to_user(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any], why: str) -> None:
+        """A running group whose user suspended its workload (``why``) gives everything back
+        and waits, Provisional, until its user resumes it."""
         self._side.allocation.release_all(g)
         self._side.cluster.survivors_to_foreign(g)
         self._side.status.end_run(g, f"{why}; it waits until it is resumed", self._ctx.now())

@@ -380,7 +380,7 @@ class Scaling:
             # judged again at its new size: a Deployment of 10 pods that never fit, scaled to 4
             self._side.scheduling.reopen(g)
             self._side.status.set_phase(g, Phase.PROVISIONAL, f"resized from {g.spec.size} to {size} pods: judged again")
-            self._side.status.event(g.ref(), "Normal", "Resized", g.reason)
+            self._side.status.group_event(g, "Normal", "Resized", g.reason, pods=False)
         g.spec = replace(g.spec, size=size)
         try:
             g.jobspec = self._side.book.make_jobspec(g)
@@ -401,8 +401,8 @@ class Scaling:
         spec = replace(like.spec, name=self.next_scale_name(base, owner_uid), size=size)
         g = self._side.book.new_group(spec, kind)
         g.reason = f"waiting for the group: 0/{size} pods"
-        self._side.status.event(like.ref(), "Normal", "ScaledUp",
-                   f"{size} added pod(s) form group {spec.name}, queued all-or-nothing")
+        self._side.status.group_event(like, "Normal", "ScaledUp",
+                                      f"{size} added pod(s) form group {spec.name}, queued all-or-nothing", pods=False)
         # pods that arrived before the new replica count was seen wait in a running group
         # without a slot: they belong to the new group
         self.take_strays(base, g)

@@ -118,8 +118,30 @@ class StatusWriter:
         return {"apiVersion": "v1", "kind": "Pod", "name": m.get("name", ""), "namespace": m.get("namespace", ""),
                 "uid": m.get("uid", "")}
 
+    def group_ref(self, g: Group) -> dict[str, str] | None:
+        """What an Event about group ``g`` names: its FluxJob when it has one (with its uid:
+        ``kubectl describe fluxjob`` lists only the Events whose involvedObject has the
+        object's uid) or is to have one; else its workload (``--fluxjobs waiting``, the
+        default: a group placed at once gets no FluxJob, and an Event naming one would point
+        at nothing); None for a group of bare pods without one (its pods are told)."""
+        if g.fj_exists or g.fj_wanted or self._ctx.config.fluxjobs == "all" or not recovered_from_pods(g):
+            ref = g.ref()
+            if g.fj_exists and g.fj_uid:
+                ref["uid"] = g.fj_uid
+            return ref
+        if g.spec.owner is not None:
+            return {**g.spec.owner.as_dict(), "namespace": g.spec.namespace}
+        return None
+
     def group_event(self, g: Group, etype: str, reason: str, message: str, pods: bool = True) -> None:
-        self.event(g.ref(), etype, reason, message)
+        ref = self.group_ref(g)
+        if ref is not None:
+            self.event(ref, etype, reason, message)
+        elif not pods and g.members:
+            # nothing but its pods to name: the first one by name says it for the group (one
+            # Event, as one on its FluxJob would be, not one per pod of a large gang)
+            ref = self.pod_ref(min(g.members.values(), key=lambda p: str(_meta(p).get("name", ""))))
+            self.event(ref, etype, reason, message)
         if pods:
             for pod in list(g.members.values())[:50]:
                 self.event(self.pod_ref(pod), etype, reason, message)

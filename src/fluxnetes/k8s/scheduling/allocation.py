@@ -135,7 +135,7 @@ class Allocation:
 
         # the whole allocation rides on each placement of a multi-pod group: a crash after
         # some of its pods were placed, before any record of it, is recovered exactly from
-        # any of them (persistence/recovery.py ``adopt_annotated``)
+        # any of them (persistence/adoption.py ``adopt_annotated``)
         if g.alloc_note is None or g.alloc_note[0] != g.jobid:  # once per allocation, not per pod
             g.alloc_note = (g.jobid, None if g.sets else allocation_note.encode(g.jobid, g.slots, g.alloc))
         note = g.alloc_note[1]
@@ -176,6 +176,12 @@ class Allocation:
         body = g.kind.resume_patch(owner or {})
         if body is None:
             return
+        from fluxnetes.k8s.workloads.base import ANN_SUSPENDED_BY
+
+        # fluxnetes' hold mark comes off with the hold, in the same write: a suspension seen
+        # later without it is its user's, also by a leader that saw no change (one suspended
+        # while no operator ran: Recovery.reconcile, GroupBook.suspended_while_away)
+        body = {**body, "metadata": {"annotations": {ANN_SUSPENDED_BY: None}}}
         res = workload_resource(g.kind)
         owner_name, jobid = g.spec.owner.name, g.jobid
         try:
@@ -193,8 +199,8 @@ class Allocation:
 
     def drop_hold_mark(self, g: Group) -> None:
         """Its user suspended the group's workload after it was let go: fluxnetes' hold mark
-        comes off it (a Job fluxnetes resumed keeps it), so that the suspension reads as the
-        user's in the object itself. ``Group.suspended_by_user`` is this leader's memory
+        comes off it (one resumed by an earlier version of fluxnetes kept it), so that the
+        suspension reads as the user's in the object itself. ``Group.suspended_by_user`` is this leader's memory
         only; the next one (a restart, a leader change) reads the object, and with the mark
         still on took the suspension for its own hold and resumed the workload."""
         from fluxnetes.k8s.workloads.base import ANN_SUSPENDED_BY

@@ -3,7 +3,7 @@ places it (annotation ``fluxnetes.io/allocation``), so that a leader that died a
 some but not all of the group's pods, before any record of the allocation was written (the
 FluxJob status comes every ``--status-interval``, ``--fluxjobs waiting`` may never write
 one, no ``--store``), is followed by one that knows every slot's node and share from any
-placed pod (persistence/recovery.py ``adopt_annotated``). No extra API write: the note rides
+placed pod (persistence/adoption.py ``adopt_annotated``). No extra API write: the note rides
 on the placement the pod gets anyway.
 
 Text: ``{"j": jobid, "n": [[node, cores, gpus, memory MiB, slots, {extra}?], ...]}``; the
