@@ -34,7 +34,7 @@ from fluxnetes.k8s.scheduling.placement import assigned_node, placed_jobid
 from fluxnetes.k8s.workloads import WorkloadKind, kind_of
 
 if TYPE_CHECKING:
-    from fluxnetes.k8s.persistence.recovery import RecoverySide
+    from fluxnetes.k8s.persistence.recovery_side import RecoverySide
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")

@@ -2,7 +2,8 @@
 by fluxjob_readback.py), the store's live rows (``recover_store``, rows claimed by groups
 re-created from their objects: store_recovery.py), then what no record shows, from the
 cluster itself, before any replayed event (``recover_from_cluster``: finished workloads, pods
-placed for an allocation no record shows: adoption.py, reading the pods with placed_pods.py);
+placed for an allocation no record shows: adoption.py, reading the pods with placed_pods.py;
+what recovery needs of the other parts: recovery_side.py);
 pods seen placed afterwards (``adopt``, ``take_back``); once every pod was seen again,
 ``reconcile`` (vanished pods give back, gone nodes, lost resumes, a user's suspension while
 no operator ran). Owned state: ``unrecorded`` (allocations read back that did not fit the
@@ -11,96 +12,26 @@ graph yet)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 from fluxnetes.k8s import names
 from fluxnetes.k8s.context import Context
-from fluxnetes.k8s.groups import GroupSpec, OwnerRef, controller_of
+from fluxnetes.k8s.groups import controller_of
 from fluxnetes.k8s.groups.groupbook import QUEUED, Group
-from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.objects import _gated, _meta, _parse_time
 from fluxnetes.k8s.persistence.adoption import Adoption
 from fluxnetes.k8s.persistence.fluxjob import Phase
 from fluxnetes.k8s.persistence.fluxjob_readback import DerivedTexts, group_from_fluxjob
 from fluxnetes.k8s.persistence.placed_pods import placed_note, slot_of
+from fluxnetes.k8s.persistence.recovery_side import RecoverySide
 from fluxnetes.k8s.scheduling import allocation_note, shares
 from fluxnetes.k8s.scheduling.placement import assigned_node, placed_jobid
-from fluxnetes.k8s.workloads import WorkloadKind
-
-if TYPE_CHECKING:
-    from fluxnetes.k8s.cluster.accounting import AccountingCheck
-    from fluxnetes.k8s.cluster.mirror import ClusterView
-    from fluxnetes.k8s.persistence.status import StatusWriter
-    from fluxnetes.k8s.persistence.store_recovery import StoreRecovery
 
 # one logger for every part of the state machine: its log lines read as before the split
 log = logging.getLogger("fluxnetes.k8s.controller")
 
 ACCOUNTING_CHECK_DELAY = 5.0  # seconds after the post-restart reconcile
-
-
-class RecoveryBook(Protocol):
-    """The group book as recovery sees it (groups/groupbook.py)."""
-
-    @property
-    def groups(self) -> GroupTable: ...
-    @property
-    def owners(self) -> Mapping[tuple[str, str, str], dict[str, Any]]: ...
-    def add_recovered(self, g: Group) -> None: ...
-    def set_member(self, uid: str, key: tuple[str, str]) -> None: ...
-    def drop_earlier_owner(self, gkey: tuple[str, str], reason: str) -> None: ...
-    def group_for_workload(self, kind: WorkloadKind, obj: Mapping[str, Any]) -> GroupSpec: ...
-    def make_jobspec(self, g: Group) -> Any: ...
-    def new_group(self, spec: GroupSpec, kind: WorkloadKind | None) -> Group: ...
-    def owner_obj(self, ref: OwnerRef | None, namespace: str) -> dict[str, Any] | None: ...
-    def pod_group_spec(self, pod: dict[str, Any]) -> GroupSpec: ...
-    def same_owner(self, g: Group, uid: str) -> bool: ...
-    def workload_finished(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-    def suspended_while_away(self, g: Group, kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-
-
-class RecoveryScaling(Protocol):
-    """A workload's family of groups as recovery sees it (groups/scaling.py)."""
-
-    @property
-    def scale_groups(self) -> Mapping[tuple[str, str], Sequence[tuple[str, str]]]: ...
-    def base_key(self, g: Group) -> tuple[str, str] | None: ...
-    def ended(self, workload_uid: str) -> bool: ...
-    def on_fluxjob(self, obj: Mapping[str, Any]) -> None: ...
-    def rescale(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-    def take_strays(self, base: tuple[str, str], g: Group) -> None: ...
-    def job_grown(self, base: tuple[str, str], kind: WorkloadKind, obj: Mapping[str, Any]) -> None: ...
-
-
-class RecoveryAllocation(Protocol):
-    """Allocation as recovery sees it (scheduling/allocation.py)."""
-
-    def assign(self, g: Group) -> None: ...
-    def cancel_group(self, g: Group, reason: str) -> None: ...
-    def finish_group(self, g: Group) -> None: ...
-    def release_all(self, g: Group) -> None: ...
-    def release_slot(self, g: Group, slot: int) -> None: ...
-    async def resume(self, g: Group) -> None: ...
-
-
-class RecoverySide(Protocol):
-    """What recovery uses of the other parts."""
-
-    @property
-    def cluster(self) -> ClusterView: ...
-    @property
-    def status(self) -> StatusWriter: ...
-    @property
-    def accounting(self) -> AccountingCheck: ...
-    @property
-    def store_recovery(self) -> StoreRecovery: ...
-    @property
-    def book(self) -> RecoveryBook: ...
-    @property
-    def scaling(self) -> RecoveryScaling: ...
-    @property
-    def allocation(self) -> RecoveryAllocation: ...
 
 
 class Recovery:
