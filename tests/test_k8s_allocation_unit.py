@@ -210,3 +210,45 @@ def test_a_job_past_its_deadline_says_so() -> None:
         assert kube.fluxjob_status[("ns", "job-j")]["reason"] == g.reason
 
     asyncio.run(main())
+
+
+def test_a_gated_pod_labelled_held_by_the_scheduler_name_has_the_label_taken_off() -> None:
+    """The gate's guard (ValidatingAdmissionPolicy, webhook) skips pods labelled
+    fluxnetes.io/hold=scheduler-name; the webhook never leaves that label on a gated pod, but
+    a webhook that did not know it (before the upgrade, or an old replica serving while a new
+    one had installed the guard's selector) kept its user's. The operator takes it off such a
+    pod when it sees it, so the guard sees its gate again; a pod held by the name keeps it.
+    (Was: nothing did; its user could lift the gate and kube-scheduler placed it.)"""
+    import asyncio
+
+    from fluxnetes.k8s import names
+    from fluxnetes.k8s.admission.hold import forged_hold_label_patch
+    from test_k8s_prune import make_controller, pod, settle
+
+    patches: list[tuple[str, object, str]] = []
+
+    async def main() -> None:
+        c, kube = make_controller()
+        recorded = kube.patch
+
+        async def patch(res: object, name: str, body: object, namespace: str | None = None, **kw: object) -> object:
+            patches.append((name, body, str(kw.get("content_type", ""))))
+            return await recorded(res, name, body, namespace, **kw)
+
+        kube.patch = patch  # type: ignore[method-assign]
+        forged = pod("forged", labels={names.LABEL_HOLD: names.HOLD_SCHEDULER_NAME})
+        forged["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "64"  # (never placed here)
+        plain = pod("plain")
+        plain["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "64"
+        for p in (forged, plain):
+            c.handle(("Pod", "ADDED", p))
+        await settle(c)
+        path = "/metadata/labels/fluxnetes.io~1hold"
+        assert patches == [("forged", [{"op": "test", "path": path, "value": "scheduler-name"},
+                                       {"op": "remove", "path": path}], "application/json-patch+json")]
+
+    asyncio.run(main())
+    named = pod("named", labels={names.LABEL_HOLD: names.HOLD_SCHEDULER_NAME})
+    named["spec"].pop("schedulingGates")
+    named["spec"]["schedulerName"] = names.SCHEDULER_NAME
+    assert forged_hold_label_patch(named) is None  # held by the name, no gate: the label is right

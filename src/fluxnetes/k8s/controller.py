@@ -65,7 +65,7 @@ from typing import Any
 
 from fluxnetes.graph.model import gc_paused
 from fluxnetes.k8s import names
-from fluxnetes.k8s.admission.hold import is_ours, template_is_ours
+from fluxnetes.k8s.admission.hold import forged_hold_label_patch, is_ours, template_is_ours
 from fluxnetes.k8s.cluster.accounting import CHECK_EVERY, AccountingCheck
 from fluxnetes.k8s.cluster.mirror import ClusterView, TimedMatcher
 from fluxnetes.k8s.config import OperatorConfig
@@ -76,7 +76,16 @@ from fluxnetes.k8s.groups.grouptable import GroupTable
 from fluxnetes.k8s.groups.podset_groups import PodSetGroups
 from fluxnetes.k8s.groups.scaling import Scaling
 from fluxnetes.k8s.informer import Event, Informer
-from fluxnetes.k8s.kube import FLUXJOBS, NODES, PODS, PRIORITY_CLASSES, Kube, Resource
+from fluxnetes.k8s.kube import (
+    FLUXJOBS,
+    JSON_PATCH,
+    NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    ApiError,
+    Kube,
+    Resource,
+)
 from fluxnetes.k8s.names import SCALE_SEP
 from fluxnetes.k8s.objects import OWNER_RESOURCES, _ended, _event_time, _gated, _meta, _terminal
 from fluxnetes.k8s.persistence.fluxjob import Phase
@@ -317,10 +326,31 @@ class Controller(Context):
             self.cluster.remove_foreign(uid)
             return
         if managed and _gated(pod) and not node:
+            self._unforge_hold_label(pod)
             self.book.join_group(uid, pod)
             return
         if node:
             self.cluster.add_foreign(uid, pod, str(node))
+
+    def _unforge_hold_label(self, pod: dict[str, Any]) -> None:
+        """A gated pod labelled as held by the scheduler name (admitted by a webhook that did
+        not know the label): the gate's guard skips it, so its user could lift the gate.
+        The label comes off (hold.forged_hold_label_patch)."""
+        patch = forged_hold_label_patch(pod)
+        if patch is None:
+            return
+        m = _meta(pod)
+
+        async def unlabel() -> None:
+            try:
+                await self.kube.patch(PODS, str(m.get("name", "")), patch, m.get("namespace"), content_type=JSON_PATCH)
+                log.warning("%s/%s: gated, it carried %s=%s (the gate's guard skips such pods): taken off",
+                            m.get("namespace"), m.get("name"), names.LABEL_HOLD, names.HOLD_SCHEDULER_NAME)
+            except ApiError as exc:
+                log.warning("%s/%s: %s not taken off a gated pod: %s", m.get("namespace"), m.get("name"),
+                            names.LABEL_HOLD, exc)
+
+        self.spawn(unlabel())
 
     # ---------------------------------------------------------------- main loop
     def handle(self, ev: Event) -> None:

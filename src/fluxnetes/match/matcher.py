@@ -31,7 +31,7 @@ from fluxnetes.match.jobmeta import (
     GRAPH_END,
     Meta,
 )
-from fluxnetes.match.placement import descendants
+from fluxnetes.match.placement import descendants, fitting_share
 from fluxnetes.match.policies import POLICIES, explores_every_child, is_static, new_engine
 from fluxnetes.match.reasons import busy_reason, type_capacity, unsat_reason
 from fluxnetes.match.records import JobRecords
@@ -446,6 +446,12 @@ class Matcher:
         rec = self._records.place(jobid, placement, at, duration)
         self._next_jobid = max(self._next_jobid, jobid + 1)
         return MatchResult(MatchStatus.ALLOCATED, jobid, rec.at, rec.duration, "", rec.nodes, rec.vertices)
+
+    def fitting(self, share: NodeShare, *, at: int = 0) -> NodeShare:
+        """The part of ``share`` (one node's) that is free from ``at`` on: what
+        ``update_allocate`` can record there now."""
+        self._leave_counters()
+        return fitting_share(self.engine, self.graph, share, at, GRAPH_END, self._records.split_pools)
 
     # ------------------------------------------------------------------ status / grow / shrink
     def set_status(self, path_or_name: str, up: bool) -> None:

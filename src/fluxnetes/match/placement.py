@@ -128,6 +128,29 @@ def holdings_from_shares(eng: Engine, graph: ResourceGraph, shares: list[NodeSha
     return holdings
 
 
+def fitting_share(eng: Engine, graph: ResourceGraph, sh: NodeShare, at: int, end: int,
+                  split_pools: bool) -> NodeShare:
+    """The part of ``sh`` that is free on its node over [at, end): per resource type, what
+    :func:`holdings_from_shares` could take there (whole leaves, or a pool's free amount),
+    at most what ``sh`` asks. Recording it never fails for want of room."""
+    node = node_of_share(graph, sh)
+    want = {"core": sh.cores, "gpu": sh.gpus, "memory": sh.memory, **sh.extra}
+    got = dict.fromkeys(want, 0)
+    for u in descendants(eng.vs[node.idx]):
+        t = u.v.type
+        if u.children or got.get(t, 0) >= want.get(t, 0):
+            continue
+        pool = split_pools and u.v.size > 1
+        free = u.avail(at, end)
+        if not pool and (u.x_busy(at, end) or free < u.v.size):
+            continue
+        got[t] += min(free, want[t] - got[t]) if pool else u.v.size
+    # (a whole leaf may overshoot the ask: take whole leaves only while the ask is not met)
+    extra = {t: min(n, want[t]) for t, n in got.items() if t not in ("core", "gpu", "memory") and n > 0}
+    return NodeShare(name=sh.name, path=sh.path, cores=min(got["core"], sh.cores), gpus=min(got["gpu"], sh.gpus),
+                     memory=min(got["memory"], sh.memory), extra=extra)
+
+
 def holdings_from_r(eng: Engine, graph: ResourceGraph, r: Mapping[str, Any], at: int, end: int,
                     split_pools: bool) -> dict[VState, int]:
     g = r.get("scheduling") if "scheduling" in r else (r if "graph" in r else None)

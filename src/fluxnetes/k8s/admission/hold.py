@@ -128,6 +128,20 @@ def hold_label_ops(labels: Mapping[str, str], spec: Mapping[str, Any], base: str
     return [{"op": "add", "path": path, "value": names.HOLD_SCHEDULER_NAME}]
 
 
+def forged_hold_label_patch(pod: Mapping[str, Any]) -> JsonPatch | None:
+    """JSON patch taking ``fluxnetes.io/hold=scheduler-name`` off a gated pod (None when the
+    pod is not both): the gate's guard skips pods so labelled. The webhook never leaves it
+    on a gated pod, but one admitted by a webhook that did not know the label (before an
+    upgrade, or by an old replica while a new one had installed the guard's selector) may
+    carry its user's; the operator, which alone may, takes it off. The ``test`` makes the
+    write a no-op if the label changed meanwhile."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if not gated(pod) or labels.get(names.LABEL_HOLD) != names.HOLD_SCHEDULER_NAME:
+        return None
+    path = f"/metadata/labels/{names.LABEL_HOLD.replace('~', '~0').replace('/', '~1')}"
+    return [{"op": "test", "path": path, "value": names.HOLD_SCHEDULER_NAME}, {"op": "remove", "path": path}]
+
+
 def gated(pod: Mapping[str, Any]) -> bool:
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
     return any(g.get("name") == names.GATE for g in gates)

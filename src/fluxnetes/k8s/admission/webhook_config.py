@@ -224,7 +224,9 @@ def gated_pods_selector() -> dict[str, Any]:
     fluxnetes' pods but the ones held by its scheduler name only (``fluxnetes.io/hold``, which
     the webhook never leaves on a gated pod). On an update the API server matches the old and
     the new object, either suffices: a pod gaining that label is still seen. Pods admitted
-    before the label existed lack it and stay guarded."""
+    before the label existed lack it and stay guarded, unless their user wrote it (a webhook
+    that did not know the label kept it): the operator takes it off a gated pod it sees
+    (Controller._unforge_hold_label)."""
     return {"matchExpressions": [
         {"key": names.LABEL_MANAGED, "operator": "In", "values": ["true"]},
         {"key": names.LABEL_HOLD, "operator": "NotIn", "values": [names.HOLD_SCHEDULER_NAME]},

@@ -279,6 +279,9 @@ class ClusterView:
                 if node not in self._foreign_unrecorded:  # (once per node, not every cycle)
                     log.warning("foreign pods on %s (%s) could not be recorded, tried again until they are: %s",
                                 node, share, exc)
+                # meanwhile what is free there is theirs: left free in the graph, the next
+                # group placed there would join them on a node they already overfill
+                self._record_what_fits(node, share, now)
         retried = self._foreign_unrecorded - failed
         for node in sorted(retried):
             log.info("foreign pods on %s recorded", node)
@@ -288,6 +291,19 @@ class ClusterView:
         if freed:
             self.scheduler.freed(freed)  # foreign pods came or went there: wake what waits for them
             self._ctx.dirty = True
+
+    def _record_what_fits(self, node: str, share: shares.Share, now: int) -> None:
+        """Record the part of ``node``'s foreign ``share`` that is free in the graph (the
+        whole does not fit: ``flush_foreign`` tries the whole again at every flush)."""
+        try:
+            part = self.matcher.fitting(shares.to_match([share])[0], at=now)
+            if shares.from_match([part])[0].empty:
+                return
+            jobid = self.matcher.next_jobid
+            self.matcher.update_allocate(jobid, [part], at=now, duration=0)
+            self._foreign_jobs[node] = jobid
+        except Exception as exc:
+            log.warning("foreign pods on %s: not even their free part could be recorded: %s", node, exc)
 
     # ---------------------------------------------------------------- nodes
     def on_node(self, etype: str, node: dict[str, Any]) -> None:
