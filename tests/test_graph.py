@@ -220,3 +220,32 @@ def test_load_graph_errors(tmp_path: Path) -> None:
         load_graph(tmp_path / "g.txt")
     with pytest.raises(GraphError, match="cannot read"):
         load_graph(tmp_path / "missing.json")
+
+
+def test_gc_paused_keeps_objects_the_process_froze() -> None:
+    # the operator and the store freeze their start-up objects on purpose; a graph build
+    # afterwards must not put them back under collection (gc.unfreeze empties the whole
+    # permanent generation). With nothing frozen, the build's objects go to the oldest
+    # generation and nothing stays frozen.
+    import gc
+
+    from fluxnetes.graph.model import gc_paused
+
+    assert gc.isenabled()
+    gc.collect()
+    with gc_paused():
+        made = [[i] for i in range(200)]
+    assert gc.get_freeze_count() == 0
+    assert gc.isenabled()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with gc_paused():
+            made = [[i] for i in range(200)]
+        assert gc.isenabled()
+        # (refcounting may free a few frozen objects: the first `made`; 0 if unfrozen)
+        assert gc.get_freeze_count() > frozen // 2
+    finally:
+        gc.unfreeze()
+    assert len(made) == 200

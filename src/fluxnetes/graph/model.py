@@ -34,7 +34,7 @@ def gc_paused() -> Iterator[None]:
     Building a 500k-vertex graph triggers dozens of full collections that each scan
     everything built so far (quadratic); reference counting still frees memory meanwhile.
     The previous state is restored on exit; new objects are then moved to the oldest
-    generation."""
+    generation, unless the process froze objects itself (the move would unfreeze them)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -43,9 +43,12 @@ def gc_paused() -> Iterator[None]:
         if was:
             # what was built while paused sits in the youngest generation; moving it to the
             # oldest one (freeze + unfreeze splices lists, no scan) spares the next young
-            # collections from walking every new vertex
-            gc.freeze()
-            gc.unfreeze()
+            # collections from walking every new vertex. unfreeze() empties the whole
+            # permanent generation, so it is skipped when the process keeps objects frozen
+            # on purpose (k8s/operator.py, store/service.py freeze their start-up objects)
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

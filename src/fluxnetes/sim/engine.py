@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from mypy_extensions import mypyc_attr
 
+from fluxnetes.queue.job import QueuedJob
+from fluxnetes.queue.protocol import cores_of, share_tuple
+from fluxnetes.queue.walk import too_big_reason
+
 if TYPE_CHECKING:
     from fluxnetes.queue import Scheduler
 
@@ -114,17 +118,6 @@ class SimRun:
     never_started: list[JobOutcome] = field(default_factory=list)
 
 
-class _Counts:
-    """The driver's counts, read and changed at every event (attributes: a compiled build
-    reads them without a dict lookup)."""
-
-    def __init__(self) -> None:
-        self.busy = 0  # cores held by running jobs
-        self.done = 0  # jobs finished or rejected
-        self.decision = 0  # rank of the last decision that set a start (see `ends`)
-        self.free = -1  # fcfs's gate: cores free now (see below); -1 = ask the profile
-
-
 def simulate(
     jobs: Sequence[SimJob],
     scheduler: Scheduler,
@@ -161,9 +154,8 @@ def simulate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _run(jobs, scheduler, jobspec_for, total_cores=total_cores,
-                    min_cores_for=min_cores_for, observer=observer, progress=progress,
-                    reorder=reorder)
+        driver = _Driver(jobs, scheduler, observer, reorder)
+        return driver.run(jobspec_for, total_cores, min_cores_for, progress)
     finally:
         if collecting:
             _promote()
@@ -188,115 +180,121 @@ def _promote() -> None:
         gc.unfreeze()
 
 
-def _run(
-    jobs: Sequence[SimJob],
-    scheduler: Scheduler,
-    jobspec_for: Callable[[SimJob], Any],
-    *,
-    total_cores: int,
-    min_cores_for: Callable[[SimJob], int] | None,
-    observer: SimObserver | None,
-    progress: Callable[[int], None] | None,
-    reorder: Callable[[int, list[SimJob]], Sequence[int]] | None,
-) -> SimRun:
-    """``simulate``'s body (the collector paused around it)."""
-    # the queue (and the matcher behind it) is imported here, not at module level: the
-    # count oracle shares this module's types and never needs them
-    from fluxnetes.queue import QueuedJob
-    from fluxnetes.queue.protocol import cores_of, share_tuple
-    from fluxnetes.queue.walk import too_big_reason
+class _Driver:
+    """``simulate``'s state and its event handlers (the collector paused around ``run``).
 
-    ordered = sorted(jobs, key=lambda j: j.submit)  # stable: trace order at one instant
-    outcomes = {job.id: JobOutcome(job) for job in ordered}
-    by_id = {job.id: job for job in ordered}
-    easy = scheduler.policy.name == "easy"
-    # fcfs in a static order: a pass starts jobs from the head while it fits now, so a pass
-    # whose head does not fit now starts nothing (skipping it saves a walk of the queue)
-    head_gate = scheduler.policy.name == "fcfs" and reorder is None
-    # ... and with counted reservations its pass is the scheduler's `start_from_head`: the
-    # decisions of `Scheduler.cycle` in one loop (the operator calls `cycle`; sim/README.md)
-    head_pass = head_gate and scheduler.policy.reservation_style == "counted"
-    # easy, counted reservations, a static order: a termination after which no waiting job
-    # fits in the cores free now starts nothing; its pass is not run (the next one walks the
-    # whole queue and places the head's reservation from what it sees: sim/README.md)
-    idle_gate = easy and reorder is None and scheduler.policy.reservation_style == "counted"
-    # conservative's reservations are start events: a job keeps the rank of the decision
-    # that set its planned start (ends at one instant come in the order jobs started)
-    planned = scheduler.policy.reservations is None
-    ends: list[tuple[int, int, int, str]] = []  # heap of (end, start, decision, job id)
-    # heap of (planned end, job id) of started jobs that run until their planned end
-    windows: list[tuple[int, str]] = []
-    due: list[tuple[int, str]] = []  # heap of (reserved start, job id); stale ones skipped
-    plan: dict[str, tuple[int, int]] = {}  # job id -> (reserved start, decision)
-    pending: dict[str, QueuedJob] = {}
-    # pending jobs kept in queue order (keys and jobs side by side; a job leaves by bisect,
-    # so a cycle does not rebuild the queue)
-    keys: list[tuple[int, int, int]] = []
-    queue: list[QueuedJob] = []
-    key_of: dict[str, tuple[int, int, int]] = {}
-    samples: list[Sample] = []
-    # state.free: fcfs's gate, the cores free now in the core profile, kept in step with what
-    # changes it (starts, expired windows, releases) instead of asked at every event; -1:
-    # unknown (ask the profile). With no reservations (fcfs) the profile holds the running
-    # jobs' windows only, and these are the only events that move the count at `now`
-    state = _Counts()
-    expired: set[str] = set()  # jobs whose window ended while running (cores already free)
-    n = len(ordered)
-    report_every = max(1, n // 200)
-    next_report = report_every
+    A class, not a function with nested ones: compiled, a method call is a direct C call
+    with unboxed ints and an attribute a struct field, where a nested function is called
+    through the Python protocol (its arguments boxed) on every start and every pass."""
 
-    def start(queued: QueuedJob, allocation: Any, now: int) -> None:
-        job = by_id[queued.id]
-        outcome = outcomes[queued.id]
+    def __init__(self, jobs: Sequence[SimJob], scheduler: Scheduler,
+                 observer: SimObserver | None,
+                 reorder: Callable[[int, list[SimJob]], Sequence[int]] | None) -> None:
+        self.scheduler = scheduler
+        self.observer = observer
+        self.reorder = reorder
+        self.ordered = sorted(jobs, key=lambda j: j.submit)  # stable: trace order at one instant
+        self.outcomes = {job.id: JobOutcome(job) for job in self.ordered}
+        self.by_id = {job.id: job for job in self.ordered}
+        name = scheduler.policy.name
+        counted = scheduler.policy.reservation_style == "counted"
+        self.easy = name == "easy"
+        # fcfs in a static order: a pass starts jobs from the head while it fits now, so a
+        # pass whose head does not fit now starts nothing (skipping it saves a walk of the
+        # queue)
+        self.head_gate = name == "fcfs" and reorder is None
+        # ... and with counted reservations its pass is the scheduler's `start_from_head`:
+        # the decisions of `Scheduler.cycle` in one loop (the operator calls `cycle`;
+        # sim/README.md)
+        self.head_pass = self.head_gate and counted
+        # easy, counted reservations, a static order: a termination after which no waiting
+        # job fits in the cores free now starts nothing; its pass is not run (the next one
+        # walks the whole queue and places the head's reservation from what it sees:
+        # sim/README.md)
+        self.idle_gate = self.easy and reorder is None and counted
+        # conservative's reservations are start events: a job keeps the rank of the
+        # decision that set its planned start (ends at one instant come in the order jobs
+        # started)
+        self.planned = scheduler.policy.reservations is None
+        self.ends: list[tuple[int, int, int, str]] = []  # heap of (end, start, decision, job id)
+        # heap of (planned end, job id) of started jobs that run until their planned end
+        self.windows: list[tuple[int, str]] = []
+        self.due: list[tuple[int, str]] = []  # heap of (reserved start, job id); stale ones skipped
+        self.plan: dict[str, tuple[int, int]] = {}  # job id -> (reserved start, decision)
+        self.pending: dict[str, QueuedJob] = {}
+        # pending jobs kept in queue order (keys and jobs side by side; a job leaves by
+        # bisect, so a cycle does not rebuild the queue)
+        self.keys: list[tuple[int, int, int]] = []
+        self.queue: list[QueuedJob] = []
+        self.key_of: dict[str, tuple[int, int, int]] = {}
+        self.busy = 0  # cores held by running jobs
+        self.done = 0  # jobs finished or rejected
+        self.decision = 0  # rank of the last decision that set a start (see `ends`)
+        # fcfs's gate, the cores free now in the core profile, kept in step with what
+        # changes it (starts, expired windows, releases) instead of asked at every event;
+        # -1: unknown (ask the profile). With no reservations (fcfs) the profile holds the
+        # running jobs' windows only, and these are the only events that move the count at
+        # `now`
+        self.free = -1
+
+    def start(self, queued: QueuedJob, allocation: Any, now: int) -> None:
+        job = self.by_id[queued.id]
+        outcome = self.outcomes[queued.id]
         outcome.start = now
         outcome.cores = cores = cores_of(allocation)
         outcome.shares = share_tuple(allocation)
-        state.busy += cores
-        if state.free >= 0:
-            state.free -= cores
+        self.busy += cores
+        if self.free >= 0:
+            self.free -= cores
+        plan = self.plan
         held = plan.pop(queued.id, None) if plan else None
-        if held is not None and held[0] == now and planned:
+        if held is not None and held[0] == now and self.planned:
             decision = held[1]
         else:
-            state.decision += 1
-            decision = state.decision
+            self.decision += 1
+            decision = self.decision
         runtime = job.effective_runtime
-        heapq.heappush(ends, (now + runtime, now, decision, queued.id))
+        heapq.heappush(self.ends, (now + runtime, now, decision, queued.id))
         if 0 < job.estimate <= runtime:
             # it runs to its planned end (killed at its limit): expired at that instant. A
             # job that ends earlier is released before then, and its expiry would do nothing
-            heapq.heappush(windows, (now + job.estimate, queued.id))
-        if observer is not None:
-            observer.on_start(job, now, allocation)
+            heapq.heappush(self.windows, (now + job.estimate, queued.id))
+        if self.observer is not None:
+            self.observer.on_start(job, now, allocation)
 
-    def reject(queued: QueuedJob, reason: str, now: int) -> None:
-        outcomes[queued.id].rejected = reason
-        scheduler.withdraw(queued.id)
-        plan.pop(queued.id, None)
-        state.done += 1
-        if observer is not None:
-            observer.on_reject(by_id[queued.id], now, reason)
+    def reject(self, queued: QueuedJob, reason: str, now: int) -> None:
+        self.outcomes[queued.id].rejected = reason
+        self.scheduler.withdraw(queued.id)
+        self.plan.pop(queued.id, None)
+        self.done += 1
+        if self.observer is not None:
+            self.observer.on_reject(self.by_id[queued.id], now, reason)
 
-    def run_cycle(now: int) -> None:
+    def run_cycle(self, now: int) -> None:
+        queue = self.queue
         if not queue:
             # a pass over an empty queue decides nothing (no pass is counted). The scheduler
             # sees fewer cycles: a later one may walk in full where it would have been
             # incremental, which changes no decision (tests/test_sim.py)
             return
-        if head_gate:
-            free = state.free
+        scheduler = self.scheduler
+        pending = self.pending
+        key_of = self.key_of
+        keys = self.keys
+        if self.head_gate:
+            free = self.free
             if free < 0:
                 known = scheduler.free_now(now)
-                free = state.free = -1 if known is None else known
+                free = self.free = -1 if known is None else known
             if 0 <= free < queue[0].cores:
                 return
-            if head_pass and free >= 0:
+            if self.head_pass and free >= 0:
                 # the scheduler's fcfs pass: the jobs it decided are the head of the queue
                 started, rejected = scheduler.start_from_head(queue, now, free)
                 for queued, allocation in started:
-                    start(queued, allocation, now)
+                    self.start(queued, allocation, now)
                 for queued, reason in rejected:
-                    reject(queued, reason, now)
+                    self.reject(queued, reason, now)
                 k = len(started) + len(rejected)
                 for queued in queue[:k]:
                     del pending[queued.id]
@@ -305,22 +303,25 @@ def _run(
                 del keys[:k]
                 return
         walk = queue
+        reorder = self.reorder
         if reorder is not None and len(walk) > 1:
+            by_id = self.by_id
             walk = [walk[p] for p in reorder(now, [by_id[q.id] for q in walk])]
         result = scheduler.cycle(walk, now, ordered=True, waiting=True)
         removed: set[str] = set()
         for queued, allocation in result.started:
-            start(queued, allocation, now)
+            self.start(queued, allocation, now)
             removed.add(queued.id)
+        plan = self.plan
         for queued, reservation in result.reserved:
             at = int(reservation.at)
             held = plan.get(queued.id)
             if held is None or held[0] != at:
-                state.decision += 1
-                plan[queued.id] = (at, state.decision)
-                heapq.heappush(due, (at, queued.id))
+                self.decision += 1
+                plan[queued.id] = (at, self.decision)
+                heapq.heappush(self.due, (at, queued.id))
         for queued, reason in result.unsatisfiable:
-            reject(queued, reason, now)
+            self.reject(queued, reason, now)
             removed.add(queued.id)
         for job_id in removed:
             del pending[job_id]
@@ -329,107 +330,137 @@ def _run(
             del keys[j]
             del queue[j]
 
-    def next_due() -> int | None:
+    def next_due(self) -> int | None:
+        due = self.due
+        pending = self.pending
+        plan = self.plan
         while due:
             at, job_id = due[0]
-            if job_id in pending and plan.get(job_id, (None,))[0] == at:
-                return at
+            if job_id in pending:
+                held = plan.get(job_id)
+                if held is not None and held[0] == at:
+                    return at
             heapq.heappop(due)
         return None
 
-    i = 0
-    # the next reservation due, as found at the end of the last instant (nothing changes
-    # between two instants, and the queue can only fill up within one: while it is not
-    # empty this is next_due(), without asking again)
-    at: int | None = None
-    while i < n or ends or (pending and at is not None):
-        # the next instant: the next submission, end or reservation due (explicit, not a
-        # generator: this runs once per instant)
-        nxt = ordered[i].submit if i < n else None
-        if ends and (nxt is None or ends[0][0] < nxt):
-            nxt = ends[0][0]
-        if pending and at is not None and (nxt is None or at < nxt):
-            nxt = at
-        assert nxt is not None  # (the loop runs while one of the three exists)
-        now = nxt
-        while windows and windows[0][0] <= now:
-            # jobs at their planned end end at this instant (never past their estimate):
-            # free in the plan from its first event on, so free in the matcher too
-            job_id = heapq.heappop(windows)[1]
-            if scheduler.expire(job_id):
-                expired.add(job_id)
-                if state.free >= 0:
-                    state.free += outcomes[job_id].cores
-        while i < n and ordered[i].submit == now:
-            job = ordered[i]
-            i += 1
-            if observer is not None:
-                observer.on_submit(job, now)
-            least = min_cores_for(job) if min_cores_for else 0
-            cores = least if min_cores_for else job.procs
-            if cores > total_cores:
-                reason = too_big_reason(cores, total_cores)
-                outcomes[job.id].rejected = reason
-                state.done += 1
+    def run(
+        self,
+        jobspec_for: Callable[[SimJob], Any],
+        total_cores: int,
+        min_cores_for: Callable[[SimJob], int] | None,
+        progress: Callable[[int], None] | None,
+    ) -> SimRun:
+        scheduler = self.scheduler
+        observer = self.observer
+        ordered = self.ordered
+        outcomes = self.outcomes
+        by_id = self.by_id
+        easy = self.easy
+        idle_gate = self.idle_gate
+        ends = self.ends
+        windows = self.windows
+        pending = self.pending
+        keys = self.keys
+        queue = self.queue
+        key_of = self.key_of
+        samples: list[Sample] = []
+        expired: set[str] = set()  # jobs whose window ended while running (cores already free)
+        n = len(ordered)
+        report_every = max(1, n // 200)
+        next_report = report_every
+        i = 0
+        # the next reservation due, as found at the end of the last instant (nothing changes
+        # between two instants, and the queue can only fill up within one: while it is not
+        # empty this is next_due(), without asking again)
+        at: int | None = None
+        while i < n or ends or (pending and at is not None):
+            # the next instant: the next submission, end or reservation due (explicit, not a
+            # generator: this runs once per instant)
+            nxt = ordered[i].submit if i < n else None
+            if ends and (nxt is None or ends[0][0] < nxt):
+                nxt = ends[0][0]
+            if pending and at is not None and (nxt is None or at < nxt):
+                nxt = at
+            assert nxt is not None  # (the loop runs while one of the three exists)
+            now = nxt
+            while windows and windows[0][0] <= now:
+                # jobs at their planned end end at this instant (never past their estimate):
+                # free in the plan from its first event on, so free in the matcher too
+                job_id = heapq.heappop(windows)[1]
+                if scheduler.expire(job_id):
+                    expired.add(job_id)
+                    if self.free >= 0:
+                        self.free += outcomes[job_id].cores
+            while i < n and ordered[i].submit == now:
+                job = ordered[i]
+                i += 1
                 if observer is not None:
-                    observer.on_reject(job, now, reason)
-                continue
-            queued = QueuedJob(id=job.id, jobspec=jobspec_for(job), submit_time=job.submit,
-                               priority=job.priority,
-                               min_cores=least)
-            pending[job.id] = queued
-            key = (-job.priority, job.submit, i)
-            key_of[job.id] = key
-            if not keys or keys[-1] < key:
-                keys.append(key)
-                queue.append(queued)
-            else:
-                j = bisect_left(keys, key)
-                keys.insert(j, key)
-                queue.insert(j, queued)
-            if easy:
-                free = scheduler.free_now(now)
-                if free is not None and free < queued.cores:
-                    continue  # easy: a submission that cannot start now runs no pass
-            run_cycle(now)
-        while ends and ends[0][0] == now:
-            job_id = heapq.heappop(ends)[3]
-            scheduler.release(job_id)
-            outcome = outcomes[job_id]
-            if job_id in expired:
-                expired.discard(job_id)
-            elif state.free >= 0:
-                state.free += outcome.cores
-            outcome.end = now
-            state.busy -= outcome.cores
-            state.done += 1
-            if observer is not None:
-                observer.on_end(by_id[job_id], now)
-            if idle_gate and queue and scheduler.starts_nothing(queue, now):
-                continue
-            run_cycle(now)
-        at = next_due() if pending and due else None
-        if at is not None and at <= now:
-            run_cycle(now)  # a reservation's time came and no cycle of this instant started it
-            while pending and (at := next_due()) is not None and at <= now:
-                heapq.heappop(due)  # it could not start (the shape does not fit yet)
-        # (what Sample(...) does, without its interpreted __new__: one per instant)
-        samples.append(tuple.__new__(Sample, (now, len(pending), state.busy)))
-        if progress is not None and state.done >= next_report:
-            progress(state.done)
-            next_report = state.done + report_every
+                    observer.on_submit(job, now)
+                least = min_cores_for(job) if min_cores_for else 0
+                cores = least if min_cores_for else job.procs
+                if cores > total_cores:
+                    reason = too_big_reason(cores, total_cores)
+                    outcomes[job.id].rejected = reason
+                    self.done += 1
+                    if observer is not None:
+                        observer.on_reject(job, now, reason)
+                    continue
+                queued = QueuedJob(id=job.id, jobspec=jobspec_for(job), submit_time=job.submit,
+                                   priority=job.priority,
+                                   min_cores=least)
+                pending[job.id] = queued
+                key = (-job.priority, job.submit, i)
+                key_of[job.id] = key
+                if not keys or keys[-1] < key:
+                    keys.append(key)
+                    queue.append(queued)
+                else:
+                    j = bisect_left(keys, key)
+                    keys.insert(j, key)
+                    queue.insert(j, queued)
+                if easy:
+                    free = scheduler.free_now(now)
+                    if free is not None and free < queued.cores:
+                        continue  # easy: a submission that cannot start now runs no pass
+                self.run_cycle(now)
+            while ends and ends[0][0] == now:
+                job_id = heapq.heappop(ends)[3]
+                scheduler.release(job_id)
+                outcome = outcomes[job_id]
+                if job_id in expired:
+                    expired.discard(job_id)
+                elif self.free >= 0:
+                    self.free += outcome.cores
+                outcome.end = now
+                self.busy -= outcome.cores
+                self.done += 1
+                if observer is not None:
+                    observer.on_end(by_id[job_id], now)
+                if idle_gate and queue and scheduler.starts_nothing(queue, now):
+                    continue
+                self.run_cycle(now)
+            at = self.next_due() if pending and self.due else None
+            if at is not None and at <= now:
+                self.run_cycle(now)  # a reservation's time came and no cycle of this instant started it
+                while pending and (at := self.next_due()) is not None and at <= now:
+                    heapq.heappop(self.due)  # it could not start (the shape does not fit yet)
+            # (what Sample(...) does, without its interpreted __new__: one per instant)
+            samples.append(tuple.__new__(Sample, (now, len(pending), self.busy)))
+            if progress is not None and self.done >= next_report:
+                progress(self.done)
+                next_report = self.done + report_every
 
-    never = [outcomes[job_id] for job_id in pending]
-    for outcome in never:
-        outcome.rejected = outcome.rejected or "never started: the queue could not place it"
-    if progress is not None:
-        progress(n)
-    return SimRun(
-        outcomes=list(outcomes.values()),
-        samples=samples,
-        total_cores=total_cores,
-        cycles=scheduler.cycles,
-        full_cycles=scheduler.full_cycles,
-        matcher_calls=scheduler.matcher_calls,
-        never_started=never,
-    )
+        never = [outcomes[job_id] for job_id in pending]
+        for outcome in never:
+            outcome.rejected = outcome.rejected or "never started: the queue could not place it"
+        if progress is not None:
+            progress(n)
+        return SimRun(
+            outcomes=list(outcomes.values()),
+            samples=samples,
+            total_cores=total_cores,
+            cycles=scheduler.cycles,
+            full_cycles=scheduler.full_cycles,
+            matcher_calls=scheduler.matcher_calls,
+            never_started=never,
+        )
