@@ -14,6 +14,7 @@ scale group of its own, in either order of the ReplicaSet's change and its new p
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,16 @@ def test_placed_pods_whose_allocation_cannot_be_taken_back_are_charged() -> None
         assert all(v == 16 for v in charged.values()), charged
         assert sorted(c.cluster.foreign_node.items()) == sorted(  # (charged as foreign pods)
             (str(p["metadata"]["uid"]), str(p["spec"]["nodeName"])) for p in placed)
+        assert base.phase == Phase.RUNNING
+        for p in placed:  # seen again once the group runs: still foreign, not members again
+            # (even under the job id the group has now: the earlier leader's matcher counted
+            # its job ids from 1 as this one's does)
+            p = copy.deepcopy(p)
+            p["metadata"]["labels"][names.LABEL_JOBID] = str(base.jobid)
+            c.handle(("Pod", "MODIFIED", p))
+            await settle(c)
+        assert not set(base.members) & {"pod-web-0", "pod-web-1"}, sorted(base.members)
+        assert used(c) == charged and len(c.cluster.foreign_node) == 2
         for p in placed:  # the placed pods end: their charge goes
             c.handle(("Pod", "DELETED", p))
             await settle(c)

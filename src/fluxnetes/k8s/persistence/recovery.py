@@ -45,6 +45,9 @@ class Recovery:
         # once reconcile has given back what ended
         self._unrecorded: list[Group] = []
         self._adoption = Adoption(ctx, side)  # (recovery from placed pods: adoption.py)
+        # pods placed for a group whose allocation take_back could not take back: they left it
+        # and run on as foreign pods (_charge_untaken); never adopted again while they do
+        self._untaken: set[str] = set()
 
     @property
     def unrecorded(self) -> Sequence[Group]:
@@ -128,8 +131,10 @@ class Recovery:
             g = self._side.store_recovery.group_from_store(pod, (meta.get("namespace") or "default", fj))
         if g is None or g.phase != Phase.RUNNING:
             return False
-        if uid in self._side.cluster.foreign_node:
-            return False  # charged as a foreign pod until it goes (_charge_untaken): never twice
+        if uid in self._untaken:
+            if uid in self._side.cluster.foreign_node:
+                return False  # charged as a foreign pod until it goes (_charge_untaken): never twice
+            self._untaken.discard(uid)
         jid = placed_jobid(pod)
         if jid is not None and not g.recovered and jid != str(g.jobid):
             return False  # placed for an earlier group of the same name (that one is over)
@@ -195,8 +200,9 @@ class Recovery:
         group follows its replica count less its pods still running (``rescale`` counts
         foreign pods as survivors), any other group shrinks by the pods that left. So when
         it is placed later, all-or-nothing, its running pods are neither counted twice (not
-        members) nor uncharged (foreign); ``adopt`` never takes a foreign pod back."""
+        members) nor uncharged (foreign); ``adopt`` does not take them back while they run."""
         moved = self._side.cluster.survivors_to_foreign(g)
+        self._untaken.update(str(_meta(p).get("uid", "")) for p in moved)
         log.warning("%s: %d pod(s) placed by an earlier leader seen after the start, their allocation not known; "
                     "they leave the group and hold their nodes as foreign pods until they go", g.qid, len(moved))
         if not moved:
