@@ -14,6 +14,7 @@ scale group of its own, in either order of the ReplicaSet's change and its new p
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,77 @@ def test_a_preempted_groups_terminating_pods_do_not_take_it_back() -> None:
         assert g.phase == Phase.PREEMPTED, (g.phase, g.reason)
         assert g.jobid == jobid and g.held == held
         assert used(c) == before  # its nodes counted once
+        await c.stop()
+
+    asyncio.run(main())
+
+
+def db(replicas: int) -> dict[str, Any]:
+    """ReplicaSet db, pods of 16 cpu (one a node)."""
+    out = rs(replicas)
+    out["metadata"] = {"name": "db", "namespace": "ns", "uid": "rs-db"}
+    return out
+
+
+def test_placed_pods_whose_allocation_cannot_be_taken_back_are_charged() -> None:
+    """The new leader sees web's 2 placed pods after its start, web scaled to 3 meanwhile and
+    the pods without an allocation note (placed by a version before the note): ``take_back``
+    cannot take the allocation back (2 of 3 slots known). Those pods stayed members of a
+    group that holds nothing, their nodes free in the graph: ReplicaSet db of 4 pods of 16
+    cpu was placed on all 4 nodes, 2 of them full already (double booking: the kubelet
+    refuses with OutOfcpu). Now they leave the group and are charged as foreign pods: db
+    waits; web's group is what is missing (1 pod), placed once its new pod comes, on a free
+    node; when the placed pods end, their charge goes."""
+
+    async def main() -> None:
+        patches = await first_life(None)
+        gated = [web(0), web(1)]
+        placed = [placed_by(p, patches[p["metadata"]["name"]]) for p in gated]
+        for p in placed:
+            p["metadata"]["annotations"].pop(names.ANN_ALLOCATION)
+        old_nodes = sorted(str(p["spec"]["nodeName"]) for p in placed)
+        kube = ApiServer({"web-0", "web-1"})
+        kube.pods = gated
+        c = restart(kube, [rs(3)], [], gated)
+        await settle(c)
+        base = c.groups[("ns", "replicaset-web")]
+        assert base.phase == Phase.PROVISIONAL, (base.phase, base.reason)  # 2 of 3 pods
+        for p in placed:  # its pod watch catches up: not taken back (no note, slot 2 unknown)
+            c.handle(("Pod", "MODIFIED", p))
+            await settle(c)
+        assert base.phase != Phase.RUNNING and not base.held
+        c.handle(("ReplicaSet", "ADDED", db(4)))
+        for i in range(4):
+            c.handle(("Pod", "ADDED", big(pod(f"db-{i}", owner=db(4)))))
+        c.handle(("Pod", "ADDED", web(2)))
+        await settle(c)
+        await settle(c)
+        on: dict[str, list[str]] = {n: [str(p["metadata"]["name"])] for n, p in zip(old_nodes, placed, strict=True)}
+        for name, ops in kube.patches.items():
+            on.setdefault(str(assigned_node(apply_patch(web(0), ops))), []).append(name)
+        assert all(len(names_) == 1 for names_ in on.values()), on  # one pod of 16 cpu a node
+        assert not any(n.startswith("db-") for n in kube.patches), sorted(kube.patches)  # 4 nodes: 2 free
+        assert "web-2" in kube.patches  # the group is what is missing: placed on a free node
+        charged = dict(used(c))
+        assert all(charged.get(n) == 16 for n in on), (charged, on)  # every busy node charged once
+        assert all(v == 16 for v in charged.values()), charged
+        assert sorted(c.cluster.foreign_node.items()) == sorted(  # (charged as foreign pods)
+            (str(p["metadata"]["uid"]), str(p["spec"]["nodeName"])) for p in placed)
+        assert base.phase == Phase.RUNNING
+        for p in placed:  # seen again once the group runs: still foreign, not members again
+            # (even under the job id the group has now: the earlier leader's matcher counted
+            # its job ids from 1 as this one's does)
+            p = copy.deepcopy(p)
+            p["metadata"]["labels"][names.LABEL_JOBID] = str(base.jobid)
+            c.handle(("Pod", "MODIFIED", p))
+            await settle(c)
+        assert not set(base.members) & {"pod-web-0", "pod-web-1"}, sorted(base.members)
+        assert used(c) == charged and len(c.cluster.foreign_node) == 2
+        for p in placed:  # the placed pods end: their charge goes
+            c.handle(("Pod", "DELETED", p))
+            await settle(c)
+        assert c.cluster.foreign_node == {}
+        assert not any(n in used(c) for n in old_nodes), used(c)
         await c.stop()
 
     asyncio.run(main())

@@ -45,6 +45,9 @@ class Recovery:
         # once reconcile has given back what ended
         self._unrecorded: list[Group] = []
         self._adoption = Adoption(ctx, side)  # (recovery from placed pods: adoption.py)
+        # pods placed for a group whose allocation take_back could not take back: they left it
+        # and run on as foreign pods (_charge_untaken); never adopted again while they do
+        self._untaken: set[str] = set()
 
     @property
     def unrecorded(self) -> Sequence[Group]:
@@ -128,6 +131,10 @@ class Recovery:
             g = self._side.store_recovery.group_from_store(pod, (meta.get("namespace") or "default", fj))
         if g is None or g.phase != Phase.RUNNING:
             return False
+        if uid in self._untaken:
+            if uid in self._side.cluster.foreign_node:
+                return False  # charged as a foreign pod until it goes (_charge_untaken): never twice
+            self._untaken.discard(uid)
         jid = placed_jobid(pod)
         if jid is not None and not g.recovered and jid != str(g.jobid):
             return False  # placed for an earlier group of the same name (that one is over)
@@ -171,8 +178,7 @@ class Recovery:
             stored = self._side.store_recovery.stored_allocation(g)
             taken = stored is not None and self.adopt_placed(g, placed, stored=stored)
         if not taken:
-            log.warning("%s: pods placed by an earlier leader seen after the start, their allocation not known; "
-                        "they hold their nodes as foreign pods once they leave the group", g.qid)
+            self._charge_untaken(g)
             return False
         if queued:
             self._side.cluster.scheduler.withdraw(g.qid)  # (running now: never matched again)
@@ -182,6 +188,37 @@ class Recovery:
                 and owner is not None:
             self._side.scaling.rescale(g.key, g.kind, owner)
         return True
+
+    def _charge_untaken(self, g: Group) -> None:
+        """``g``'s placed pods run on an allocation this leader could not take back (no usable
+        note, slots that disagree, or no room to record it). Left members of a group that holds
+        nothing, their nodes looked free in the graph and the next group was placed over them
+        (double booking: the kubelet refused with OutOfcpu). The rule of the mirror, the
+        rebuild and the store's adoption applies: they leave the group and are charged as
+        foreign pods until they go (what fits, the rest retried: ``flush_foreign``), and the
+        charge goes with them. The group stands for the rest only: a replicated workload's
+        group follows its replica count less its pods still running (``rescale`` counts
+        foreign pods as survivors), any other group shrinks by the pods that left. So when
+        it is placed later, all-or-nothing, its running pods are neither counted twice (not
+        members) nor uncharged (foreign); ``adopt`` does not take them back while they run."""
+        moved = self._side.cluster.survivors_to_foreign(g)
+        self._untaken.update(str(_meta(p).get("uid", "")) for p in moved)
+        log.warning("%s: %d pod(s) placed by an earlier leader seen after the start, their allocation not known; "
+                    "they leave the group and hold their nodes as foreign pods until they go", g.qid, len(moved))
+        if not moved:
+            return
+        self._side.cluster.flush_foreign()  # charged now, before the next cycle matches anything
+        owner = self._side.book.owner_obj(g.spec.owner, g.spec.namespace)
+        if g.kind is not None and g.kind.owns_pods and g.kind.resume_patch({}) is None \
+                and self._side.scaling.base_key(g) == g.key and owner is not None:
+            self._side.scaling.rescale(g.key, g.kind, owner)
+            return
+        rest = g.spec.size - len(moved)
+        if rest >= 1:
+            self._side.scaling.resize(g, rest)
+        else:
+            self._side.allocation.cancel_group(g, "all its pods were placed by an earlier leader on an allocation "
+                                                  "not known here: they run on as foreign pods")
 
     # ---------------------------------------------------------------- recovery
     def recover(self, fluxjobs: list[dict[str, Any]], live: set[tuple[str, str]] | None = None) -> None:
