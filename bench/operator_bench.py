@@ -228,6 +228,7 @@ def _round_digest(r: dict[str, Any]) -> dict[str, Any]:
         "operator_gc_ms_per_pod": r.get("operator_gc_ms_per_pod"),
         "operator_rss_mb": r.get("operator_rss_mb"),
         "operator_watch_events_per_pod_total": r.get("operator_watch_events_per_pod_total"),
+        "evidence": r.get("evidence"),
     }
 
 
@@ -272,7 +273,8 @@ async def api_requests(kube: Kube) -> dict[str, float]:
 LATENCY_SUMS = {"apiserver_admission_webhook_admission_duration_seconds_": "name",
                 "apiserver_request_duration_seconds_": "request"}
 LATENCY_REQUESTS = {("POST", "jobs", ""), ("POST", "pods", ""), ("POST", "pods", "binding"),
-                    ("PATCH", "pods", ""), ("POST", "fluxjobs", ""), ("PATCH", "fluxjobs", "")}
+                    ("PATCH", "pods", ""), ("POST", "fluxjobs", ""), ("PATCH", "fluxjobs", ""),
+                    ("PUT", "jobs", "status")}
 
 
 async def latency_sums(kube: Kube) -> dict[str, list[float]]:
@@ -306,6 +308,93 @@ def latency_means(before: dict[str, list[float]], after: dict[str, list[float]])
         t0, c0 = before.get(key, [0.0, 0.0])
         if calls - c0 >= 1:
             out[key] = {"calls": int(calls - c0), "mean_ms": round(1000 * (total - t0) / (calls - c0), 1)}
+    return out
+
+
+# the API server's own view of why its requests may wait (issue #31: fluxnetes' paths saw every
+# request 2.5-3x slower without more API server CPU): watchers closed for not reading (a slow
+# watcher holds up the dispatch of its resource's events to every watcher first), the time
+# requests queued in API Priority and Fairness, etcd's latency; with the machine's CPU pressure
+EVIDENCE_METRICS = {
+    "apiserver_terminated_watchers_total{": "terminated_watchers",
+    "apiserver_flowcontrol_request_wait_duration_seconds_sum{": "apf_wait_sum",
+    "apiserver_flowcontrol_request_wait_duration_seconds_count{": "apf_wait_count",
+    # (the dev cluster's clients are all system:masters: their requests are exempt from APF,
+    # never queued; counted per priority level to show it)
+    "apiserver_flowcontrol_dispatched_requests_total{": "apf_dispatched",
+    "etcd_request_duration_seconds_sum{": "etcd_sum",
+    "etcd_request_duration_seconds_count{": "etcd_count",
+}
+# what an operator's log says when a watch of its informers restarts (k8s/informer.py)
+WATCH_RESTART_MARKS = (b" watch ended", b" watch failed", b" watch interrupted")
+
+
+async def evidence_counters(kube: Kube) -> dict[str, float]:
+    """{"<what> <resource, priority level or etcd type>": value} from the API server's metrics."""
+    out: dict[str, float] = {}
+    for line in (await kube.request_text("/metrics")).splitlines():
+        what = next((w for prefix, w in EVIDENCE_METRICS.items() if line.startswith(prefix)), None)
+        if what is None and line.startswith("apiserver_request_total{") and 'verb="WATCH"' in line:
+            what = "watch_requests"  # a watch closed by the server is opened again: counted here
+        if what is None:
+            continue
+        labels, value = line.rsplit(" ", 1)
+        f = {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))}
+        if what.startswith("apf") and f.get("execute") != "true":
+            continue  # (rejected requests: none expected; their wait is not a request's latency)
+        key = f"{what} {f.get('resource') or f.get('priority_level') or f.get('type', '')}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def cpu_pressure_us() -> float | None:
+    """The machine's CPU pressure (PSI "some": µs in which a runnable task waited for a core)."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
+    return float(first.rsplit("total=", 1)[1])
+
+
+def watch_restarts(log: Path) -> int:
+    """How many times the operator's informers' watches ended or broke, by its log so far."""
+    try:
+        text = log.read_bytes()
+    except OSError:
+        return 0
+    return sum(text.count(mark) for mark in WATCH_RESTART_MARKS)
+
+
+def evidence(before: dict[str, float], after: dict[str, float], seconds: float,
+             psi: tuple[float | None, float | None], restarts: int | None) -> dict[str, Any]:
+    """One run's evidence: watchers terminated per resource, APF mean wait per priority level
+    (ms, with the requests), etcd mean latency per type (ms; pods, jobs and all), the share of
+    the run in which some task waited for a core, the operator's watch restarts."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    out: dict[str, Any] = {
+        "terminated_watchers": {k.split(" ", 1)[1]: int(v) for k, v in d.items()
+                                if k.startswith("terminated_watchers ") and v > 0},
+        "apf_wait_ms": {}, "etcd_ms": {},
+        "apf_dispatched": {k.split(" ", 1)[1]: int(v) for k, v in d.items() if k.startswith("apf_dispatched ") and v > 0},
+        "watch_requests": {k.split(" ", 1)[1]: int(v) for k, v in d.items() if k.startswith("watch_requests ") and v > 0},
+    }
+    for k, n in d.items():
+        what, _, name = k.partition(" ")
+        if what == "apf_wait_count" and n > 0:
+            out["apf_wait_ms"][name] = {"mean": round(1000 * d.get(f"apf_wait_sum {name}", 0.0) / n, 2),
+                                        "requests": int(n)}
+    etcd_n = sum(v for k, v in d.items() if k.startswith("etcd_count "))
+    etcd_s = sum(v for k, v in d.items() if k.startswith("etcd_sum "))
+    if etcd_n > 0:
+        out["etcd_ms"]["all"] = {"mean": round(1000 * etcd_s / etcd_n, 3), "requests": int(etcd_n)}
+    for k, n in d.items():
+        if k.startswith("etcd_count ") and n > 0 and k.split(" ", 1)[1] in ("pods", "jobs"):
+            name = k.split(" ", 1)[1]
+            out["etcd_ms"][name] = {"mean": round(1000 * d.get(f"etcd_sum {name}", 0.0) / n, 3), "requests": int(n)}
+    if psi[0] is not None and psi[1] is not None and seconds > 0:
+        out["cpu_pressure_some_pct"] = round(100 * (psi[1] - psi[0]) / 1e6 / seconds, 1)
+    if restarts is not None:
+        out["operator_watch_restarts"] = restarts
     return out
 
 
@@ -606,7 +695,11 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 # a --named variant: a namespace not opted in (no webhook call), the Jobs'
                 # pod template naming fluxnetes as its scheduler (the operator still binds them)
                 named = label.removeprefix("fluxnetes_") in args.named
-                labels = {"fluxnetes.io/enabled": "true"} if mode and not named else {}
+                # a --beside variant: its operator runs, idle, while kube-scheduler places the
+                # Jobs (a namespace not opted in, no scheduler name): does its presence alone
+                # (its watches, its CPU) slow kube-scheduler's path?
+                beside = label.removeprefix("fluxnetes_") in args.beside
+                labels = {"fluxnetes.io/enabled": "true"} if mode and not named and not beside else {}
                 body = {
                     "apiVersion": "v1",
                     "kind": "Namespace",
@@ -622,6 +715,10 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 t_cpu0 = time.monotonic()
                 req0 = await api_requests(kube)
                 lat0 = await latency_sums(kube)
+                ev0 = await evidence_counters(kube)
+                psi0 = cpu_pressure_us()
+                oplog = Path(args.workdir) / f"operator-{label}.log"
+                restarts0 = watch_restarts(oplog) if op is not None else None
                 prof = None
                 run_over = asyncio.Event()
                 if args.pprof:  # the API server's CPU profile over the whole run, in windows
@@ -640,6 +737,9 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 t_cpu1 = time.monotonic()
                 req1 = await api_requests(kube)
                 r["apiserver_latency"] = latency_means(lat0, await latency_sums(kube))
+                r["evidence"] = evidence(ev0, await evidence_counters(kube), t_cpu1 - t_cpu0,
+                                         (psi0, cpu_pressure_us()),
+                                         None if restarts0 is None else watch_restarts(oplog) - restarts0)
                 pods = jobs * size
                 per_pod = {k: round((v - req0.get(k, 0)) / pods, 2) for k, v in req1.items()}
                 watch = {k: v for k, v in per_pod.items() if " WATCH_" in k}
@@ -772,6 +872,9 @@ def main() -> None:
     ap.add_argument("--named", action="append", default=[], metavar="LABEL",
                     help="run the variant of that label without the webhook: its namespace not opted in, "
                     "the Jobs' pod template with schedulerName: fluxnetes (repeatable)")
+    ap.add_argument("--beside", action="append", default=[], metavar="LABEL",
+                    help="run the variant of that label as a control: its operator runs idle while "
+                    "kube-scheduler places the Jobs (namespace not opted in, no scheduler name) (repeatable)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
@@ -802,6 +905,7 @@ def main() -> None:
             "variant_args": dict(v.partition("=")[::2] for v in args.variant_args) or None,
             "variant_env": args.variant_env or None,
             "named_no_webhook": args.named or None,
+            "beside_kube_scheduler": args.beside or None,
         },
         "machine": {
             "cpu_count": os.cpu_count(),
