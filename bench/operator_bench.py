@@ -340,7 +340,7 @@ async def evidence_counters(kube: Kube) -> dict[str, float]:
             continue
         labels, value = line.rsplit(" ", 1)
         f = {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))}
-        if what.startswith("apf") and f.get("execute") != "true":
+        if what.startswith("apf_wait") and f.get("execute") != "true":
             continue  # (rejected requests: none expected; their wait is not a request's latency)
         key = f"{what} {f.get('resource') or f.get('priority_level') or f.get('type', '')}"
         out[key] = out.get(key, 0.0) + float(value)
