@@ -102,6 +102,10 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     # receive and decode for it), until its last pod is bound: per type, a MODIFIED split by
     # what changed (a Pod's spec or its status/metadata only; a Job's spec (generation) or not)
     events: dict[str, int] = {}
+    # how often the benchmark's own watches were opened (a watch the API server closes, e.g. a
+    # watcher it found too slow, is opened again: more than 1 each says the benchmark's reader
+    # was one of the watchers apiserver_terminated_watchers_total counts)
+    opened = {"Pod": 0, "Job": 0}
     pod_spec: dict[str, Any] = {}
     job_gen: dict[str, Any] = {}
 
@@ -116,6 +120,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         jrv = rv
         while not done.is_set():
             try:
+                opened["Job"] += 1
                 async for ev in kube.watch(JOBS, jrv, field_selector=f"metadata.namespace={ns}", timeout_seconds=60):
                     obj = ev.get("object") or {}
                     jrv = obj.get("metadata", {}).get("resourceVersion", jrv)
@@ -129,6 +134,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         nonlocal rv
         while not done.is_set():
             try:
+                opened["Pod"] += 1
                 async for ev in kube.watch(
                     Resource("v1", "pods"),
                     rv,
@@ -190,6 +196,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         "stages": _stages(create_sent, create_done, first_seen, last_seen, all_bound),
         "operator_watch_events_per_pod": {k: round(v / total, 2) for k, v in sorted(events.items())},
         "operator_watch_events_per_pod_total": round(sum(events.values()) / total, 2),
+        "bench_watches_opened": opened,
     }
 
 
