@@ -694,6 +694,12 @@ def _rss_mb(op: subprocess.Popen[bytes]) -> float | None:
 
 async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     kube = await Kube.from_config(str(cluster.kubeconfig))
+    # the benchmark's own watches (it counts the bound pods) read at once by default, not with
+    # the operator's 10 ms pause after each read: this loop also sends the Jobs, and a watcher
+    # that falls behind holds up the API server's dispatch of that resource's events to every
+    # other watcher until it is closed (Pod watchers were closed in kube-scheduler's runs only,
+    # 2026-11-30, s41e; ``bench_watches_opened`` in each run says whether it was this one)
+    kube.watch_wait = args.bench_watch_wait
     results: dict[str, Any] = {}
     per_round: dict[str, dict[str, list[dict[str, Any]]]] = {}
     workloads = [("single_pod_jobs", args.jobs, 1), ("gang_jobs_of_10", args.gang_jobs, 10)]
@@ -753,7 +759,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 req0 = await api_requests(kube)
                 lat0 = await latency_sums(kube)
                 ev0 = await evidence_counters(kube)
-                psi0 = cpu_pressure_us()
+                psi0, t_psi0 = cpu_pressure_us(), time.monotonic()
                 oplog = Path(args.workdir) / f"operator-{label}.log"
                 restarts0 = watch_restarts(oplog) if op is not None else None
                 prof = None
@@ -774,8 +780,8 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 t_cpu1 = time.monotonic()
                 req1 = await api_requests(kube)
                 r["apiserver_latency"] = latency_means(lat0, await latency_sums(kube))
-                r["evidence"] = evidence(ev0, await evidence_counters(kube), t_cpu1 - t_cpu0,
-                                         (psi0, cpu_pressure_us()),
+                psi1, t_psi1 = cpu_pressure_us(), time.monotonic()  # (its own window: the scrapes between)
+                r["evidence"] = evidence(ev0, await evidence_counters(kube), t_psi1 - t_psi0, (psi0, psi1),
                                          None if restarts0 is None else watch_restarts(oplog) - restarts0)
                 wait1 = runqueue_wait(cluster, op)
                 r["evidence"]["runqueue_wait_s"] = {k: round(v - wait0.get(k, 0.0), 2) for k, v in wait1.items()}
@@ -919,6 +925,9 @@ def main() -> None:
     ap.add_argument("--beside", action="append", default=[], metavar="LABEL",
                     help="run the variant of that label as a control: its operator runs idle while "
                     "kube-scheduler places the Jobs (namespace not opted in, no scheduler name) (repeatable)")
+    ap.add_argument("--bench-watch-wait", type=float, default=0.0, metavar="SECONDS",
+                    help="the benchmark's own watches pause this long after each read (the operator's "
+                    "WATCH_WAIT is 0.01; 0: read at once)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
@@ -951,6 +960,7 @@ def main() -> None:
             "variant_nice": args.variant_nice or None,
             "named_no_webhook": args.named or None,
             "beside_kube_scheduler": args.beside or None,
+            "bench_watch_wait": args.bench_watch_wait,
         },
         "machine": {
             "cpu_count": os.cpu_count(),
