@@ -102,6 +102,10 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
     # receive and decode for it), until its last pod is bound: per type, a MODIFIED split by
     # what changed (a Pod's spec or its status/metadata only; a Job's spec (generation) or not)
     events: dict[str, int] = {}
+    # how often the benchmark's own watches were opened (a watch the API server closes, e.g. a
+    # watcher it found too slow, is opened again: more than 1 each says the benchmark's reader
+    # was one of the watchers apiserver_terminated_watchers_total counts)
+    opened = {"Pod": 0, "Job": 0}
     pod_spec: dict[str, Any] = {}
     job_gen: dict[str, Any] = {}
 
@@ -116,6 +120,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         jrv = rv
         while not done.is_set():
             try:
+                opened["Job"] += 1
                 async for ev in kube.watch(JOBS, jrv, field_selector=f"metadata.namespace={ns}", timeout_seconds=60):
                     obj = ev.get("object") or {}
                     jrv = obj.get("metadata", {}).get("resourceVersion", jrv)
@@ -129,6 +134,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         nonlocal rv
         while not done.is_set():
             try:
+                opened["Pod"] += 1
                 async for ev in kube.watch(
                     Resource("v1", "pods"),
                     rv,
@@ -190,6 +196,7 @@ async def run_workload(kube: Kube, ns: str, jobs: int, size: int, timeout: float
         "stages": _stages(create_sent, create_done, first_seen, last_seen, all_bound),
         "operator_watch_events_per_pod": {k: round(v / total, 2) for k, v in sorted(events.items())},
         "operator_watch_events_per_pod_total": round(sum(events.values()) / total, 2),
+        "bench_watches_opened": opened,
     }
 
 
@@ -228,6 +235,7 @@ def _round_digest(r: dict[str, Any]) -> dict[str, Any]:
         "operator_gc_ms_per_pod": r.get("operator_gc_ms_per_pod"),
         "operator_rss_mb": r.get("operator_rss_mb"),
         "operator_watch_events_per_pod_total": r.get("operator_watch_events_per_pod_total"),
+        "evidence": r.get("evidence"),
     }
 
 
@@ -272,7 +280,8 @@ async def api_requests(kube: Kube) -> dict[str, float]:
 LATENCY_SUMS = {"apiserver_admission_webhook_admission_duration_seconds_": "name",
                 "apiserver_request_duration_seconds_": "request"}
 LATENCY_REQUESTS = {("POST", "jobs", ""), ("POST", "pods", ""), ("POST", "pods", "binding"),
-                    ("PATCH", "pods", ""), ("POST", "fluxjobs", ""), ("PATCH", "fluxjobs", "")}
+                    ("PATCH", "pods", ""), ("POST", "fluxjobs", ""), ("PATCH", "fluxjobs", ""),
+                    ("PUT", "jobs", "status")}
 
 
 async def latency_sums(kube: Kube) -> dict[str, list[float]]:
@@ -306,6 +315,93 @@ def latency_means(before: dict[str, list[float]], after: dict[str, list[float]])
         t0, c0 = before.get(key, [0.0, 0.0])
         if calls - c0 >= 1:
             out[key] = {"calls": int(calls - c0), "mean_ms": round(1000 * (total - t0) / (calls - c0), 1)}
+    return out
+
+
+# the API server's own view of why its requests may wait (issue #31: fluxnetes' paths saw every
+# request 2.5-3x slower without more API server CPU): watchers closed for not reading (a slow
+# watcher holds up the dispatch of its resource's events to every watcher first), the time
+# requests queued in API Priority and Fairness, etcd's latency; with the machine's CPU pressure
+EVIDENCE_METRICS = {
+    "apiserver_terminated_watchers_total{": "terminated_watchers",
+    "apiserver_flowcontrol_request_wait_duration_seconds_sum{": "apf_wait_sum",
+    "apiserver_flowcontrol_request_wait_duration_seconds_count{": "apf_wait_count",
+    # (the dev cluster's clients are all system:masters: their requests are exempt from APF,
+    # never queued; counted per priority level to show it)
+    "apiserver_flowcontrol_dispatched_requests_total{": "apf_dispatched",
+    "etcd_request_duration_seconds_sum{": "etcd_sum",
+    "etcd_request_duration_seconds_count{": "etcd_count",
+}
+# what an operator's log says when a watch of its informers restarts (k8s/informer.py)
+WATCH_RESTART_MARKS = (b" watch ended", b" watch failed", b" watch interrupted")
+
+
+async def evidence_counters(kube: Kube) -> dict[str, float]:
+    """{"<what> <resource, priority level or etcd type>": value} from the API server's metrics."""
+    out: dict[str, float] = {}
+    for line in (await kube.request_text("/metrics")).splitlines():
+        what = next((w for prefix, w in EVIDENCE_METRICS.items() if line.startswith(prefix)), None)
+        if what is None and line.startswith("apiserver_request_total{") and 'verb="WATCH"' in line:
+            what = "watch_requests"  # a watch closed by the server is opened again: counted here
+        if what is None:
+            continue
+        labels, value = line.rsplit(" ", 1)
+        f = {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))}
+        if what.startswith("apf_wait") and f.get("execute") != "true":
+            continue  # (rejected requests: none expected; their wait is not a request's latency)
+        key = f"{what} {f.get('resource') or f.get('priority_level') or f.get('type', '')}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def cpu_pressure_us() -> float | None:
+    """The machine's CPU pressure (PSI "some": µs in which a runnable task waited for a core)."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
+    return float(first.rsplit("total=", 1)[1])
+
+
+def watch_restarts(log: Path) -> int:
+    """How many times the operator's informers' watches ended or broke, by its log so far."""
+    try:
+        text = log.read_bytes()
+    except OSError:
+        return 0
+    return sum(text.count(mark) for mark in WATCH_RESTART_MARKS)
+
+
+def evidence(before: dict[str, float], after: dict[str, float], seconds: float,
+             psi: tuple[float | None, float | None], restarts: int | None) -> dict[str, Any]:
+    """One run's evidence: watchers terminated per resource, APF mean wait per priority level
+    (ms, with the requests), etcd mean latency per type (ms; pods, jobs and all), the share of
+    the run in which some task waited for a core, the operator's watch restarts."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    out: dict[str, Any] = {
+        "terminated_watchers": {k.split(" ", 1)[1]: int(v) for k, v in d.items()
+                                if k.startswith("terminated_watchers ") and v > 0},
+        "apf_wait_ms": {}, "etcd_ms": {},
+        "apf_dispatched": {k.split(" ", 1)[1]: int(v) for k, v in d.items() if k.startswith("apf_dispatched ") and v > 0},
+        "watch_requests": {k.split(" ", 1)[1]: int(v) for k, v in d.items() if k.startswith("watch_requests ") and v > 0},
+    }
+    for k, n in d.items():
+        what, _, name = k.partition(" ")
+        if what == "apf_wait_count" and n > 0:
+            out["apf_wait_ms"][name] = {"mean": round(1000 * d.get(f"apf_wait_sum {name}", 0.0) / n, 2),
+                                        "requests": int(n)}
+    etcd_n = sum(v for k, v in d.items() if k.startswith("etcd_count "))
+    etcd_s = sum(v for k, v in d.items() if k.startswith("etcd_sum "))
+    if etcd_n > 0:
+        out["etcd_ms"]["all"] = {"mean": round(1000 * etcd_s / etcd_n, 3), "requests": int(etcd_n)}
+    for k, n in d.items():
+        if k.startswith("etcd_count ") and n > 0 and k.split(" ", 1)[1] in ("pods", "jobs"):
+            name = k.split(" ", 1)[1]
+            out["etcd_ms"][name] = {"mean": round(1000 * d.get(f"etcd_sum {name}", 0.0) / n, 3), "requests": int(n)}
+    if psi[0] is not None and psi[1] is not None and seconds > 0:
+        out["cpu_pressure_some_pct"] = round(100 * (psi[1] - psi[0]) / 1e6 / seconds, 1)
+    if restarts is not None:
+        out["operator_watch_restarts"] = restarts
     return out
 
 
@@ -457,7 +553,12 @@ async def start_operator(
         if f"fluxnetes_{which}" == label and env is not None:
             name, _, value = setting.partition("=")
             env[name] = value
-    op = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # a --variant-nice operator runs at a lower CPU priority (a diagnostic: does its CPU, on the
+    # cores it shares with etcd and the API server, set their latency?)
+    nice = next((int(v.partition("=")[2]) for v in args.variant_nice
+                 if f"fluxnetes_{v.partition('=')[0]}" == label), 0)
+    op = subprocess.Popen((["nice", "-n", str(nice)] if nice else []) + argv,  # (nice execs: same pid)
+                          stdout=log, stderr=subprocess.STDOUT, env=env)
     op.metrics_port = int(argv[argv.index("--metrics-port") + 1])  # type: ignore[attr-defined]
     path = Path(args.workdir) / f"operator-{label}.log"
     deadline = time.monotonic() + 90
@@ -492,6 +593,29 @@ def _component_cpu(cluster: Cluster) -> dict[str, float]:
             with contextlib.suppress(psutil.Error):
                 t = psutil.Process(pid).cpu_times()
                 out[name] = t.user + t.system
+    return out
+
+
+def _schedstat(pid: int) -> float:
+    """Seconds the threads of process ``pid`` have spent runnable but waiting for a core
+    (/proc/PID/task/*/schedstat, second field; 0 where it cannot be read)."""
+    waited = 0
+    for f in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            waited += int(f.read_text().split()[1])
+    return waited / 1e9
+
+
+def runqueue_wait(cluster: Cluster, op: subprocess.Popen[bytes] | None) -> dict[str, float]:
+    """Seconds each component (and the operator with its webhook process) has waited for a
+    core so far: on shared cores a request's latency grows by its handlers' waits, not their CPU."""
+    out = {name: _schedstat(pid) for name, pid in cluster.pids.items() if name in COMPONENTS}
+    if op is not None:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            out["operator"] = sum(_schedstat(p.pid) for p in [psutil.Process(op.pid),
+                                                              *psutil.Process(op.pid).children(recursive=True)])
     return out
 
 
@@ -570,6 +694,12 @@ def _rss_mb(op: subprocess.Popen[bytes]) -> float | None:
 
 async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     kube = await Kube.from_config(str(cluster.kubeconfig))
+    # the benchmark's own watches (it counts the bound pods) read at once by default, not with
+    # the operator's 10 ms pause after each read: this loop also sends the Jobs, and a watcher
+    # that falls behind holds up the API server's dispatch of that resource's events to every
+    # other watcher until it is closed (Pod watchers were closed in kube-scheduler's runs only,
+    # 2026-11-30, s41e; ``bench_watches_opened`` in each run says whether it was this one)
+    kube.watch_wait = args.bench_watch_wait
     results: dict[str, Any] = {}
     per_round: dict[str, dict[str, list[dict[str, Any]]]] = {}
     workloads = [("single_pod_jobs", args.jobs, 1), ("gang_jobs_of_10", args.gang_jobs, 10)]
@@ -606,7 +736,11 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 # a --named variant: a namespace not opted in (no webhook call), the Jobs'
                 # pod template naming fluxnetes as its scheduler (the operator still binds them)
                 named = label.removeprefix("fluxnetes_") in args.named
-                labels = {"fluxnetes.io/enabled": "true"} if mode and not named else {}
+                # a --beside variant: its operator runs, idle, while kube-scheduler places the
+                # Jobs (a namespace not opted in, no scheduler name): does its presence alone
+                # (its watches, its CPU) slow kube-scheduler's path?
+                beside = label.removeprefix("fluxnetes_") in args.beside
+                labels = {"fluxnetes.io/enabled": "true"} if mode and not named and not beside else {}
                 body = {
                     "apiVersion": "v1",
                     "kind": "Namespace",
@@ -614,14 +748,20 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 }
                 await kube.create(NAMESPACES, body)
                 await asyncio.sleep(1)
+                idle_ev = await evidence_counters(kube)
                 idle = [await idle_rates(cluster, op, args.idle_seconds)] if args.idle_seconds > 0 else []
                 load = os.getloadavg()[0]
                 cpu0 = _cpu_seconds(op)
                 gc0 = await _gc_seconds(op)
                 comp0 = _component_cpu(cluster)
+                wait0 = runqueue_wait(cluster, op)
                 t_cpu0 = time.monotonic()
                 req0 = await api_requests(kube)
                 lat0 = await latency_sums(kube)
+                ev0 = await evidence_counters(kube)
+                psi0, t_psi0 = cpu_pressure_us(), time.monotonic()
+                oplog = Path(args.workdir) / f"operator-{label}.log"
+                restarts0 = watch_restarts(oplog) if op is not None else None
                 prof = None
                 run_over = asyncio.Event()
                 if args.pprof:  # the API server's CPU profile over the whole run, in windows
@@ -640,6 +780,13 @@ async def bench(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 t_cpu1 = time.monotonic()
                 req1 = await api_requests(kube)
                 r["apiserver_latency"] = latency_means(lat0, await latency_sums(kube))
+                psi1, t_psi1 = cpu_pressure_us(), time.monotonic()  # (its own window: the scrapes between)
+                r["evidence"] = evidence(ev0, await evidence_counters(kube), t_psi1 - t_psi0, (psi0, psi1),
+                                         None if restarts0 is None else watch_restarts(oplog) - restarts0)
+                wait1 = runqueue_wait(cluster, op)
+                r["evidence"]["runqueue_wait_s"] = {k: round(v - wait0.get(k, 0.0), 2) for k, v in wait1.items()}
+                # etcd's latency on the same cluster with no workload (the idle window before it)
+                r["evidence"]["etcd_ms_idle_before"] = evidence(idle_ev, ev0, 1.0, (None, None), None)["etcd_ms"].get("all")
                 pods = jobs * size
                 per_pod = {k: round((v - req0.get(k, 0)) / pods, 2) for k, v in req1.items()}
                 watch = {k: v for k, v in per_pod.items() if " WATCH_" in k}
@@ -767,11 +914,20 @@ def main() -> None:
         help="an environment variable for the operator of the --variant-src of that label "
         "(repeatable), e.g. --variant-env compiled=FLUXNETES_NATIVE_OPERATOR=1",
     )
+    ap.add_argument("--variant-nice", action="append", default=[], metavar="LABEL=N",
+                    help="run the operator of that --variant-src label at nice N (a diagnostic: the "
+                    "operator's CPU against the control plane's on shared cores), e.g. --variant-nice nice10=10")
     ap.add_argument("--idle-seconds", type=float, default=5, help="length of the idle windows (no workload) "
                     "sampled before and after each run for the baseline-corrected CPU per pod (0: none)")
     ap.add_argument("--named", action="append", default=[], metavar="LABEL",
                     help="run the variant of that label without the webhook: its namespace not opted in, "
                     "the Jobs' pod template with schedulerName: fluxnetes (repeatable)")
+    ap.add_argument("--beside", action="append", default=[], metavar="LABEL",
+                    help="run the variant of that label as a control: its operator runs idle while "
+                    "kube-scheduler places the Jobs (namespace not opted in, no scheduler name) (repeatable)")
+    ap.add_argument("--bench-watch-wait", type=float, default=0.0, metavar="SECONDS",
+                    help="the benchmark's own watches pause this long after each read (the operator's "
+                    "WATCH_WAIT is 0.01; 0: read at once)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat all runs, alternating")
     ap.add_argument("--output", default=str(RESULTS))
     ap.add_argument("--pprof", metavar="DIR", help="save the API server's CPU profile of each run here "
@@ -801,7 +957,10 @@ def main() -> None:
             "variant_src": dict(v.partition("=")[::2] for v in args.variant_src) or None,
             "variant_args": dict(v.partition("=")[::2] for v in args.variant_args) or None,
             "variant_env": args.variant_env or None,
+            "variant_nice": args.variant_nice or None,
             "named_no_webhook": args.named or None,
+            "beside_kube_scheduler": args.beside or None,
+            "bench_watch_wait": args.bench_watch_wait,
         },
         "machine": {
             "cpu_count": os.cpu_count(),

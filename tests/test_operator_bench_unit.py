@@ -42,3 +42,38 @@ def test_a_run_without_operator_gets_no_operator_figure(ob: ModuleType) -> None:
 def test_named_variant_job_names_fluxnetes_in_its_pod_template(ob: ModuleType) -> None:
     assert ob.job_body("j", 10, "fluxnetes")["spec"]["template"]["spec"]["schedulerName"] == "fluxnetes"
     assert "schedulerName" not in ob.job_body("j", 10)["spec"]["template"]["spec"]
+
+
+def test_evidence_is_the_runs_difference_of_the_api_servers_counters(ob: ModuleType) -> None:
+    metrics = """apiserver_terminated_watchers_total{group="",resource="pods"} 3
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="exempt",priority_level="exempt"} 90
+apiserver_flowcontrol_request_wait_duration_seconds_sum{execute="true",flow_schema="a",priority_level="workload-low"} 0.5
+apiserver_flowcontrol_request_wait_duration_seconds_count{execute="true",flow_schema="a",priority_level="workload-low"} 10
+apiserver_flowcontrol_request_wait_duration_seconds_count{execute="false",flow_schema="a",priority_level="workload-low"} 7
+etcd_request_duration_seconds_sum{group="",operation="create",resource="pods"} 2.0
+etcd_request_duration_seconds_count{group="",operation="create",resource="pods"} 40
+etcd_request_duration_seconds_sum{group="",operation="get",resource="pods"} 1.0
+etcd_request_duration_seconds_count{group="",operation="get",resource="pods"} 60
+etcd_request_duration_seconds_sum{group="",operation="get",resource="nodes"} 0.0
+etcd_request_duration_seconds_count{group="",operation="get",resource="nodes"} 100
+apiserver_request_total{code="200",component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="WATCH",version="v1"} 4
+apiserver_request_total{code="201",component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 99
+"""
+
+    class FakeKube:
+        async def request_text(self, path: str) -> str:
+            assert path == "/metrics"
+            return metrics
+
+    import asyncio
+
+    after = asyncio.run(ob.evidence_counters(FakeKube()))
+    before = {"terminated_watchers pods": 1.0, "apf_dispatched exempt": 40.0, "watch_requests pods": 2.0}
+    e = ob.evidence(before, after, 20.0, (1_000_000.0, 11_000_000.0), 0)
+    assert e["terminated_watchers"] == {"pods": 2}
+    assert e["apf_dispatched"] == {"exempt": 50}
+    assert e["apf_wait_ms"] == {"workload-low": {"mean": 50.0, "requests": 10}}  # executed only
+    assert e["etcd_ms"]["pods"] == {"mean": 30.0, "requests": 100}  # all operations on pods
+    assert e["etcd_ms"]["all"] == {"mean": 15.0, "requests": 200}
+    assert e["watch_requests"] == {"pods": 2}  # (POSTs are not watches)
+    assert e["cpu_pressure_some_pct"] == 50.0 and e["operator_watch_restarts"] == 0
