@@ -80,7 +80,12 @@ fi
 pg_start
 trap 'stop_builds; pg_stop' EXIT
 set +e
-.venv/bin/python -m pytest "$@"
+# pytest's own temporary root (/tmp/pytest-of-$USER/pytest-N) keeps only the last three runs:
+# any other pytest started on the machine meanwhile deletes this run's directories under the
+# clusters and files its tests still use. A directory of its own is never rotated away (a
+# --basetemp given by the caller comes later on the line and wins).
+basetemp=$(mktemp -d /tmp/fluxnetes-test-XXXXXX)
+.venv/bin/python -m pytest --basetemp="$basetemp" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "test.sh: no test ran" >&2; exit 1; fi
