@@ -94,8 +94,12 @@ def whole_cluster_runs(cluster: Any, ns: str, name: str) -> None:
 
 
 def short_job(name: str) -> dict[str, Any]:
+    """A single-pod Job with a deadline, as in the issue's scenario. The deadline leaves room
+    for two operator restarts on a busy machine: at 30 s a restarted operator that took 15 s to
+    lead (CI with other work on its cores) found the Jobs created just before the kill already
+    failed with DeadlineExceeded."""
     j = job(name, 1, "1")
-    j["spec"]["activeDeadlineSeconds"] = 30
+    j["spec"]["activeDeadlineSeconds"] = 150
     return j
 
 
@@ -347,7 +351,7 @@ def test_recreated_job_with_the_same_name_runs(k8s_cluster: Any, ns: str, op: Op
 
 def test_jobs_flowing_through_two_kills_finish_once_and_leak_nothing(k8s_cluster: Any, ns: str, op: Operator,
                                                                      tmp_path: Path) -> None:
-    """The issue's scenario, short: single-pod Jobs (1 cpu, activeDeadlineSeconds 30) while
+    """The issue's scenario, short: single-pod Jobs (1 cpu, with an activeDeadlineSeconds) while
     the operator is SIGKILLed twice. Every Job completes once, no Job stays suspended, the
     store records every admitted Job completed, once, every FluxJob (only the Jobs that had to
     wait have one: the default mode) says Completed, and nothing is held afterwards."""
