@@ -1,0 +1,117 @@
+"""Unit level (no cluster): ``recovery.take_back`` that cannot take a group's allocation back
+(``_charge_untaken``) for groups that are not replicated workloads: the placed pods leave the
+group as foreign pods, and the group shrinks to the rest (``scaling.resize``). Why the take
+back fails (no usable note, slots that disagree, no room to record it) is not the subject
+here: the adoption is made to fail, so the test reaches the shrink whatever the reason.
+
+(a) a Job of 4 with 2 pods placed by the earlier leader: the other 2 are placed as one group
+of 2, the Job completes, no node is held twice, no pod waits gated; (b) the same for a label
+group of 4 bare pods; (c) a multi-role group (MPIJob launcher + workers): a total size alone
+cannot say which roles left, so the group keeps its pod sets (see recovery._charge_untaken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fluxnetes.k8s import names
+from fluxnetes.k8s.controller import Controller
+from fluxnetes.k8s.objects import _gated
+from fluxnetes.k8s.persistence.fluxjob import Phase
+from fluxnetes.k8s.scheduling.placement import assigned_node
+from test_k8s_partial_placement_unit import PatchKube, apply_patch, big, first_life, placed_by
+from test_k8s_prune import bound, finished, job, pod, settle
+from test_k8s_recovery_unit import complete, restart, resumed, used
+
+
+def no_take_back(c: Controller) -> None:
+    """The allocation of the placed pods cannot be taken back (whatever the reason)."""
+    c.recovery._adoption.adopt_annotated = lambda *a, **k: False  # type: ignore[method-assign]
+    c.recovery.adopt_placed = lambda *a, **k: False  # type: ignore[method-assign]
+
+
+async def shrunk(owner: dict[str, Any] | None, ps: list[dict[str, Any]], key: tuple[str, str],
+                 owners_now: list[dict[str, Any]]) -> tuple[Controller, PatchKube, list[dict[str, Any]]]:
+    """First life places all 4 pods; pods 0 and 1 were bound, the new leader's start saw only
+    pods 0..2, gated (its watch lagged), and a pod not fluxnetes' on a third node (a Job is
+    queued without its pods: this keeps it from running before its placed pods are seen);
+    then it sees 0 and 1 placed (take_back fails), pod 3, and the other pod going."""
+    slots, patches = await first_life(PatchKube(), owner, ps, key)
+    two = [placed_by(p, patches[p["metadata"]["name"]]) for p in ps[:2]]
+    for p in two:
+        p["metadata"]["annotations"].pop(names.ANN_ALLOCATION, None)
+    other = bound(big(pod("other")), slots[2])
+    del other["metadata"]["labels"][names.LABEL_MANAGED]
+    kube = PatchKube()
+    kube.pods = [*ps[:3], other]
+    c = restart(kube, owners_now, [], kube.pods)
+    no_take_back(c)
+    await settle(c)
+    g = c.groups[key]
+    assert g.phase != Phase.RUNNING, (g.phase, g.reason)
+    for p in two:
+        c.handle(("Pod", "MODIFIED", p))
+        await settle(c)
+    assert g.phase != Phase.RUNNING and g.spec.size == 2, (g.phase, g.spec.size, g.reason)
+    for o in owners_now:  # a change of the workload seen now does not undo the shrink
+        c.handle((o["kind"], "MODIFIED", o))
+    await settle(c)
+    c.handle(("Pod", "ADDED", ps[3]))
+    c.handle(("Pod", "DELETED", other))
+    await settle(c)
+    await settle(c)
+    return c, kube, two
+
+
+def check_rest_placed(c: Controller, kube: PatchKube, g: Any, ps: list[dict[str, Any]],
+                      two: list[dict[str, Any]]) -> set[str]:
+    assert g.phase == Phase.RUNNING and g.spec.size == 2, (g.phase, g.spec.size, g.reason)
+    assert sorted(kube.patches) == sorted(p["metadata"]["name"] for p in ps[2:]), sorted(kube.patches)
+    old = {str(assigned_node(p)) for p in two}
+    new = {str(assigned_node(apply_patch(p, kube.patches[p["metadata"]["name"]]))) for p in ps[2:]}
+    assert len(new) == 2 and not new & old, (old, new)  # nothing double-booked
+    assert used(c) == {n: 16 for n in new | old}  # its 2 pods and the 2 foreign ones, each once
+    assert sorted(c.cluster.foreign_node.values()) == sorted(old)  # the placed pods: foreign
+    assert sorted(u for u in g.slot_pod if u) == sorted(p["metadata"]["uid"] for p in ps[2:])
+    assert not [u for u, p in g.members.items() if _gated(p) and u not in g.slot_pod]  # none left gated
+    return new
+
+
+def test_a_job_shrinks_to_its_gated_pods_and_completes() -> None:
+    async def main() -> None:
+        j = big(job("g", 4))
+        ps = [big(pod(f"g-{i}", owner=j)) for i in range(4)]
+        c, kube, two = await shrunk(j, ps, ("ns", "job-g"), [resumed(j)])
+        g = c.groups[("ns", "job-g")]
+        check_rest_placed(c, kube, g, ps, two)
+        for p in ps[2:]:  # the rest runs and ends, then the old pods, then the Job completes
+            done = finished(placed_by(p, kube.patches[p["metadata"]["name"]]))
+            c.handle(("Pod", "MODIFIED", done))
+            await settle(c)
+        for p in two:
+            c.handle(("Pod", "MODIFIED", finished(p)))
+            await settle(c)
+        c.handle(("Job", "MODIFIED", complete(j)))
+        await settle(c)
+        assert g.phase == Phase.COMPLETED, (g.phase, g.reason)
+        assert used(c) == {} and c.cluster.foreign_node == {}
+        await c.stop()
+
+    asyncio.run(main())
+
+
+def test_a_label_group_of_bare_pods_shrinks_to_its_gated_pods() -> None:
+    async def main() -> None:
+        labels = {names.LABEL_GROUP: "lg", names.LABEL_GROUP_SIZE: "4"}
+        ps = [big(pod(f"lg-{i}", labels=labels)) for i in range(4)]
+        c, kube, two = await shrunk(None, ps, ("ns", "lg"), [])
+        g = c.groups[("ns", "lg")]
+        check_rest_placed(c, kube, g, ps, two)
+        for p in two:  # the old pods end: their charge goes, the group keeps its own
+            c.handle(("Pod", "DELETED", p))
+            await settle(c)
+        assert c.cluster.foreign_node == {} and len(used(c)) == 2, used(c)
+        await c.stop()
+
+    asyncio.run(main())
