@@ -85,6 +85,9 @@ def test_a_job_shrinks_to_its_gated_pods_and_completes() -> None:
         c, kube, two = await shrunk(j, ps, ("ns", "job-g"), [resumed(j)])
         g = c.groups[("ns", "job-g")]
         check_rest_placed(c, kube, g, ps, two)
+        c.handle(("Job", "MODIFIED", resumed(j)))  # seen again once running: no group for more pods
+        await settle(c)
+        assert sorted(c.groups) == [("ns", "job-g")], sorted(c.groups)
         for p in ps[2:]:  # the rest runs and ends, then the old pods, then the Job completes
             done = finished(placed_by(p, kube.patches[p["metadata"]["name"]]))
             c.handle(("Pod", "MODIFIED", done))
