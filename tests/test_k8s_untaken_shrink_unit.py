@@ -212,3 +212,44 @@ def test_a_multi_role_group_whose_left_pods_fit_no_set_keeps_its_shape() -> None
         await c.stop()
 
     asyncio.run(main())
+
+
+USER_JOBSPEC = """version: 9999
+resources:
+  - type: node
+    count: 4
+    with:
+      - type: slot
+        count: 1
+        label: s
+        with:
+          - type: core
+            count: 16
+tasks:
+  - command: [app]
+    slot: s
+    count: {per_slot: 1}
+attributes: {system: {duration: 0}}
+"""
+
+
+def test_a_label_group_with_its_users_jobspec_keeps_it_and_says_so() -> None:
+    """A label group of 4 whose pods carry their user's jobspec (4 nodes of 16 cores): the
+    group stands for its 2 pods left, but no cut of the user's shape is sure to be theirs: it
+    is kept whole, and a ShapeKept Warning event says so (it waits while the pods that left
+    run on the nodes it asks for)."""
+
+    async def main() -> None:
+        labels = {names.LABEL_GROUP: "lg", names.LABEL_GROUP_SIZE: "4"}
+        ps = [big(pod(f"lg-{i}", labels=labels)) for i in range(4)]
+        for p in ps:
+            p["metadata"]["annotations"] = {names.ANN_JOBSPEC: USER_JOBSPEC}
+        c, kube, two = await shrunk(None, ps, ("ns", "lg"), [])
+        g = c.groups[("ns", "lg")]
+        assert g.spec.size == 2 and g.spec.jobspec == USER_JOBSPEC
+        assert g.phase == Phase.PENDING and not kube.patches  # 4 nodes asked, 2 held by the pods that left
+        assert any(r == "ShapeKept" for _, r in kube.event_reasons), kube.event_reasons
+        assert sorted(c.cluster.foreign_node.values()) == sorted(str(assigned_node(p)) for p in two)
+        await c.stop()
+
+    asyncio.run(main())

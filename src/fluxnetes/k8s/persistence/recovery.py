@@ -200,7 +200,8 @@ class Recovery:
         group follows its replica count less its pods still running (``rescale`` counts
         foreign pods as survivors), a multi-role group's pod sets each lose their own pods
         (``podsets.without_pods``; its whole shape kept, with a warning, when which sets they
-        left cannot be told), any other group shrinks by the pods that left. So when
+        left cannot be told), any other group shrinks by the pods that left (a jobspec its
+        user gave kept whole, with a warning). So when
         it is placed later, all-or-nothing, its running pods are neither counted twice (not
         members) nor uncharged (foreign); ``adopt`` does not take them back while they run."""
         moved = self._side.cluster.survivors_to_foreign(g)
@@ -231,6 +232,14 @@ class Recovery:
             rest = shrunk
         else:
             rest = g.spec.size - len(moved)
+            if g.spec.jobspec is not None and rest >= 1:
+                # a jobspec its user gave is a shape, not a count of pods: no cut of it is sure
+                # to be the user's, so it is matched whole for the pods left (it may wait until
+                # the pods that left are gone, and hold their room too); said, not silent
+                reason = (f"{len(moved)} pod(s) placed by an earlier leader left the group as foreign pods; its "
+                          f"jobspec (annotation {names.ANN_JOBSPEC}) is kept whole for the {rest} left")
+                log.warning("%s: %s", g.qid, reason)
+                self._side.status.group_event(g, "Warning", "ShapeKept", reason, pods=False)
         if rest >= 1:
             self._side.scaling.resize(g, rest)
         else:
