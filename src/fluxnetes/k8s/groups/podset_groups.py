@@ -29,6 +29,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -456,6 +457,40 @@ class PodSetGroups:
         want = mine[route.slot] if route.slot is not None and 0 <= route.slot < len(mine) else None
         allowed = set(mine)
         return [i for i in free if i in allowed], want
+
+    def without_pods(self, g: Group, left: Iterable[Mapping[str, Any]]) -> int | None:
+        """``g`` (not started) without the pods that ``left`` it (placed by an earlier leader
+        on an allocation not taken back: recovery._charge_untaken): each pod set loses its own
+        pods, a set left with none goes, and the jobspec is made again from the sets that
+        stay. Returns the pods the group stands for now (0: none). None, the group untouched:
+        the shape cannot be told (a pod of no set of the group, more pods than its set has,
+        the workload not known, or a packing the smaller gang cannot have)."""
+        from fluxnetes.jobspec.packing import packing_from_annotations
+        from fluxnetes.jobspec.podsets import jobspec_from_podsets
+
+        counts = {s.name: s.count for s in g.sets}
+        for pod in left:
+            route = self.addon_route(pod)
+            if route is None or counts.get(route.pod_set, 0) < 1:
+                return None
+            counts[route.pod_set] -= 1
+        sets = [replace(s, count=counts[s.name]) for s in g.sets if counts[s.name] > 0]
+        total = sum(int(s.count) for s in sets)
+        if not sets:
+            return 0
+        ref = g.spec.owner
+        owner = self._side.book.owners.get((ref.kind, g.spec.namespace, ref.name)) if ref is not None else None
+        if owner is None:
+            return None
+        try:  # (as podset_group_spec made it, for the sets that stay)
+            packing = packing_from_annotations(_meta(owner).get("annotations") or {}, pods=total,
+                                               rack_label=getattr(self._ctx.config, "rack_label", "fluxnetes.io/rack"))
+            js = jobspec_from_podsets(sets, duration=g.spec.duration, packing=packing, name=g.spec.name[:60])
+        except ValueError:  # JobspecError / PackingError
+            return None
+        g.sets = sets
+        g.spec = replace(g.spec, jobspec=js.to_yaml())
+        return total
 
     def slot_share(self, g: Group, slot: int, held: shares.Share) -> shares.Share:
         """What one pod of the set of ``slot`` holds on its node (at most what is held)."""

@@ -198,7 +198,10 @@ class Recovery:
         foreign pods until they go (what fits, the rest retried: ``flush_foreign``), and the
         charge goes with them. The group stands for the rest only: a replicated workload's
         group follows its replica count less its pods still running (``rescale`` counts
-        foreign pods as survivors), any other group shrinks by the pods that left. So when
+        foreign pods as survivors), a multi-role group's pod sets each lose their own pods
+        (``podsets.without_pods``; its whole shape kept, with a warning, when which sets they
+        left cannot be told), any other group shrinks by the pods that left (a jobspec its
+        user gave kept whole, with a warning). So when
         it is placed later, all-or-nothing, its running pods are neither counted twice (not
         members) nor uncharged (foreign); ``adopt`` does not take them back while they run."""
         moved = self._side.cluster.survivors_to_foreign(g)
@@ -213,7 +216,30 @@ class Recovery:
                 and self._side.scaling.base_key(g) == g.key and owner is not None:
             self._side.scaling.rescale(g.key, g.kind, owner)
             return
-        rest = g.spec.size - len(moved)
+        if g.sets:
+            # a multi-role group: its size less the pods that left cut no role in particular (a
+            # launcher counted as a worker, a role kept with none), and its jobspec, made from
+            # its pod sets, still asked for every pod: each set loses its own pods instead
+            shrunk = self._side.podsets.without_pods(g, moved)
+            if shrunk is None:
+                # its shape cannot be told: it keeps the one it has, never a wrong one (it may
+                # wait until the pods that left are gone); said, not silent
+                reason = ("pods placed by an earlier leader left the group as foreign pods, and which of "
+                          "its pod sets they left cannot be told: the group keeps its whole shape")
+                log.warning("%s: %s", g.qid, reason)
+                self._side.status.group_event(g, "Warning", "ShapeKept", reason, pods=False)
+                return
+            rest = shrunk
+        else:
+            rest = g.spec.size - len(moved)
+            if g.spec.jobspec is not None and rest >= 1:
+                # a jobspec its user gave is a shape, not a count of pods: no cut of it is sure
+                # to be the user's, so it is matched whole for the pods left (it may wait until
+                # the pods that left are gone, and hold their room too); said, not silent
+                reason = (f"{len(moved)} pod(s) placed by an earlier leader left the group as foreign pods; its "
+                          f"jobspec (annotation {names.ANN_JOBSPEC}) is kept whole for the {rest} left")
+                log.warning("%s: %s", g.qid, reason)
+                self._side.status.group_event(g, "Warning", "ShapeKept", reason, pods=False)
         if rest >= 1:
             self._side.scaling.resize(g, rest)
         else:

@@ -5,7 +5,7 @@ other or on the parts that implement them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fluxnetes.k8s.groups import GroupSpec, OwnerRef
@@ -65,6 +65,12 @@ class RecoveryAllocation(Protocol):
     async def resume(self, g: Group) -> None: ...
 
 
+class RecoveryPodSets(Protocol):
+    """The multi-role part as recovery sees it (groups/podset_groups.py)."""
+
+    def without_pods(self, g: Group, left: Iterable[Mapping[str, Any]]) -> int | None: ...
+
+
 class RecoverySide(Protocol):
     """What recovery uses of the other parts."""
 
@@ -82,3 +88,5 @@ class RecoverySide(Protocol):
     def scaling(self) -> RecoveryScaling: ...
     @property
     def allocation(self) -> RecoveryAllocation: ...
+    @property
+    def podsets(self) -> RecoveryPodSets: ...
