@@ -11,10 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-pytestmark = pytest.mark.k8s
-
 # two single-node jobs and one that needs every core of the cluster's nodes (it waits for both)
 TRACE = ("1 0 -1 100 3 -1 -1 3 100 -1 1 1 1 -1 1 -1 -1 -1\n"
          "2 1 -1 100 2 -1 -1 2 100 -1 1 1 1 -1 1 -1 -1 -1\n"
