@@ -234,13 +234,7 @@ def test_a_users_suspension_outlives_the_leader_that_saw_it(marked: bool) -> Non
         job = the_job(True, marked)
         for _, body in kube.job_metadata:
             job = merge_patched(job, body)
-        c2, kube2 = make_controller()  # the next leader, over the cluster as it is
-        c2.handle(("Job", "ADDED", job))
-        await settle(c2)
-        await settle(c2)
-        g = c2.groups[KEY]
-        assert str(g.phase) == "Provisional" and "suspended by its user" in g.reason, (g.phase, g.reason)
-        assert kube2.resumed == [] and held(c2) == []
+        c2, kube2, g = await next_leader_waits_for_user(job)
         c2.handle(("Job", "MODIFIED", the_job(False, False)))  # its user resumes it: it runs again
         for i in (2, 3):
             c2.handle(("Pod", "ADDED", job_pod(i)))
@@ -251,6 +245,19 @@ def test_a_users_suspension_outlives_the_leader_that_saw_it(marked: bool) -> Non
         await c2.stop()
 
     asyncio.run(main())
+
+
+async def next_leader_waits_for_user(job: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The next leader, over the cluster as it is (the suspended Job): the group waits for its
+    user, neither resumed nor held. Returns the controller, its kube and the group."""
+    c2, kube2 = make_controller()
+    c2.handle(("Job", "ADDED", job))
+    await settle(c2)
+    await settle(c2)
+    g = c2.groups[KEY]
+    assert str(g.phase) == "Provisional" and "suspended by its user" in g.reason, (g.phase, g.reason)
+    assert kube2.resumed == [] and held(c2) == []
+    return c2, kube2, g
 
 
 def test_a_users_suspension_while_no_operator_runs_is_never_resumed() -> None:
@@ -272,13 +279,7 @@ def test_a_users_suspension_while_no_operator_runs_is_never_resumed() -> None:
             job = merge_patched(job, body)
         assert job["spec"]["suspend"] is False and ANN_SUSPENDED_BY not in job["metadata"]["annotations"], job
         job = merge_patched(job, {"spec": {"suspend": True}})  # its user, while no operator runs
-        c2, kube2 = make_controller()  # the next leader, over the cluster as it is
-        c2.handle(("Job", "ADDED", job))
-        await settle(c2)
-        await settle(c2)
-        g = c2.groups[KEY]
-        assert str(g.phase) == "Provisional" and "suspended by its user" in g.reason, (g.phase, g.reason)
-        assert kube2.resumed == [] and held(c2) == []
+        c2, _, _ = await next_leader_waits_for_user(job)
         await c2.stop()
 
     asyncio.run(main())

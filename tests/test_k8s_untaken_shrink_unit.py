@@ -120,6 +120,23 @@ def test_a_label_group_of_bare_pods_shrinks_to_its_gated_pods() -> None:
     asyncio.run(main())
 
 
+async def mpi_pi_behind_other() -> tuple[Controller, Any, dict[str, Any], dict[str, Any], Any]:
+    """MPIJob pi (a launcher and 3 workers of 16 cpu, one a node) queued behind a pod not
+    fluxnetes' on n3: the controller, its kube, the MPIJob, that pod and the group."""
+    from test_k8s_multirole_unit import controller as mr_controller
+    from test_k8s_multirole_unit import mpijob, tmpl
+
+    c, kube = mr_controller()
+    job = mpijob("pi", 3, worker_cpu="16")
+    job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"] = tmpl("16")
+    other = bound(big(pod("other")), "n3")
+    del other["metadata"]["labels"][names.LABEL_MANAGED]
+    c.handle(("Pod", "ADDED", other))
+    c.handle(("MPIJob", "ADDED", job))
+    await settle(c)
+    return c, kube, job, other, c.groups[("ns", "mpijob-pi")]
+
+
 def test_a_multi_role_group_shrinks_role_by_role() -> None:
     """(c) MPIJob pi: a launcher and 3 workers of 16 cpu (one a node), queued here behind a
     pod not fluxnetes' on the fourth node; workers 0 and 1 are seen placed by the earlier
@@ -128,19 +145,10 @@ def test_a_multi_role_group_shrinks_role_by_role() -> None:
     while its pod sets and jobspec still asked for 1 + 3, a shape never matched while the
     workers run: the launcher waited gated for good). Once the other pod goes, the launcher
     and worker 2 are placed on the 2 free nodes, each in a slot of its own role."""
-    from test_k8s_multirole_unit import controller as mr_controller
-    from test_k8s_multirole_unit import mpi_pod, mpijob, tmpl
+    from test_k8s_multirole_unit import mpi_pod
 
     async def main() -> None:
-        c, _ = mr_controller()
-        job = mpijob("pi", 3, worker_cpu="16")
-        job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"] = tmpl("16")
-        other = bound(big(pod("other")), "n3")
-        del other["metadata"]["labels"][names.LABEL_MANAGED]
-        c.handle(("Pod", "ADDED", other))
-        c.handle(("MPIJob", "ADDED", job))
-        await settle(c)
-        g = c.groups[("ns", "mpijob-pi")]
+        c, _, job, other, g = await mpi_pi_behind_other()
         assert g.phase == Phase.PENDING and [(s.name, s.count) for s in g.sets] == [("launcher", 1), ("worker", 3)]
         no_take_back(c)
         pods = [mpi_pod(job, "launcher", None, "16"), *(mpi_pod(job, "worker", i, "16") for i in range(3))]
@@ -178,19 +186,10 @@ def test_a_multi_role_group_whose_left_pods_fit_no_set_keeps_its_shape() -> None
     fits no set the group has left, so the group keeps the shape it has and says so (a
     Warning event), rather than one cut from the wrong set; the placed pods are charged as
     foreign pods all the same."""
-    from test_k8s_multirole_unit import controller as mr_controller
-    from test_k8s_multirole_unit import mpi_pod, mpijob, tmpl
+    from test_k8s_multirole_unit import mpi_pod
 
     async def main() -> None:
-        c, kube = mr_controller()
-        job = mpijob("pi", 3, worker_cpu="16")
-        job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"] = tmpl("16")
-        other = bound(big(pod("other")), "n3")
-        del other["metadata"]["labels"][names.LABEL_MANAGED]
-        c.handle(("Pod", "ADDED", other))
-        c.handle(("MPIJob", "ADDED", job))
-        await settle(c)
-        g = c.groups[("ns", "mpijob-pi")]
+        c, kube, job, _, g = await mpi_pi_behind_other()
         no_take_back(c)
         launchers = [mpi_pod(job, "launcher", None, "16", uid=f"pod-launcher-{i}") for i in range(2)]
         for p in launchers:

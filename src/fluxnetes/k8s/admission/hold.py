@@ -115,6 +115,11 @@ def hold_ops(spec: Mapping[str, Any], base: str, hold: str) -> JsonPatch:
     return []
 
 
+# The label's JSON pointer below a pod (RFC 6901 escapes; workloads.base._escape, which
+# imports this module, cannot be imported here).
+_HOLD_LABEL_PATH = "/metadata/labels/" + names.LABEL_HOLD.replace("~", "~0").replace("/", "~1")
+
+
 def hold_label_ops(labels: Mapping[str, str], spec: Mapping[str, Any], base: str, hold: str) -> JsonPatch:
     """JSON patch ops for the label ``fluxnetes.io/hold`` of the pod (or pod template) at
     ``base`` whose labels and spec are ``labels`` and ``spec`` (before :func:`hold_ops`; its
@@ -122,7 +127,7 @@ def hold_label_ops(labels: Mapping[str, str], spec: Mapping[str, Any], base: str
     fluxnetes' scheduler name only, and no such label (one its user wrote is removed) when it
     carries or gets fluxnetes' gate, so the gate's policy always sees a gated pod."""
     gets_gate = gated({"spec": spec}) or (not names_fluxnetes(spec) and resolve(spec, hold) == GATE)
-    path = f"{base}/metadata/labels/{names.LABEL_HOLD.replace('~', '~0').replace('/', '~1')}"
+    path = f"{base}{_HOLD_LABEL_PATH}"
     if gets_gate:
         return [{"op": "remove", "path": path}] if names.LABEL_HOLD in labels else []
     return [{"op": "add", "path": path, "value": names.HOLD_SCHEDULER_NAME}]
@@ -138,7 +143,7 @@ def forged_hold_label_patch(pod: Mapping[str, Any]) -> JsonPatch | None:
     labels = (pod.get("metadata") or {}).get("labels") or {}
     if not gated(pod) or labels.get(names.LABEL_HOLD) != names.HOLD_SCHEDULER_NAME:
         return None
-    path = f"/metadata/labels/{names.LABEL_HOLD.replace('~', '~0').replace('/', '~1')}"
+    path = _HOLD_LABEL_PATH
     return [{"op": "test", "path": path, "value": names.HOLD_SCHEDULER_NAME}, {"op": "remove", "path": path}]
 
 
