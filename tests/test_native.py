@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,15 +198,20 @@ print(json.dumps({"nodes": [n.name for n in result.nodes], "vertices": len(resul
 """
 
 
+def _run_native(script: str) -> dict[str, Any]:
+    """Run ``script`` in a fresh interpreter with the native build switched on; its JSON."""
+    env = {**os.environ, native.ENV_SWITCH: "1",
+           "PYTHONPATH": str(native.package_root().parent)}
+    proc = subprocess.run([PY, "-c", script], env=env, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout))
+
+
 def test_native_counted_results_and_info(native_build: Path) -> None:
     """What the engine's own run does not touch, compiled: a counted result's vertices,
     nodes and R (the store recorder writes R) and ``Matcher.info`` (per-node records)."""
-    env = {**os.environ, native.ENV_SWITCH: "1",
-           "PYTHONPATH": str(native.package_root().parent)}
-    proc = subprocess.run([PY, "-c", RESULTS], env=env, capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = _run_native(RESULTS)
     assert len(out["nodes"]) == 2 and out["vertices"] > 0
     assert "execution" in out["rv1"]
     assert [n["name"] for n in out["info"]] == out["nodes"]
@@ -250,12 +256,7 @@ def test_native_classes_python_subclasses(native_build: Path) -> None:
     record subclasses the compiled ``JobOutcome``) runs, and a Python subclass of the
     compiled ``Scheduler`` (how tests/test_sim.py observes its calls) drives a run: both
     raised TypeError / AttributeError before ``mypyc_attr(allow_interpreted_subclasses)``."""
-    env = {**os.environ, native.ENV_SWITCH: "1",
-           "PYTHONPATH": str(native.package_root().parent)}
-    proc = subprocess.run([PY, "-c", SUBCLASSES], env=env, capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = _run_native(SUBCLASSES)
     assert out["compiled"] == [True, True]
     assert out["same"] is True
     assert out["starts"] == [0, 10] and out["cycles"] >= 2

@@ -63,6 +63,7 @@ NATIVE_MODULES: tuple[str, ...] = (
     "fluxnetes.match.multiset",
     "fluxnetes.match.results",
     "fluxnetes.plan.planner",
+    "fluxnetes.plan.spantable",  # (split out of planner.py: the span table's window queries)
     "fluxnetes.jobspec.model",
 )
 

@@ -11,10 +11,8 @@ from fluxnetes.plan.errors import (
     PlannerSpanNotFoundError,
 )
 from fluxnetes.plan.multi import MultiSpan, PlannerMulti
-from fluxnetes.plan.planner import (
-    HORIZON,
-    SMALL,
-    Planner,
+from fluxnetes.plan.planner import HORIZON, SMALL, Planner
+from fluxnetes.plan.spantable import (
     Point,
     Span,
     SpanTable,

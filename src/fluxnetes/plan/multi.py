@@ -34,7 +34,8 @@ from fluxnetes.plan.errors import (
     PlannerRangeError,
     PlannerSpanNotFoundError,
 )
-from fluxnetes.plan.planner import HORIZON, Planner, Point
+from fluxnetes.plan.planner import HORIZON, Planner
+from fluxnetes.plan.spantable import Point
 
 Counts = Mapping[str, int] | Sequence[int]
 
